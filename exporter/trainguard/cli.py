@@ -1,0 +1,161 @@
+"""``trainguard-exporter``: flags in the style of the Prometheus exporter family, config
+validation at start, then serve until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.process_collector import ProcessCollector
+
+from trainguard._version import __version__
+from trainguard.collector import Collector, ExporterCollector
+from trainguard.collectors.gpu import GpuCollector
+from trainguard.collectors.processes import ProcessesCollector
+from trainguard.config import Config, ConfigError, load_config
+from trainguard.paths import STATE_DIR_ENV, default_state_dir
+from trainguard.web import make_app, make_http_server
+
+log = logging.getLogger("trainguard")
+
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainguard-exporter",
+        description="Prometheus exporter that tells within one scrape that a GPU training run "
+        "died, stalled, holds ghost GPU memory or left a truncated checkpoint.",
+    )
+    p.add_argument(
+        "--web.listen-address",
+        dest="listen_address",
+        default=":9636",
+        metavar="ADDR",
+        help="address to listen on; ':9636' is every interface, use '127.0.0.1:9636' to keep "
+        "it on this host (default: %(default)s)",
+    )
+    p.add_argument(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        default="/metrics",
+        metavar="PATH",
+        help="path under which to expose metrics (default: %(default)s)",
+    )
+    p.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        default=None,
+        metavar="FILE",
+        help="web configuration file (TLS, basic auth) in the format Prometheus exporters share",
+    )
+    p.add_argument(
+        "--config.file",
+        dest="config_file",
+        default=None,
+        metavar="FILE",
+        help="optional YAML config: runs not using trainguard.Run, process name counts",
+    )
+    p.add_argument(
+        "--state.dir",
+        dest="state_dir",
+        default=None,
+        metavar="DIR",
+        help=f"directory where training processes write heartbeats (default: ${STATE_DIR_ENV}, "
+        "the config file's state_dir, or a per-user state directory)",
+    )
+    p.add_argument(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=sorted(LOG_LEVELS),
+        help="only log messages of this severity or above (default: %(default)s)",
+    )
+    p.add_argument("--version", action="version", version=f"trainguard-exporter {__version__}")
+    return p
+
+
+def resolve_state_dir(flag: str | None, config: Config) -> Path:
+    """The flag, then ``$TRAINGUARD_STATE_DIR``, then the config file, then the per-user default."""
+    if flag:
+        return Path(flag).expanduser()
+    import os
+
+    if os.environ.get(STATE_DIR_ENV) or config.state_dir is None:
+        return default_state_dir()
+    return config.state_dir
+
+
+def build_collectors(config: Config, state_dir: Path) -> list[Collector]:
+    """Every collector, wired to the ones it shares data with."""
+    return [
+        GpuCollector(),
+        ProcessesCollector(config.process_counts),
+    ]
+
+
+def build_registry(collectors: Sequence[Collector]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ExporterCollector(collectors))
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=LOG_LEVELS[args.log_level],
+        format="time=%(asctime)s level=%(levelname)s source=%(name)s msg=%(message)s",
+        stream=sys.stderr,
+    )
+    if not args.telemetry_path.startswith("/") or args.telemetry_path in ("/", "/-/healthy"):
+        print(
+            f"trainguard-exporter: error: --web.telemetry-path: expected a path starting with '/' "
+            f"other than '/' and '/-/healthy', got {args.telemetry_path!r}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as exc:
+        print(f"trainguard-exporter: error: {exc}", file=sys.stderr)
+        return 2
+    state_dir = resolve_state_dir(args.state_dir, config)
+    collectors = build_collectors(config, state_dir)
+    app = make_app(build_registry(collectors), args.telemetry_path)
+    try:
+        server = make_http_server(args.listen_address, app)
+    except (OSError, ValueError) as exc:
+        print(
+            f"trainguard-exporter: error: --web.listen-address {args.listen_address!r}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
+
+    def stop(signum: int, frame: Any) -> None:
+        log.info("received signal %d, shutting down", signum)
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    host, port = server.server_address[:2]
+    log.info(
+        "trainguard-exporter %s listening on %s port %d, metrics at %s, state dir %s",
+        __version__,
+        host or "*",
+        port,
+        args.telemetry_path,
+        state_dir,
+    )
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,127 @@
+"""Collector framework: every collector gathers at scrape time, and one that fails is reported
+as ``trainguard_collector_success 0`` while the rest of the scrape still answers."""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector as _PromCollector
+
+from trainguard._version import __version__
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of the contract: the single source for its name, type, labels and help, so
+    that docs/metrics.md can be checked against the code."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    labels: tuple[str, ...]
+    help: str
+
+    def family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        if self.kind == "counter":
+            return CounterMetricFamily(self.name, self.help, labels=self.labels)
+        return GaugeMetricFamily(self.name, self.help, labels=self.labels)
+
+
+BUILD_INFO = MetricSpec(
+    "trainguard_exporter_build_info",
+    "gauge",
+    ("version",),
+    "Always 1; the version label says which trainguard exporter is running.",
+)
+COLLECTOR_SUCCESS = MetricSpec(
+    "trainguard_collector_success",
+    "gauge",
+    ("collector",),
+    "1 if the collector gathered everything it should in this scrape, 0 if any part failed.",
+)
+COLLECTOR_DURATION = MetricSpec(
+    "trainguard_collector_duration_seconds",
+    "gauge",
+    ("collector",),
+    "Time the collector took in this scrape.",
+)
+FRAMEWORK_METRICS = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION)
+
+
+class CollectorError(Exception):
+    """A failure a collector explains itself; logged without a traceback."""
+
+
+class Collector(abc.ABC):
+    """One concern of the exporter (one file under ``trainguard/collectors``)."""
+
+    #: value of the ``collector`` label
+    name: str
+    #: every metric this collector may publish
+    metrics: tuple[MetricSpec, ...] = ()
+
+    @abc.abstractmethod
+    def gather(self, errors: list[str]) -> Iterable[Metric]:
+        """Yield this scrape's metric families.
+
+        A part that fails (one GPU, one heartbeat file, one checkpoint location) appends a
+        one-line reason to ``errors`` and the rest is still yielded; raising fails the whole
+        collector for this scrape.
+        """
+
+
+class ExporterCollector(_PromCollector):
+    """The one prometheus_client collector registered: runs each trainguard collector,
+    isolates its failures and adds the framework's own metrics."""
+
+    def __init__(self, collectors: Sequence[Collector]) -> None:
+        self._collectors = tuple(collectors)
+        self._last_errors: dict[str, tuple[str, ...]] = {}
+        self._log_lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        build = BUILD_INFO.family()
+        build.add_metric([__version__], 1)
+        yield build
+        success = COLLECTOR_SUCCESS.family()
+        duration = COLLECTOR_DURATION.family()
+        for collector in self._collectors:
+            start = time.perf_counter()
+            errors: list[str] = []
+            try:
+                families = list(collector.gather(errors))
+            except CollectorError as exc:
+                families, errors = [], [str(exc)]
+            except Exception as exc:  # a collector bug must not fail the scrape
+                log.debug("collector %s raised", collector.name, exc_info=True)
+                families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
+            elapsed = time.perf_counter() - start
+            self._log_change(collector.name, errors)
+            yield from families
+            success.add_metric([collector.name], 0 if errors else 1)
+            duration.add_metric([collector.name], elapsed)
+        yield success
+        yield duration
+
+    def _log_change(self, name: str, errors: list[str]) -> None:
+        """Log a collector's errors when they change, not at every scrape."""
+        current = tuple(sorted(set(errors)))
+        with self._log_lock:
+            previous = self._last_errors.get(name, ())
+            if current == previous:
+                return
+            self._last_errors[name] = current
+        if not current:
+            log.info("collector %s recovered", name)
+            return
+        for message in current:
+            if message not in previous:
+                log.warning("collector %s: %s", name, message)

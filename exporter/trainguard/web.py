@@ -1,0 +1,111 @@
+"""The HTTP side: landing page, health endpoint and the metrics, served by a threaded server
+so that a slow client never holds up another scrape."""
+
+from __future__ import annotations
+
+import html
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+
+from trainguard._version import __version__
+
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        """Scrapes every few seconds are not news."""
+
+
+def parse_listen_address(address: str) -> tuple[str, int]:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6addr]:port``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT such as ':9636' or '127.0.0.1:9636', got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def landing_page(telemetry_path: str) -> bytes:
+    path = html.escape(telemetry_path, quote=True)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>trainguard exporter</title></head>
+<body>
+<h1>trainguard exporter</h1>
+<p>Tells within one scrape that a GPU training run died, stalled, holds ghost memory or left a
+truncated checkpoint.</p>
+<ul>
+<li><a href="{path}">Metrics</a></li>
+<li><a href="/-/healthy">Health</a></li>
+</ul>
+<p>Version {html.escape(__version__)}</p>
+</body></html>
+""".encode()
+
+
+def make_app(registry: CollectorRegistry, telemetry_path: str) -> WSGIApp:
+    metrics_app = make_wsgi_app(registry)
+    landing = landing_page(telemetry_path)
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path == telemetry_path:
+            result: Iterable[bytes] = metrics_app(environ, start_response)
+            return result
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return [b"method not allowed\n"]
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [landing]
+        if path == "/-/healthy":
+            start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"Healthy\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"not found\n"]
+
+    return app
+
+
+def make_http_server(address: str, app: WSGIApp) -> ThreadingWSGIServer:
+    """Bind ``address``; an empty host means every interface, IPv6 and IPv4 where possible."""
+    host, port = parse_listen_address(address)
+
+    family = socket.AF_INET
+    if host == "":
+        if socket.has_ipv6:
+            family, host = socket.AF_INET6, "::"
+        else:
+            host = "0.0.0.0"
+    elif ":" in host:
+        family = socket.AF_INET6
+    else:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family = infos[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+        def server_bind(self) -> None:
+            if self.address_family == socket.AF_INET6:
+                try:
+                    self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                except OSError:
+                    pass
+            super().server_bind()
+
+    try:
+        return make_server(host, port, app, server_class=Server, handler_class=_QuietHandler)
+    except OSError:
+        if host != "::":
+            raise
+        # no IPv6 on this host: fall back to every IPv4 interface
+        Server.address_family = socket.AF_INET
+        return make_server("0.0.0.0", port, app, server_class=Server, handler_class=_QuietHandler)
