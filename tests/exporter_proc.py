@@ -1,0 +1,125 @@
+"""Start the real exporter as a process and scrape it over HTTP: the seam tests assert on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parent.parent
+EXPORTER_SRC = REPO / "exporter"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child Python that imports this checkout's trainguard."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(EXPORTER_SRC), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def parse_samples(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+class Exporter:
+    """A running ``trainguard-exporter`` bound to 127.0.0.1 on a free port."""
+
+    def __init__(
+        self,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainguard",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            *args,
+        ]
+        if state_dir is not None:
+            cmd.append(f"--state.dir={state_dir}")
+        self.proc = subprocess.Popen(
+            cmd,
+            env=child_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                out = self.proc.stdout.read() if self.proc.stdout else ""
+                raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{out}")
+            try:
+                with urllib.request.urlopen(self.url + "/-/healthy", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("exporter did not become healthy in time")
+
+    def get(self, path: str = "/metrics", timeout: float = 10.0) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return str(r.read().decode())
+
+    def scrape(self) -> Samples:
+        return parse_samples(self.get())
+
+    def stop(self) -> str:
+        """Stop the exporter and return everything it logged."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    """The sample with exactly these labels, or None."""
+    return samples.get((name, frozenset(labels.items())))
+
+
+def select(samples: Samples, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+    """All samples of ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return {lbl: v for (n, lbl), v in samples.items() if n == name and want <= set(lbl)}

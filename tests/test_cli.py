@@ -1,0 +1,82 @@
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+from exporter_proc import Exporter, child_env, value
+
+from trainguard import __version__
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "trainguard", *args],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_version_and_help() -> None:
+    r = run_cli("--version")
+    assert r.returncode == 0
+    assert r.stdout.strip() == f"trainguard-exporter {__version__}"
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for flag in (
+        "--web.listen-address",
+        "--web.telemetry-path",
+        "--web.config.file",
+        "--config.file",
+        "--state.dir",
+        "--log.level",
+    ):
+        assert flag in r.stdout
+
+
+def test_starts_without_nvml_or_config(tmp_path) -> None:
+    # no libnvidia-ml on this path: the gpu collector fails visibly, the scrape answers
+    env = {"LD_LIBRARY_PATH": str(tmp_path)}
+    with Exporter(env=env, state_dir=tmp_path / "state") as exp:
+        first = exp.scrape()
+        second = exp.scrape()
+        assert value(first, "trainguard_collector_success", collector="gpu") == 0
+        assert value(second, "trainguard_collector_success", collector="gpu") == 0
+        assert value(first, "trainguard_collector_success", collector="processes") == 1
+        assert value(first, "trainguard_exporter_build_info", version=__version__) == 1
+        assert value(first, "trainguard_collector_duration_seconds", collector="gpu") is not None
+        log = exp.stop()
+    # the reason is logged once, without a traceback, not at every scrape
+    assert log.count("NVML is not available") == 1, log
+    assert "Traceback" not in log
+
+
+def test_landing_page_health_and_404(tmp_path) -> None:
+    with Exporter(args=["--web.telemetry-path=/prom"], state_dir=tmp_path) as exp:
+        page = exp.get("/")
+        assert 'href="/prom"' in page
+        assert exp.get("/-/healthy").strip() == "Healthy"
+        assert "trainguard_exporter_build_info" in exp.get("/prom")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            exp.get("/nope")
+        assert err.value.code == 404
+        req = urllib.request.Request(exp.url + "/", method="POST", data=b"x")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=5)
+        assert err.value.code == 405
+
+
+def test_bad_config_is_a_clear_error(tmp_path) -> None:
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text("process_counts:\n  - name: vmmem\n    matches: '^vmmem'\n")
+    r = run_cli(f"--config.file={cfg}")
+    assert r.returncode == 2
+    assert f"{cfg}: process_counts[0].matches: unknown key; expected one of: name, match" in r.stderr
+
+
+def test_bad_listen_address(tmp_path) -> None:
+    r = run_cli("--web.listen-address=nonsense", f"--state.dir={tmp_path}")
+    assert r.returncode == 2
+    assert "--web.listen-address 'nonsense'" in r.stderr
