@@ -28,9 +28,7 @@ def free_port() -> int:
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Environment for a child Python that imports this checkout's trainguard."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(EXPORTER_SRC), *filter(None, [env.get("PYTHONPATH")])]
-    )
+    env["PYTHONPATH"] = os.pathsep.join([str(EXPORTER_SRC), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
     if extra:
         env.update(extra)
@@ -114,12 +112,14 @@ class Exporter:
         self.stop()
 
 
-def value(samples: Samples, name: str, **labels: str) -> float | None:
+def value(samples: Samples, metric: str, /, **labels: str) -> float | None:
     """The sample with exactly these labels, or None."""
-    return samples.get((name, frozenset(labels.items())))
+    return samples.get((metric, frozenset(labels.items())))
 
 
-def select(samples: Samples, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
-    """All samples of ``name`` whose labels include ``labels``."""
+def select(
+    samples: Samples, metric: str, /, **labels: str
+) -> dict[frozenset[tuple[str, str]], float]:
+    """All samples of ``metric`` whose labels include ``labels``."""
     want = set(labels.items())
-    return {lbl: v for (n, lbl), v in samples.items() if n == name and want <= set(lbl)}
+    return {lbl: v for (n, lbl), v in samples.items() if n == metric and want <= set(lbl)}

@@ -4,8 +4,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from exporter_proc import Exporter, child_env, value
 
+from exporter_proc import Exporter, child_env, value
 from trainguard import __version__
 
 
@@ -73,7 +73,9 @@ def test_bad_config_is_a_clear_error(tmp_path) -> None:
     cfg.write_text("process_counts:\n  - name: vmmem\n    matches: '^vmmem'\n")
     r = run_cli(f"--config.file={cfg}")
     assert r.returncode == 2
-    assert f"{cfg}: process_counts[0].matches: unknown key; expected one of: name, match" in r.stderr
+    assert (
+        f"{cfg}: process_counts[0].matches: unknown key; expected one of: name, match" in r.stderr
+    )
 
 
 def test_bad_listen_address(tmp_path) -> None:

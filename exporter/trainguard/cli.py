@@ -25,7 +25,12 @@ from trainguard.web import make_app, make_http_server
 
 log = logging.getLogger("trainguard")
 
-LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -143,7 +143,8 @@ class _Fields:
         if not _NAME_RE.match(value):
             self.fail(
                 self.path(key),
-                f"expected 1-128 characters of letters, digits, '_', '.', ':' or '-', got {value!r}",
+                "expected 1-128 characters of letters, digits, '_', '.', ':' or '-', "
+                f"got {value!r}",
             )
         return value
 
@@ -203,7 +204,10 @@ def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
         for key in raw_mirrors:
             name = str(key)
             if name == "primary" or not _NAME_RE.match(name):
-                m.fail(m.path(name), "expected a mirror name other than 'primary' (letters, digits, _ . : -)")
+                m.fail(
+                    m.path(name),
+                    "expected a mirror name other than 'primary' (letters, digits, _ . : -)",
+                )
             path = m.abspath(key)
             if path is None:
                 m.fail(m.path(name), "expected an absolute path")
@@ -211,7 +215,9 @@ def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
             mirrors[name] = path
     pattern = f.string("pattern") or DEFAULT_CHECKPOINT_PATTERN
     if pattern.count("{step}") != 1 or "/" in pattern or "\\" in pattern:
-        f.fail(f.path("pattern"), f"expected a file name containing '{{step}}' once, got {pattern!r}")
+        f.fail(
+            f.path("pattern"), f"expected a file name containing '{{step}}' once, got {pattern!r}"
+        )
     primary = f.abspath("primary")
     if primary is None and not mirrors:
         f.fail(where, "expected at least 'primary' or 'mirrors'")
@@ -252,7 +258,9 @@ def parse_config(data: Any, source: str) -> Config:
                 pid_file=pid_file,
                 process_match=process_match,
                 log_file=f.abspath("log_file"),
-                checkpoints=None if ckpt is None else _checkpoints(source, f.path("checkpoints"), ckpt),
+                checkpoints=None
+                if ckpt is None
+                else _checkpoints(source, f.path("checkpoints"), ckpt),
             )
         )
     counts: list[ProcessCount] = []
@@ -277,14 +285,21 @@ def parse_config(data: Any, source: str) -> Config:
         )
         size_series = c.get("size_series_per_location")
         if size_series is not None and (
-            not isinstance(size_series, int) or isinstance(size_series, bool) or not 0 <= size_series <= 1000
+            not isinstance(size_series, int)
+            or isinstance(size_series, bool)
+            or not 0 <= size_series <= 1000
         ):
-            c.fail(c.path("size_series_per_location"), f"expected an integer 0-1000, got {size_series!r}")
+            c.fail(
+                c.path("size_series_per_location"),
+                f"expected an integer 0-1000, got {size_series!r}",
+            )
         rate = c.convert("verify_rate", parse_size, settings.verify_bytes_per_second)
         if rate <= 0:
             c.fail(c.path("verify_rate"), "expected a positive rate in bytes per second")
         settings = CheckpointSettings(
-            grace_period_seconds=c.convert("grace_period", parse_duration, settings.grace_period_seconds),
+            grace_period_seconds=c.convert(
+                "grace_period", parse_duration, settings.grace_period_seconds
+            ),
             verify_bytes_per_second=rate,
             size_series_per_location=(
                 settings.size_series_per_location if size_series is None else size_series

@@ -3,6 +3,7 @@ so that a slow client never holds up another scrape."""
 
 from __future__ import annotations
 
+import contextlib
 import html
 import socket
 from collections.abc import Callable, Iterable
@@ -19,7 +20,7 @@ WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds are not news."""
 
 
@@ -95,10 +96,8 @@ def make_http_server(address: str, app: WSGIApp) -> ThreadingWSGIServer:
 
         def server_bind(self) -> None:
             if self.address_family == socket.AF_INET6:
-                try:
+                with contextlib.suppress(OSError):
                     self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-                except OSError:
-                    pass
             super().server_bind()
 
     try:

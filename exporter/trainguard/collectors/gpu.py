@@ -3,6 +3,7 @@ part of device memory that no live process accounts for (ghost memory)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -126,10 +127,8 @@ class GpuCollector(Collector):
 
     def _stop(self) -> None:
         self._devices = None
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass
 
     def gather(self, errors: list[str]) -> Iterable[Metric]:
         with self._lock:
