@@ -1,3 +1,4 @@
+import contextlib
 import re
 from pathlib import Path
 
@@ -71,14 +72,25 @@ def test_sizes(text: object, size: int) -> None:
 
 yaml_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(
-        st.sampled_from(
-            ["runs", "name", "pid_file", "match", "process_counts", "checkpoints", "mirrors", "x"]
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "runs",
+                    "name",
+                    "pid_file",
+                    "match",
+                    "process_counts",
+                    "checkpoints",
+                    "mirrors",
+                    "x",
+                ]
+            )
+            | st.text(max_size=8),
+            inner,
+            max_size=4,
         )
-        | st.text(max_size=8),
-        inner,
-        max_size=4,
     ),
     max_leaves=20,
 )
@@ -99,7 +111,5 @@ def test_any_text_is_accepted_or_a_config_error(text: str) -> None:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         return
-    try:
+    with contextlib.suppress(ConfigError):
         parse_config(data, "fuzz.yml")
-    except ConfigError:
-        pass

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from nvml_fake import (
     LIB_NAME,
     SOURCE_DIR,

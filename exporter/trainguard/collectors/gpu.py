@@ -100,29 +100,35 @@ class GpuCollector(Collector):
         self._lock = threading.Lock()
         self._devices: tuple[_Device, ...] | None = None
         self._driver = ""
+        self._uuids: dict[int, str] = {}  # remembered so a GPU lost at start is still named
+        self._started_with: tuple[str, int] | None = None
 
-    def _start(self) -> tuple[_Device, ...]:
+    def _start(self, errors: list[str]) -> tuple[_Device, ...]:
+        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver."""
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise CollectorError(f"NVML is not available: {exc}") from exc
         try:
             self._driver = _text(pynvml.nvmlSystemGetDriverVersion())
-            devices = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                devices.append(
-                    _Device(
-                        index=str(i),
-                        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                        name=_text(pynvml.nvmlDeviceGetName(handle)),
-                        handle=handle,
-                    )
-                )
+            count = pynvml.nvmlDeviceGetCount()
         except pynvml.NVMLError as exc:
             self._stop()
             raise CollectorError(f"NVML failed while listing devices: {exc}") from exc
-        log.info("NVML started: driver %s, %d GPU(s)", self._driver, len(devices))
+        devices = []
+        for i in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                name = _text(pynvml.nvmlDeviceGetName(handle))
+            except pynvml.NVMLError as exc:
+                errors.append(f"GPU {i} ({self._uuids.get(i, 'uuid unknown')}): {exc}")
+                continue
+            self._uuids[i] = uuid
+            devices.append(_Device(index=str(i), uuid=uuid, name=name, handle=handle))
+        if self._started_with != (self._driver, count):
+            self._started_with = (self._driver, count)
+            log.info("NVML started: driver %s, %d GPU(s)", self._driver, count)
         return tuple(devices)
 
     def _stop(self) -> None:
@@ -132,13 +138,14 @@ class GpuCollector(Collector):
 
     def gather(self, errors: list[str]) -> Iterable[Metric]:
         with self._lock:
+            failed = False
             if self._devices is None:
-                self._devices = self._start()
+                self._devices = self._start(errors)
+                failed = bool(errors)
             devices = self._devices
             pid_runs = dict(self._pid_runs()) if self._pid_runs else {}
             families = {spec.name: spec.family() for spec in self.metrics}
             run_memory: dict[tuple[str, str, str], int | None] = {}
-            failed = False
             for dev in devices:
                 try:
                     self._gather_device(dev, pid_runs, families, run_memory)

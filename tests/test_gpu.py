@@ -1,0 +1,175 @@
+"""The GPU collector against the real pynvml loading the test NVML library, scraped over HTTP."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporter_proc import Exporter, select, value
+from nvml_fake import FakeNvmlState
+
+GIB = 1 << 30
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+
+@pytest.fixture
+def live_pids() -> Iterator[list[int]]:
+    procs = [sleeper() for _ in range(3)]
+    yield [p.pid for p in procs]
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def two_gpus(live: list[int], dead: int) -> FakeNvmlState:
+    a, b, c = live
+    state = FakeNvmlState(driver_version="550.54.15")
+    state.add_gpu("GPU-aaaaaaaa-0000-0000-0000-000000000000", used=10 * GIB, total=80 * GIB)
+    state.add_gpu(
+        "GPU-bbbbbbbb-0000-0000-0000-000000000000",
+        name="NVIDIA A100-SXM4-40GB",
+        used=6 * GIB,
+        total=40 * GIB,
+    )
+    state.add_process(0, a, 4 * GIB)
+    state.add_process(0, a, 4 * GIB, kind="graphics")  # C+G: the same process in both lists
+    state.add_process(0, b, 1 * GIB, kind="graphics")
+    state.add_process(0, dead, 2 * GIB)  # NVML still lists it; its memory is ghost memory
+    state.add_process(1, c, 3 * GIB)
+    state.add_process(1, 999_999_999 % 4_000_000, None, kind="graphics")  # WDDM: not available
+    return state
+
+
+def test_two_gpus_five_processes(tmp_path: Path, live_pids: list[int]) -> None:
+    dead = dead_pid()
+    state = two_gpus(live_pids, dead)
+    path = state.write(tmp_path / "nvml.state")
+    a, b, c = live_pids
+    g0 = {"gpu": "0", "uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000000"}
+    g1 = {"gpu": "1", "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000"}
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert (
+        value(
+            s,
+            "trainguard_gpu_info",
+            **g0,
+            name="NVIDIA H100 80GB HBM3",
+            driver_version="550.54.15",
+        )
+        == 1
+    )
+    assert (
+        value(
+            s, "trainguard_gpu_info", **g1, name="NVIDIA A100-SXM4-40GB", driver_version="550.54.15"
+        )
+        == 1
+    )
+    assert value(s, "trainguard_gpu_memory_total_bytes", **g0) == 80 * GIB
+    assert value(s, "trainguard_gpu_memory_total_bytes", **g1) == 40 * GIB
+    assert value(s, "trainguard_gpu_memory_used_bytes", **g0) == 10 * GIB
+    assert value(s, "trainguard_gpu_memory_used_bytes", **g1) == 6 * GIB
+    procs = select(s, "trainguard_gpu_process_memory_used_bytes")
+    assert {dict(lbl)["pid"]: v for lbl, v in procs.items()} == {
+        str(a): 4 * GIB,
+        str(b): 1 * GIB,
+        str(dead): 2 * GIB,
+        str(c): 3 * GIB,
+    }
+    assert all(dict(lbl)["run"] == "" for lbl in procs)
+    assert value(s, "trainguard_gpu_processes_memory_unknown", **g0) == 0
+    assert value(s, "trainguard_gpu_processes_memory_unknown", **g1) == 1
+    # GPU 0: 10 GiB used, live processes account for 4 + 1; the dead pid's 2 GiB is ghost memory
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g0) == 5 * GIB
+    # GPU 1: one process's memory is unknown, so what is unattributed is unknown too
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g1) is None
+
+
+def test_gpu_lost_between_scrapes_and_back(tmp_path: Path, live_pids: list[int]) -> None:
+    state = two_gpus(live_pids, dead_pid())
+    path = state.write(tmp_path / "nvml.state")
+    g1 = {"gpu": "1", "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000"}
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        assert value(exp.scrape(), "trainguard_gpu_memory_used_bytes", **g1) == 6 * GIB
+        state.gpus[1].lost = True
+        state.write(path)
+        lost = exp.scrape()
+        assert value(lost, "trainguard_collector_success", collector="gpu") == 0
+        assert value(lost, "trainguard_gpu_memory_used_bytes", **g1) is None
+        # the other GPU still answers
+        assert value(lost, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == 10 * GIB
+        still_lost = exp.scrape()  # the retry finds it still lost
+        assert value(still_lost, "trainguard_collector_success", collector="gpu") == 0
+        assert value(still_lost, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid())
+        state.gpus[1].lost = False
+        state.write(path)
+        back = exp.scrape()
+        assert value(back, "trainguard_collector_success", collector="gpu") == 1
+        assert value(back, "trainguard_gpu_memory_used_bytes", **g1) == 6 * GIB
+        log = exp.stop()
+    assert "collector gpu: GPU 1 (GPU-bbbbbbbb-0000-0000-0000-000000000000): GPU is lost" in log
+    assert log.count("collector gpu: GPU 1") == 1, log  # logged when it starts, not per scrape
+    assert "collector gpu recovered" in log
+
+
+def g0_uuid() -> str:
+    return "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+
+
+def test_driver_not_loaded_then_loaded(tmp_path: Path) -> None:
+    state = FakeNvmlState(init_error="driver_not_loaded")
+    state.add_gpu(g0_uuid(), used=1 * GIB)
+    path = state.write(tmp_path / "nvml.state")
+    log_path = tmp_path / "calls.log"
+    with Exporter(env=state.env(path, log_path=log_path), state_dir=tmp_path / "s") as exp:
+        for _ in range(3):
+            s = exp.scrape()
+            assert value(s, "trainguard_collector_success", collector="gpu") == 0
+            assert select(s, "trainguard_gpu_info") == {}
+        state.init_error = None
+        state.write(path)
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+        assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == GIB
+        exp.scrape()
+        log = exp.stop()
+    assert log.count("NVML is not available: Driver Not Loaded") == 1, log
+    assert "Traceback" not in log
+    calls = log_path.read_text().split()
+    # once NVML started, later scrapes reuse it instead of initialising again
+    assert calls.count("nvmlInitWithFlags") == 4
+    assert calls.count("nvmlDeviceGetHandleByIndex_v2") == 1
+
+
+def test_nvml_library_absent(tmp_path: Path) -> None:
+    with Exporter(env={"LD_LIBRARY_PATH": str(tmp_path)}, state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        log = exp.stop()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 0
+    assert "NVML is not available: NVML Shared Library Not Found" in log
+
+
+def test_many_processes_use_the_insufficient_size_protocol(tmp_path: Path) -> None:
+    state = FakeNvmlState()
+    state.add_gpu(g0_uuid(), used=80 * GIB)
+    for pid in range(10_000, 11_000):
+        state.add_process(0, pid, 1 << 20)
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert len(select(s, "trainguard_gpu_process_memory_used_bytes")) == 1000
