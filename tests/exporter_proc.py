@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -51,9 +54,15 @@ class Exporter:
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         state_dir: Path | None = None,
+        *,
+        scheme: str = "http",
+        ssl_context: ssl.SSLContext | None = None,
+        auth: tuple[str, str] | None = None,
     ) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
+        self._ssl = ssl_context
+        self._auth = auth
         cmd = [
             sys.executable,
             "-m",
@@ -79,7 +88,7 @@ class Exporter:
                 out = self.proc.stdout.read() if self.proc.stdout else ""
                 raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{out}")
             try:
-                with urllib.request.urlopen(self.url + "/-/healthy", timeout=1) as r:
+                with self._open("/-/healthy", timeout=1) as r:
                     if r.status == 200:
                         return
             except OSError:
@@ -87,8 +96,15 @@ class Exporter:
         self.stop()
         raise RuntimeError("exporter did not become healthy in time")
 
+    def _open(self, path: str, timeout: float) -> Any:
+        req = urllib.request.Request(self.url + path)
+        if self._auth:
+            token = base64.b64encode(":".join(self._auth).encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        return urllib.request.urlopen(req, timeout=timeout, context=self._ssl)
+
     def get(self, path: str = "/metrics", timeout: float = 10.0) -> str:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+        with self._open(path, timeout) as r:
             return str(r.read().decode())
 
     def scrape(self) -> Samples:

@@ -22,6 +22,7 @@ from trainguard.collectors.processes import ProcessesCollector
 from trainguard.config import Config, ConfigError, load_config
 from trainguard.paths import STATE_DIR_ENV, default_state_dir
 from trainguard.web import make_app, make_http_server
+from trainguard.webconfig import WebConfigError, load_web_config
 
 log = logging.getLogger("trainguard")
 
@@ -132,11 +133,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainguard-exporter: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        web = load_web_config(args.web_config_file)
+    except WebConfigError as exc:
+        print(f"trainguard-exporter: error: --web.config.file: {exc}", file=sys.stderr)
+        return 2
     state_dir = resolve_state_dir(args.state_dir, config)
     collectors = build_collectors(config, state_dir)
-    app = make_app(build_registry(collectors), args.telemetry_path)
+    app = make_app(build_registry(collectors), args.telemetry_path, web)
     try:
-        server = make_http_server(args.listen_address, app)
+        server = make_http_server(args.listen_address, app, web.ssl_context)
     except (OSError, ValueError) as exc:
         print(
             f"trainguard-exporter: error: --web.listen-address {args.listen_address!r}: {exc}",
@@ -152,10 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop)
     host, port = server.server_address[:2]
     log.info(
-        "trainguard-exporter %s listening on %s port %d, metrics at %s, state dir %s",
+        "trainguard-exporter %s listening on %s port %d (%s%s), metrics at %s, state dir %s",
         __version__,
         host or "*",
         port,
+        "https" if web.ssl_context else "http",
+        ", basic auth" if web.users else "",
         args.telemetry_path,
         state_dir,
     )

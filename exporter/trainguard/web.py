@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import html
 import socket
+import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -14,6 +15,10 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from trainguard._version import __version__
+from trainguard.webconfig import BasicAuth, WebConfig
+
+#: a client that sends nothing for this long is dropped, so it can't hold a thread forever
+CLIENT_TIMEOUT_SECONDS = 30.0
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -51,11 +56,30 @@ truncated checkpoint.</p>
 """.encode()
 
 
-def make_app(registry: CollectorRegistry, telemetry_path: str) -> WSGIApp:
+def make_app(
+    registry: CollectorRegistry, telemetry_path: str, web: WebConfig | None = None
+) -> WSGIApp:
     metrics_app = make_wsgi_app(registry)
     landing = landing_page(telemetry_path)
+    auth = BasicAuth(web.users if web else {})
+    extra_headers = list((web.headers if web else {}).items())
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        def respond(status: str, headers: list[tuple[str, str]], *rest: Any) -> Any:
+            return start_response(status, headers + extra_headers, *rest)
+
+        if auth and not auth.check(environ.get("HTTP_AUTHORIZATION")):
+            respond(
+                "401 Unauthorized",
+                [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("WWW-Authenticate", 'Basic realm="trainguard", charset="UTF-8"'),
+                ],
+            )
+            return [b"Unauthorized\n"]
+        return route(environ, respond)
+
+    def route(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         if path == telemetry_path:
             result: Iterable[bytes] = metrics_app(environ, start_response)
@@ -75,8 +99,13 @@ def make_app(registry: CollectorRegistry, telemetry_path: str) -> WSGIApp:
     return app
 
 
-def make_http_server(address: str, app: WSGIApp) -> ThreadingWSGIServer:
-    """Bind ``address``; an empty host means every interface, IPv6 and IPv4 where possible."""
+def make_http_server(
+    address: str, app: WSGIApp, ssl_context: ssl.SSLContext | None = None
+) -> ThreadingWSGIServer:
+    """Bind ``address``; an empty host means every interface, IPv6 and IPv4 where possible.
+
+    Each connection gets its own thread, and the TLS handshake happens in that thread, not in
+    the accept loop, so a slow or stuck client never holds up another scrape."""
     host, port = parse_listen_address(address)
 
     family = socket.AF_INET
@@ -99,6 +128,26 @@ def make_http_server(address: str, app: WSGIApp) -> ThreadingWSGIServer:
                 with contextlib.suppress(OSError):
                     self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             super().server_bind()
+
+        def get_request(self) -> tuple[socket.socket, Any]:
+            sock, addr = self.socket.accept()
+            sock.settimeout(CLIENT_TIMEOUT_SECONDS)
+            if ssl_context is not None:
+                sock = ssl_context.wrap_socket(
+                    sock, server_side=True, do_handshake_on_connect=False
+                )
+            return sock, addr
+
+        def finish_request(self, request: Any, client_address: Any) -> None:
+            if isinstance(request, ssl.SSLSocket):
+                try:
+                    request.do_handshake()
+                except (OSError, ssl.SSLError):
+                    return  # a client that can't complete TLS gets nothing
+            super().finish_request(request, client_address)
+
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            """A client that went away mid-response is not the exporter's error."""
 
     try:
         return make_server(host, port, app, server_class=Server, handler_class=_QuietHandler)

@@ -1,0 +1,158 @@
+"""TLS, basic auth and slow clients, with real clients over 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from exporter_proc import Exporter, child_env
+
+
+def openssl(*args: str | Path) -> None:
+    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate."""
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+            "-keyout", d / "ca.key", "-out", d / "ca.crt")  # fmt: skip
+    for name, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", d / f"{name}.key", "-out", d / f"{name}.csr")  # fmt: skip
+        (d / f"{name}.ext").write_text(ext + "\n")
+        openssl("x509", "-req", "-in", d / f"{name}.csr", "-CA", d / "ca.crt",
+                "-CAkey", d / "ca.key", "-CAcreateserial", "-days", "2",
+                "-extfile", d / f"{name}.ext", "-out", d / f"{name}.crt")  # fmt: skip
+    return d
+
+
+def client_ctx(pki: Path, with_cert: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if with_cert:
+        ctx.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+    return ctx
+
+
+def get(url: str, ctx: ssl.SSLContext | None = None, auth: tuple[str, str] | None = None) -> int:
+    req = urllib.request.Request(url)
+    if auth:
+        req.add_header(
+            "Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+        )
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_tls_and_basic_auth(tmp_path: Path, pki: Path) -> None:
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=10)).decode()
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n"
+        "basic_auth_users:\n"
+        f"  prometheus: {hashed}\n"
+    )
+    with Exporter(args=[f"--web.config.file={cfg}"], state_dir=tmp_path / "s", scheme="https",
+                  ssl_context=client_ctx(pki), auth=("prometheus", "s3cret")) as exp:  # fmt: skip
+        https = exp.url
+        assert https.startswith("https://")
+        ctx = client_ctx(pki)
+        assert get(https + "/metrics", ctx, ("prometheus", "s3cret")) == 200
+        assert get(https + "/metrics", ctx, ("prometheus", "wrong")) == 401
+        assert get(https + "/metrics", ctx, ("nobody", "s3cret")) == 401
+        assert get(https + "/metrics", ctx) == 401
+        # plain HTTP on the TLS port gets no metrics
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(https.replace("https://", "http://") + "/metrics", timeout=5)
+        # a client that doesn't trust the certificate is refused by its own TLS check
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(
+                https + "/metrics", timeout=5, context=ssl.create_default_context()
+            )
+
+
+def test_client_certificates_required(tmp_path: Path, pki: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n"
+        f"  client_ca_file: {pki / 'ca.crt'}\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n"
+        "  min_version: TLS12\n"
+    )
+    with Exporter(args=[f"--web.config.file={cfg}"], state_dir=tmp_path / "s", scheme="https",
+                  ssl_context=client_ctx(pki, with_cert=True)) as exp:  # fmt: skip
+        assert get(exp.url + "/metrics", client_ctx(pki, with_cert=True)) == 200
+        with pytest.raises((urllib.error.URLError, ssl.SSLError, ConnectionError)):
+            get(exp.url + "/metrics", client_ctx(pki, with_cert=False))
+
+
+def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n  key_file: {pki / 'server.key'}\n"
+    )
+    with Exporter(args=[f"--web.config.file={cfg}"], state_dir=tmp_path / "s", scheme="https",
+                  ssl_context=client_ctx(pki)) as exp:  # fmt: skip
+        # clients that connect and then say nothing: mid-handshake and mid-request
+        stalled = [socket.create_connection(("127.0.0.1", exp.port)) for _ in range(20)]
+        try:
+            start = time.monotonic()
+            for _ in range(5):
+                assert get(exp.url + "/metrics", client_ctx(pki)) == 200
+            assert time.monotonic() - start < 10
+        finally:
+            for s in stalled:
+                s.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /x.key\n",
+         "tls_server_config.cert_file: no such file '/nonexistent.crt'"),
+        ("tls_server_config:\n  cert_file: a\n",
+         "tls_server_config: both cert_file and key_file are required"),
+        ("basic_auth_users:\n  alice: plaintext\n",
+         "basic_auth_users.alice: expected a bcrypt hash"),
+        ("tls_config: {}\n", "tls_config: unknown key"),
+    ],
+)  # fmt: skip
+def test_bad_web_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(text)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainguard",
+            f"--web.config.file={cfg}",
+            "--web.listen-address=127.0.0.1:0",
+        ],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2
+    assert f"--web.config.file: {cfg}: {message}" in r.stderr, r.stderr
