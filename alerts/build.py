@@ -92,15 +92,33 @@ DEFAULTS: dict[str, Any] = {
 }
 
 DURATION_KEYS = {
-    "stall", "log_stale", "checkpoint_stale", "checkpoint_cadence_window", "steps_at_risk_for",
-    "partial_orphaned", "volume_fill_window", "volume_fill_horizon", "volume_fill_for",
-    "ghost_window", "ghost_for", "unattributed_for", "duplicate_process_for",
-    "alloc_retry_window", "alloc_retry_for", "oom_window", "collector_failing_for",
-    "exporter_down_for", "exporter_down_active_lookback", "repeated_death_window",
+    "stall",
+    "log_stale",
+    "checkpoint_stale",
+    "checkpoint_cadence_window",
+    "steps_at_risk_for",
+    "partial_orphaned",
+    "volume_fill_window",
+    "volume_fill_horizon",
+    "volume_fill_for",
+    "ghost_window",
+    "ghost_for",
+    "unattributed_for",
+    "duplicate_process_for",
+    "alloc_retry_window",
+    "alloc_retry_for",
+    "oom_window",
+    "collector_failing_for",
+    "exporter_down_for",
+    "exporter_down_active_lookback",
+    "repeated_death_window",
 }
 BYTES_KEYS = {"ghost_floor", "unattributed_floor"}
 NUMBER_KEYS = {
-    "steps_at_risk_factor", "volume_fill_min_checkpoints", "ghost_ratio", "repeated_death_steps",
+    "steps_at_risk_factor",
+    "volume_fill_min_checkpoints",
+    "ghost_ratio",
+    "repeated_death_steps",
 }
 STRING_KEYS = {"job_selector", "runbook_base"}
 assert DURATION_KEYS | BYTES_KEYS | NUMBER_KEYS | STRING_KEYS == set(DEFAULTS)
@@ -221,9 +239,7 @@ RANK_SEL = "job=%q,instance=%q,run=%q,rank=%q"
 RANK_ARGS = "$labels.job $labels.instance $labels.run $labels.rank"
 
 
-def q_value(
-    query: str, args: str, fmt: str, unknown: str = "unknown", suffix: str = ""
-) -> str:
+def q_value(query: str, args: str, fmt: str, unknown: str = "unknown", suffix: str = "") -> str:
     """Template text printing the first sample of a query (``fmt`` is a pipeline tail)."""
     return (
         f"{{{{ with printf `{query}` {args} | query }}}}"
@@ -278,10 +294,18 @@ def recording_rules() -> list[dict[str, Any]]:
             "expr": expr("""
                 max by (job, instance, run) (
                   (
-                    max_over_time(trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]])
-                    - min_over_time(trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]])
+                    max_over_time(
+                      trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]]
+                    )
+                    - min_over_time(
+                      trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]]
+                    )
                   )
-                  / (changes(trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]]) > 0)
+                  / (
+                    changes(
+                      trainguard_checkpoint_last_step{location="primary"}[[[checkpoint_cadence_window]]]
+                    ) > 0
+                  )
                 ) > 0
             """),
         },
@@ -339,19 +363,24 @@ def run_alerts() -> list[dict[str, Any]]:
     )
     last_step = q_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS, INT)
     ckpt_step = q_value(
-        'max(trainguard_checkpoint_last_step{' + RUN_SEL + ',location="primary"})',
-        RUN_ARGS, INT, "none known",
+        "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
+        RUN_ARGS,
+        INT,
+        "none known",
     )
     vram = (
         "{{ with printf `sum(trainguard_run_gpu_memory_used_bytes{" + RUN_SEL + "} "
         "and on (job, instance, run, rank) trainguard_run_process_up == 0) > 0` "
-        + RUN_ARGS + " | query }}The driver still attributes "
-        "{{ . | first | value | humanize1024 }}B of VRAM to the dead rank(s): not released yet, or a defunct process holds it."
+        + RUN_ARGS
+        + " | query }}The driver still attributes "
+        "{{ . | first | value | humanize1024 }}B of VRAM to the dead rank(s): "
+        "not released yet, or a defunct process holds it."
         "{{ else }}No driver-view VRAM is attributed to the dead rank(s).{{ end }}"
     )
     return [
         alert(
-            "TrainingProcessDied", "critical",
+            "TrainingProcessDied",
+            "critical",
             """
             count by (job, instance, run) (
               trainguard_run_process_up == 0
@@ -368,7 +397,8 @@ def run_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "TrainingStalled", "warning",
+            "TrainingStalled",
+            "warning",
             """
             max by (job, instance, run) (
               (
@@ -396,7 +426,8 @@ def run_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "TrainingLogStale", "warning",
+            "TrainingLogStale",
+            "warning",
             """
             (time() - (trainguard_run_log_modified_timestamp_seconds > 0)) > [[log_stale_s]]
             and on (job, instance, run) run:trainguard_run_active_ranks:count > 0
@@ -417,26 +448,25 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
     loc_args = "$labels.job $labels.instance $labels.run $labels.location"
     truncated_steps = (
         "{{ range $i, $s := printf `trainguard_checkpoint_size_bytes{" + loc_sel + "} / "
-        "trainguard_checkpoint_expected_size_bytes < 1` " + loc_args
+        "trainguard_checkpoint_expected_size_bytes < 1` "
+        + loc_args
         + ' | query | sortByLabel "step" }}{{ if $i }}, {{ end }}step {{ $s.Labels.step }} '
         "holds {{ $s.Value | humanizePercentage }}{{ end }}"
     )
-    cadence = q_value(
-        "run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS, INT
-    )
-    avail = q_bytes(
-        "trainguard_checkpoint_filesystem_avail_bytes{" + loc_sel + "}", loc_args
-    )
+    cadence = q_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS, INT)
+    avail = q_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + loc_sel + "}", loc_args)
     avg_size = q_bytes(
         "trainguard_checkpoint_bytes{" + loc_sel + "} / trainguard_checkpoint_files", loc_args
     )
     return [
         alert(
-            "CheckpointStale", "warning",
+            "CheckpointStale",
+            "warning",
             """
             (time() - (trainguard_checkpoint_last_timestamp_seconds > 0)) > [[checkpoint_stale_s]]
             and on (job, instance, run) run:trainguard_run_active_ranks:count
-            and on (job, instance, run) run:trainguard_run_active_ranks:count offset [[checkpoint_stale]]
+            and on (job, instance, run)
+              run:trainguard_run_active_ranks:count offset [[checkpoint_stale]]
             """,
             "5m",
             "No new checkpoint of run {{ $labels.run }} at {{ $labels.location }} for "
@@ -449,7 +479,8 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "CheckpointTruncated", "critical",
+            "CheckpointTruncated",
+            "critical",
             "trainguard_checkpoint_truncated_files > 0",
             "2m",
             "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
@@ -461,7 +492,8 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "CheckpointHashMismatch", "critical",
+            "CheckpointHashMismatch",
+            "critical",
             "trainguard_checkpoint_hash_mismatch_files > 0",
             "2m",
             "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
@@ -472,7 +504,8 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "CheckpointPartialOrphaned", "warning",
+            "CheckpointPartialOrphaned",
+            "warning",
             "trainguard_checkpoint_oldest_partial_age_seconds > [[partial_orphaned_s]]",
             "5m",
             "Orphaned partial checkpoint of run {{ $labels.run }} at {{ $labels.location }}.",
@@ -484,12 +517,17 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "CheckpointVolumeFillingUp", "warning",
+            "CheckpointVolumeFillingUp",
+            "warning",
             """
-            predict_linear(trainguard_checkpoint_filesystem_avail_bytes[[[volume_fill_window]]], [[volume_fill_horizon_s]]) < 0
+            predict_linear(
+              trainguard_checkpoint_filesystem_avail_bytes[[[volume_fill_window]]],
+              [[volume_fill_horizon_s]]
+            ) < 0
             and
             trainguard_checkpoint_filesystem_avail_bytes
-              < [[volume_fill_min_checkpoints]] * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
+              < [[volume_fill_min_checkpoints]]
+                * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
             """,
             "[[volume_fill_for]]",
             "Checkpoint volume of run {{ $labels.run }} at {{ $labels.location }} is filling up.",
@@ -502,7 +540,8 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "StepsAtRisk", "warning",
+            "StepsAtRisk",
+            "warning",
             """
             run:trainguard_run_steps_since_checkpoint:max
               > [[steps_at_risk_factor]] * run:trainguard_checkpoint_step_cadence:avg
@@ -528,26 +567,34 @@ def gpu_alerts() -> list[dict[str, Any]]:
     )
     ratio = q_value(
         "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio{" + RANK_SEL + "}",
-        RANK_ARGS, 'printf "%.2f"',
+        RANK_ARGS,
+        'printf "%.2f"',
     )
     gpu_sel = "job=%q,instance=%q,gpu=%q,uuid=%q"
     gpu_args = "$labels.job $labels.instance $labels.gpu $labels.uuid"
     gpu_name = (
-        "{{ with printf `trainguard_gpu_info{" + gpu_sel + "}` " + gpu_args
+        "{{ with printf `trainguard_gpu_info{"
+        + gpu_sel
+        + "}` "
+        + gpu_args
         + ' | query }} ({{ . | first | label "name" }}){{ end }}'
     )
     gpu_total = q_bytes("trainguard_gpu_memory_total_bytes{" + gpu_sel + "}", gpu_args)
     return [
         alert(
-            "GPUGhostMemory", "warning",
+            "GPUGhostMemory",
+            "warning",
             """
-            min_over_time(run_rank:trainguard_run_gpu_memory_ghost_bytes:sum[[[ghost_window]]]) > [[ghost_floor]]
+            min_over_time(
+              run_rank:trainguard_run_gpu_memory_ghost_bytes:sum[[[ghost_window]]]
+            ) > [[ghost_floor]]
             and
-            min_over_time(run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio[[[ghost_window]]]) > [[ghost_ratio]]
+            min_over_time(
+              run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio[[[ghost_window]]]
+            ) > [[ghost_ratio]]
             """,
             "[[ghost_for]]",
-            "GPU driver holds far more VRAM for run {{ $labels.run }} than its allocator "
-            "reserved.",
+            "GPU driver holds far more VRAM for run {{ $labels.run }} than its allocator reserved.",
             f"""
             For at least [[ghost_window]] the driver has attributed
             {{{{ $value | humanize1024 }}}}B or more VRAM to run {{{{ $labels.run }}}} rank
@@ -559,7 +606,8 @@ def gpu_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "GPUUnattributedMemory", "warning",
+            "GPUUnattributedMemory",
+            "warning",
             """
             trainguard_gpu_memory_unattributed_bytes > [[unattributed_floor]]
             unless on (job, instance, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
@@ -576,11 +624,11 @@ def gpu_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "DuplicateHostProcess", "warning",
+            "DuplicateHostProcess",
+            "warning",
             "trainguard_process_count > 1",
             "[[duplicate_process_for]]",
-            "{{ $value }} instances of host process {{ $labels.name }} on "
-            "{{ $labels.instance }}.",
+            "{{ $value }} instances of host process {{ $labels.name }} on {{ $labels.instance }}.",
             """
             {{ $value }} processes on {{ $labels.instance }} match the configured name
             {{ $labels.name }}, which should run once, for more than [[duplicate_process_for]].
@@ -594,30 +642,28 @@ def gpu_alerts() -> list[dict[str, Any]]:
 def allocator_alerts() -> list[dict[str, Any]]:
     stats = (
         "Allocator now: reserved "
-        + q_bytes(
-            "sum(trainguard_run_allocator_reserved_bytes{" + RANK_SEL + "})", RANK_ARGS
-        )
+        + q_bytes("sum(trainguard_run_allocator_reserved_bytes{" + RANK_SEL + "})", RANK_ARGS)
         + ", allocated "
-        + q_bytes(
-            "sum(trainguard_run_allocator_allocated_bytes{" + RANK_SEL + "})", RANK_ARGS
-        )
+        + q_bytes("sum(trainguard_run_allocator_allocated_bytes{" + RANK_SEL + "})", RANK_ARGS)
         + ", inactive split "
-        + q_bytes(
-            "sum(trainguard_run_allocator_inactive_split_bytes{" + RANK_SEL + "})", RANK_ARGS
-        )
+        + q_bytes("sum(trainguard_run_allocator_inactive_split_bytes{" + RANK_SEL + "})", RANK_ARGS)
         + "."
     )
     snapshots = q_value(
         "sum(increase(trainguard_run_memory_snapshots_total{" + RANK_SEL + "}[[[oom_window]]]))",
-        RANK_ARGS, INT,
+        RANK_ARGS,
+        INT,
     )
     ooms = q_value(
         "sum(increase(trainguard_run_allocator_ooms_total{" + RANK_SEL + "}[[[oom_window]]]))",
-        RANK_ARGS, INT, "unknown",
+        RANK_ARGS,
+        INT,
+        "unknown",
     )
     return [
         alert(
-            "AllocatorRetrying", "warning",
+            "AllocatorRetrying",
+            "warning",
             "increase(trainguard_run_allocator_alloc_retries_total[[[alloc_retry_window]]]) > 0",
             "[[alloc_retry_for]]",
             "The CUDA allocator of run {{ $labels.run }} keeps retrying allocations.",
@@ -631,11 +677,16 @@ def allocator_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "AllocatorOOM", "critical",
+            "AllocatorOOM",
+            "critical",
             """
-            sum by (job, instance, run, rank) (increase(trainguard_run_allocator_ooms_total[[[oom_window]]])) > 0
+            sum by (job, instance, run, rank) (
+              increase(trainguard_run_allocator_ooms_total[[[oom_window]]])
+            ) > 0
             or
-            sum by (job, instance, run, rank) (increase(trainguard_run_memory_snapshots_total[[[oom_window]]])) > 0
+            sum by (job, instance, run, rank) (
+              increase(trainguard_run_memory_snapshots_total[[[oom_window]]])
+            ) > 0
             """,
             "0m",
             "Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
@@ -650,23 +701,27 @@ def allocator_alerts() -> list[dict[str, Any]]:
 
 
 def deaths_alerts() -> list[dict[str, Any]]:
-    last_death = q_value(
-        "trainguard_run_last_death_step{" + RUN_SEL + "}", RUN_ARGS, INT
-    )
+    last_death = q_value("trainguard_run_last_death_step{" + RUN_SEL + "}", RUN_ARGS, INT)
     cause = (
-        "{{ with printf `trainguard_run_last_death_info{" + RUN_SEL + "}` " + RUN_ARGS
+        "{{ with printf `trainguard_run_last_death_info{"
+        + RUN_SEL
+        + "}` "
+        + RUN_ARGS
         + ' | query }}{{ . | first | label "cause" }}{{ else }}unknown{{ end }}'
     )
     return [
         alert(
-            "RepeatedDeathNearSameStep", "warning",
+            "RepeatedDeathNearSameStep",
+            "warning",
             """
             (
               max_over_time(trainguard_run_last_death_step[[[repeated_death_window]]])
               - min_over_time(trainguard_run_last_death_step[[[repeated_death_window]]])
             ) <= [[repeated_death_steps]]
-            and on (job, instance, run) increase(trainguard_run_deaths_total[[[repeated_death_window]]]) > 0
-            and on (job, instance, run) max_over_time(trainguard_run_deaths_total[[[repeated_death_window]]]) >= 2
+            and on (job, instance, run)
+              increase(trainguard_run_deaths_total[[[repeated_death_window]]]) > 0
+            and on (job, instance, run)
+              max_over_time(trainguard_run_deaths_total[[[repeated_death_window]]]) >= 2
             """,
             "0m",
             "Run {{ $labels.run }} died again near the same step.",
@@ -685,11 +740,13 @@ def exporter_alerts() -> list[dict[str, Any]]:
     active = q_value(
         "last_over_time(instance:trainguard_run_active_ranks:sum{job=%q,instance=%q}"
         "[[[exporter_down_active_lookback]]])",
-        "$labels.job $labels.instance", INT,
+        "$labels.job $labels.instance",
+        INT,
     )
     return [
         alert(
-            "TrainguardCollectorFailing", "warning",
+            "TrainguardCollectorFailing",
+            "warning",
             "trainguard_collector_success == 0",
             "[[collector_failing_for]]",
             "trainguard collector {{ $labels.collector }} on {{ $labels.instance }} is failing.",
@@ -701,11 +758,14 @@ def exporter_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "TrainguardExporterDown", "critical",
+            "TrainguardExporterDown",
+            "critical",
             """
             up{[[job_selector]]} == 0
             and on (job, instance)
-            last_over_time(instance:trainguard_run_active_ranks:sum[[[exporter_down_active_lookback]]]) > 0
+            last_over_time(
+              instance:trainguard_run_active_ranks:sum[[[exporter_down_active_lookback]]]
+            ) > 0
             """,
             "[[exporter_down_for]]",
             "trainguard exporter {{ $labels.instance }} is down while training runs were "
@@ -718,11 +778,14 @@ def exporter_alerts() -> list[dict[str, Any]]:
             """,
         ),
         alert(
-            "TrainguardExporterDown", "warning",
+            "TrainguardExporterDown",
+            "warning",
             """
             up{[[job_selector]]} == 0
             unless on (job, instance)
-            last_over_time(instance:trainguard_run_active_ranks:sum[[[exporter_down_active_lookback]]]) > 0
+            last_over_time(
+              instance:trainguard_run_active_ranks:sum[[[exporter_down_active_lookback]]]
+            ) > 0
             """,
             "[[exporter_down_for]]",
             "trainguard exporter {{ $labels.instance }} is down.",
@@ -747,7 +810,7 @@ def rule_groups() -> list[dict[str, Any]]:
     ]
 
 
-def _fill_all(node: Any, table: Mapping[str, str]) -> Any:
+def _fill_all(node: object, table: Mapping[str, str]) -> object:
     if isinstance(node, Folded):
         return Folded(fill(node, table))
     if isinstance(node, str):
@@ -809,13 +872,25 @@ def _parse_set(items: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", default=str(RULES_FILE),
-                        help="file to write, '-' for stdout (default: %(default)s)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one threshold (repeatable)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        default=str(RULES_FILE),
+        help="file to write, '-' for stdout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one threshold (repeatable)",
+    )
     parser.add_argument("--config", help="YAML file: a mapping of threshold overrides")
-    parser.add_argument("--check", action="store_true",
-                        help="exit 1 if the output file differs from what would be generated")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the output file differs from what would be generated",
+    )
     parser.add_argument("--list", action="store_true", help="print the thresholds and exit")
     args = parser.parse_args(argv)
 
