@@ -1069,7 +1069,8 @@ def gpu_memory_dashboard() -> db.Dashboard:
                 )
             ],
             thresholds=NONZERO_IS_BAD,
-            w=12,
+            w=6,
+            h=8,
         )
     )
     d = d.with_panel(
@@ -1085,7 +1086,8 @@ def gpu_memory_dashboard() -> db.Dashboard:
                 )
             ],
             thresholds=((None, "green"), (1, "orange")),
-            w=12,
+            w=6,
+            h=8,
         )
     )
 
