@@ -1,0 +1,122 @@
+"""Build deploy/kubernetes/prometheusrule.yaml from the Prometheus rule file.
+
+    python deploy/kubernetes/build_prometheusrule.py          # write it
+    python deploy/kubernetes/build_prometheusrule.py --check  # exit 1 if it is out of date
+
+The PrometheusRule (Prometheus Operator) carries the same ``groups`` as
+``alerts/trainguard.rules.yml``, unchanged, so the alerts are the same with or without the
+operator. Edit the rule file, never the generated manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_FILE = REPO / "alerts" / "trainguard.rules.yml"
+OUTPUT = Path(__file__).resolve().parent / "prometheusrule.yaml"
+
+NAME = "trainguard"
+NAMESPACE = "monitoring"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for multi-line strings (PromQL, descriptions) so the manifest reads well."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    # A literal block cannot hold trailing spaces on a line: those stay quoted.
+    if "\n" in data and not any(line != line.rstrip() for line in data.splitlines()):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
+
+
+_Dumper.add_representer(str, _str_representer)
+
+
+def load_groups(rules_file: Path) -> list[dict[str, Any]]:
+    """The ``groups`` of a Prometheus rule file, checked for the shape the operator needs."""
+    data = yaml.safe_load(rules_file.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
+        raise ValueError(f"{rules_file}: not a Prometheus rule file (no top-level 'groups' list)")
+    extra = sorted(set(data) - {"groups"})
+    if extra:
+        raise ValueError(f"{rules_file}: unexpected top-level keys {extra}")
+    for i, group in enumerate(data["groups"]):
+        if not isinstance(group, dict) or "name" not in group or "rules" not in group:
+            raise ValueError(f"{rules_file}: group {i} needs 'name' and 'rules'")
+    groups: list[dict[str, Any]] = data["groups"]
+    return groups
+
+
+def build(
+    rules_file: Path = RULES_FILE, name: str = NAME, namespace: str = NAMESPACE
+) -> dict[str, Any]:
+    """The PrometheusRule object for ``rules_file``."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/name": "trainguard",
+                "app.kubernetes.io/part-of": "trainguard",
+                "app.kubernetes.io/component": "alert-rules",
+            },
+        },
+        "spec": {"groups": load_groups(rules_file)},
+    }
+
+
+def render(rules_file: Path = RULES_FILE) -> str:
+    """The manifest text, as committed."""
+    try:
+        source = rules_file.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        source = rules_file.name
+    header = (
+        f"# GENERATED from {source} by deploy/kubernetes/build_prometheusrule.py: do not edit.\n"
+        "# Prometheus Operator: its Prometheus selects PrometheusRules by label\n"
+        "# (kube-prometheus-stack: `release: <helm release name>`): add that label here.\n"
+    )
+    body = yaml.dump(
+        build(rules_file),
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=100,
+    )
+    return header + body
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rules", type=Path, default=RULES_FILE, help="rule file to wrap")
+    parser.add_argument("--out", type=Path, default=OUTPUT, help="manifest to write")
+    parser.add_argument("--check", action="store_true", help="exit 1 if --out is out of date")
+    args = parser.parse_args(argv)
+
+    if not args.rules.exists():
+        print(f"{args.rules}: no such rule file", file=sys.stderr)
+        return 2
+    text = render(args.rules)
+    if args.check:
+        if not args.out.exists() or args.out.read_text(encoding="utf-8") != text:
+            print(f"{args.out} is out of date: run {Path(__file__).name}", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(text, encoding="utf-8")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

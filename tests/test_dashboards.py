@@ -1,0 +1,351 @@
+"""Grafana dashboards: generated JSON is committed and current, well-formed, and every query parses.
+
+The PromQL check uses the real ``promtool`` (Debian package ``prometheus``): every panel and
+variable query becomes a recording rule in a temporary rule file and ``promtool check rules``
+parses it. Running the queries against a Prometheus fed by the real exporter is a separate test
+built on :func:`grafana.queries.iter_queries`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from grafana import generate, queries  # noqa: E402
+
+UIDS = {
+    "trainguard-runs": "Training runs",
+    "trainguard-gpu-memory": "GPU memory",
+    "trainguard-checkpoints": "Checkpoints",
+}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+# The metric contract (shared/design.md). Metrics with a `run` label must be filtered on $run.
+METRICS_WITHOUT_RUN = {
+    "trainguard_exporter_build_info",
+    "trainguard_collector_success",
+    "trainguard_collector_duration_seconds",
+    "trainguard_gpu_info",
+    "trainguard_gpu_memory_total_bytes",
+    "trainguard_gpu_memory_used_bytes",
+    "trainguard_gpu_processes_memory_unknown",
+    "trainguard_gpu_memory_unattributed_bytes",
+    "trainguard_process_count",
+}
+METRICS_WITH_RUN = {
+    "trainguard_gpu_process_memory_used_bytes",
+    "trainguard_run_info",
+    "trainguard_run_process_up",
+    "trainguard_run_finished",
+    "trainguard_run_step",
+    "trainguard_run_heartbeat_timestamp_seconds",
+    "trainguard_run_log_modified_timestamp_seconds",
+    "trainguard_run_gpu_memory_used_bytes",
+    "trainguard_run_allocator_allocated_bytes",
+    "trainguard_run_allocator_reserved_bytes",
+    "trainguard_run_allocator_max_allocated_bytes",
+    "trainguard_run_allocator_inactive_split_bytes",
+    "trainguard_run_allocator_alloc_retries_total",
+    "trainguard_run_allocator_ooms_total",
+    "trainguard_run_memory_snapshots_total",
+    "trainguard_run_deaths_total",
+    "trainguard_run_last_death_step",
+    "trainguard_run_last_death_timestamp_seconds",
+    "trainguard_run_last_death_info",
+    "trainguard_checkpoint_last_step",
+    "trainguard_checkpoint_last_timestamp_seconds",
+    "trainguard_checkpoint_files",
+    "trainguard_checkpoint_bytes",
+    "trainguard_checkpoint_size_bytes",
+    "trainguard_checkpoint_expected_size_bytes",
+    "trainguard_checkpoint_truncated_files",
+    "trainguard_checkpoint_hash_mismatch_files",
+    "trainguard_checkpoint_partial_files",
+    "trainguard_checkpoint_oldest_partial_age_seconds",
+    "trainguard_checkpoint_filesystem_avail_bytes",
+}
+BYTE_UNITS = {"bytes", "decbytes", "percentunit"}  # a ratio of two byte counts is a percentage
+TIME_UNITS = {"s", "ms", "dtdurations", "dateTimeAsIso"}
+
+# metric name, then optional {matchers}; PromQL keywords and functions never start with these
+_SELECTOR_RE = re.compile(r"\b(trainguard_\w+|ALERTS|up)\b(\{[^}]*\})?")
+
+
+@pytest.fixture(scope="module")
+def generated() -> dict[str, dict[str, Any]]:
+    return generate.build_dashboards()
+
+
+@pytest.fixture(scope="module")
+def committed() -> dict[str, dict[str, Any]]:
+    return queries.load_dashboards()
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(queries._walk_panels(dashboard["panels"]))
+
+
+def _query_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in _panels(dashboard) if p["type"] != "row"]
+
+
+def _all_query_panels(dashboards: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(d["uid"], p) for d in dashboards.values() for p in _query_panels(d)]
+
+
+def _units(panel: dict[str, Any]) -> set[str]:
+    fc = panel.get("fieldConfig", {})
+    units = {fc.get("defaults", {}).get("unit")}
+    for override in fc.get("overrides", []):
+        units |= {p.get("value") for p in override["properties"] if p["id"] == "unit"}
+    return {u for u in units if u}
+
+
+# --- (a) staleness ----------------------------------------------------------------------------
+
+
+def test_committed_json_matches_generator(generated: dict[str, dict[str, Any]]) -> None:
+    on_disk = sorted(p.name for p in generate.DASHBOARD_DIR.glob("*.json"))
+    assert on_disk == sorted(generated), "run: python grafana/generate.py"
+    for name, dashboard in generated.items():
+        text = (generate.DASHBOARD_DIR / name).read_text(encoding="utf-8")
+        assert text == generate.render(dashboard), f"{name} is stale: python grafana/generate.py"
+
+
+def test_generate_check_mode(tmp_path: Path) -> None:
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    assert generate.main(["--check", "--out", str(tmp_path)]) == 0
+    victim = next(tmp_path.glob("*.json"))
+    victim.write_text("{}\n", encoding="utf-8")
+    assert generate.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+# --- (b) structure ----------------------------------------------------------------------------
+
+
+def test_uids_titles_and_files(committed: dict[str, dict[str, Any]]) -> None:
+    assert {d["uid"]: d["title"] for d in committed.values()} == UIDS
+    for name, d in committed.items():
+        assert name == f"{d['uid']}.json"
+        assert "trainguard" in d["tags"]
+        assert d["schemaVersion"] >= 41  # Grafana 11.6
+        assert d.get("description")
+
+
+def test_template_variables(committed: dict[str, dict[str, Any]]) -> None:
+    for d in committed.values():
+        variables = {v["name"]: v for v in d["templating"]["list"]}
+        assert list(variables) == ["datasource", "instance", "run"], d["uid"]
+        assert variables["datasource"]["type"] == "datasource"
+        assert variables["datasource"]["query"] == "prometheus"
+        inst, run = variables["instance"], variables["run"]
+        assert inst["query"] == "label_values(trainguard_exporter_build_info, instance)"
+        assert run["query"] == 'label_values(trainguard_run_info{instance=~"$instance"}, run)'
+        for v in (inst, run):
+            assert v["type"] == "query"
+            assert v["datasource"] == DATASOURCE
+            assert v["multi"] is True and v["includeAll"] is True
+            assert v["allValue"] == ".*"  # so "All" is a regex, not a huge alternation
+            assert v["refresh"] == 2  # on time range change: runs come and go
+
+
+def test_every_panel_has_description_and_datasource(committed: dict[str, dict[str, Any]]) -> None:
+    for uid, panel in _all_query_panels(committed):
+        where = f"{uid} / {panel.get('title')}"
+        assert panel.get("title"), where
+        assert len(panel.get("description", "")) >= 20, f"{where}: needs a description"
+        assert panel.get("datasource") == DATASOURCE, where
+        assert panel.get("targets"), f"{where}: no query"
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert all(ref_ids) and len(set(ref_ids)) == len(ref_ids), where
+        for target in panel["targets"]:
+            assert target.get("datasource") == DATASOURCE, where
+            assert target.get("expr"), where
+
+
+def test_units(committed: dict[str, dict[str, Any]]) -> None:
+    for uid, panel in _all_query_panels(committed):
+        where = f"{uid} / {panel['title']}"
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{where}: no unit"
+        exprs = " ".join(t["expr"] for t in panel["targets"])
+        units = _units(panel)
+        bytes_per_rate = "deriv(" in exprs and units == {"s"}  # bytes / (bytes/s): a duration
+        if re.search(r"trainguard_\w+_bytes\b", exprs) and not bytes_per_rate:
+            assert units & BYTE_UNITS, f"{where}: shows bytes, units {units}"
+        if re.search(r"trainguard_\w+_seconds\b", exprs) or "time()" in exprs:
+            assert units & TIME_UNITS, f"{where}: shows seconds, units {units}"
+        if re.search(r"_timestamp_seconds\b[^\n]*\* 1000", exprs):
+            assert "dateTimeAsIso" in units, f"{where}: timestamps shown as dates"
+
+
+def test_every_selector_filters_instance_and_run(committed: dict[str, dict[str, Any]]) -> None:
+    known = METRICS_WITH_RUN | METRICS_WITHOUT_RUN
+    for q in queries.extract_queries(committed):
+        where = f"{q.dashboard_uid} / {q.title}: {q.raw}"
+        selectors = _SELECTOR_RE.findall(q.raw)
+        assert selectors, where
+        for metric, matchers in selectors:
+            if metric.startswith("trainguard_"):
+                assert metric in known, f"{where}: {metric} is not in the metric contract"
+            if q.kind == "variable" and q.title == "variable instance":
+                continue  # the $instance variable itself
+            assert 'instance=~"$instance' in matchers, (
+                f"{where}: {metric} not filtered on $instance"
+            )
+            if q.title == "variable run":
+                continue  # the $run variable itself
+            if metric in METRICS_WITH_RUN or metric == "ALERTS":
+                assert 'run=~"$run' in matchers, f"{where}: {metric} not filtered on $run"
+
+
+def test_panel_ids_and_layout(committed: dict[str, dict[str, Any]]) -> None:
+    for d in committed.values():
+        panels = _panels(d)
+        ids = [p["id"] for p in panels]
+        assert len(set(ids)) == len(ids) and min(ids) > 0, d["uid"]
+        cells: set[tuple[int, int]] = set()
+        for p in panels:
+            g = p["gridPos"]
+            assert g["x"] >= 0 and g["x"] + g["w"] <= 24, (d["uid"], p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    assert (x, y) not in cells, f"{d['uid']}: {p['title']} overlaps"
+                    cells.add((x, y))
+
+
+def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
+    by_uid = {d["uid"]: {p["title"]: p for p in _query_panels(d)} for d in committed.values()}
+    runs = by_uid["trainguard-runs"]
+    alerts = runs["Firing trainguard alerts"]["targets"][0]["expr"]
+    for name in (
+        "TrainguardExporterDown",
+        "DuplicateHostProcess",
+        "StepsAtRisk",
+        "RepeatedDeathNearSameStep",
+        "GPUGhostMemory",
+        "CheckpointTruncated",
+    ):
+        alternatives = alerts.split('alertname=~"')[1].split('"')[0]
+        assert re.fullmatch(alternatives, name), name
+    assert runs["Run state per rank"]["type"] == "state-timeline"
+    gpu = by_uid["trainguard-gpu-memory"]
+    ghost = gpu["Driver vs allocator memory per rank"]["targets"]
+    assert any("ghost gap" in t["legendFormat"] for t in ghost)
+    ckpt = by_uid["trainguard-checkpoints"]
+    assert any("predict_linear" in t["expr"] for t in ckpt["Free space and 4h forecast"]["targets"])
+
+
+# --- query extraction -------------------------------------------------------------------------
+
+
+def test_iter_queries_covers_every_target(committed: dict[str, dict[str, Any]]) -> None:
+    got = queries.iter_queries(committed)
+    n_targets = sum(len(p["targets"]) for _, p in _all_query_panels(committed))
+    assert len(got) == n_targets + 2 * len(committed)  # + the instance and run variables
+    for uid, title, expr in got:
+        assert uid in UIDS and title
+        assert "$" not in expr, (uid, title, expr)
+    assert (
+        "trainguard-runs",
+        "variable run",
+        'trainguard_run_info{instance=~".*"}',
+    ) in got
+    assert queries.iter_queries() == got  # default: the committed files
+
+
+def test_substitute() -> None:
+    variables = {"instance": ".*", "run": ".*"}
+    assert queries.substitute('x{instance=~"$instance"}', variables) == 'x{instance=~".*"}'
+    assert queries.substitute('x{run=~"${run}"}', variables) == 'x{run=~".*"}'
+    assert queries.substitute('x{run=~"${run:regex}"}', variables) == 'x{run=~".*"}'
+    assert queries.substitute("rate(x[$__rate_interval])", variables) == "rate(x[1m])"
+    assert queries.substitute("increase(x[$__range])", variables) == "increase(x[1h])"
+    with pytest.raises(KeyError, match="nope"):
+        queries.substitute("x{a=~'$nope'}", variables)
+
+
+@pytest.mark.parametrize(
+    ("query", "expr"),
+    [
+        ("label_values(up, instance)", "up"),
+        ('label_values(x{a=~"$a", b="c,d"}, run)', 'x{a=~"$a", b="c,d"}'),
+        ({"query": "label_values(up, job)", "refId": "A"}, "up"),
+        ("query_result(sum(up))", "sum(up)"),
+        ("label_values(instance)", None),
+        ("label_names()", None),
+    ],
+)
+def test_variable_query_expr(query: Any, expr: str | None) -> None:
+    assert queries.variable_query_expr(query) == expr
+
+
+# --- (c) PromQL syntax with the real promtool -------------------------------------------------
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool not found: install the Debian package 'prometheus'")
+    return path
+
+
+def _check_rules(tmp_path: Path, exprs: list[str]) -> subprocess.CompletedProcess[str]:
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard_queries",
+                "rules": [
+                    {"record": f"dashboard_query_{i}", "expr": e} for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard_queries.rules.yml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False), encoding="utf-8")
+    return subprocess.run(
+        [_promtool(), "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_query_parses_with_promtool(
+    tmp_path: Path, committed: dict[str, dict[str, Any]]
+) -> None:
+    got = queries.iter_queries(committed)
+    result = _check_rules(tmp_path, [expr for _, _, expr in got])
+    if result.returncode != 0:
+        # Say which query: promtool names the failing rule by index.
+        listing = "\n".join(
+            f"dashboard_query_{i}: {u} / {t}: {e}" for i, (u, t, e) in enumerate(got)
+        )
+        pytest.fail(f"promtool check rules failed:\n{result.stdout}{result.stderr}\n{listing}")
+    assert f"SUCCESS: {len(got)} rules found" in result.stdout
+
+
+def test_promtool_check_rejects_bad_promql(tmp_path: Path) -> None:
+    """The syntax check is not vacuous: promtool does fail on broken PromQL."""
+    result = _check_rules(tmp_path, ['sum by (run) (trainguard_run_step{run=~".*"}'])
+    assert result.returncode != 0
+
+
+def test_json_is_plain_grafana_model(committed: dict[str, dict[str, Any]]) -> None:
+    """Nothing SDK-specific leaks into the files: they import into Grafana as they are."""
+    for name in committed:
+        text = (generate.DASHBOARD_DIR / name).read_text(encoding="utf-8")
+        assert json.loads(text) == committed[name]
+        assert "grafana_foundation_sdk" not in text and "_internal" not in text
+        assert '"id": null' not in text

