@@ -53,6 +53,9 @@ DEFAULTS: dict[str, Any] = {
     "steps_at_risk_factor": 3,
     "checkpoint_cadence_window": "7d",
     "steps_at_risk_for": "10m",
+    # CheckpointTruncated / CheckpointHashMismatch: how long the damage must be seen before
+    # paging (the exporter already ignores files still inside their write grace period).
+    "checkpoint_damage_for": "2m",
     # CheckpointPartialOrphaned: a .part file not modified for this long.
     "partial_orphaned": "30m",
     # CheckpointVolumeFillingUp: linear prediction over volume_fill_window says the volume is
@@ -97,6 +100,7 @@ DURATION_KEYS = {
     "checkpoint_stale",
     "checkpoint_cadence_window",
     "steps_at_risk_for",
+    "checkpoint_damage_for",
     "partial_orphaned",
     "volume_fill_window",
     "volume_fill_horizon",
@@ -482,7 +486,7 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             "CheckpointTruncated",
             "critical",
             "trainguard_checkpoint_truncated_files > 0",
-            "2m",
+            "[[checkpoint_damage_for]]",
             "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
             f"""
             {{{{ $value }}}} checkpoint file(s) of run {{{{ $labels.run }}}} at location
@@ -495,7 +499,7 @@ def checkpoint_alerts() -> list[dict[str, Any]]:
             "CheckpointHashMismatch",
             "critical",
             "trainguard_checkpoint_hash_mismatch_files > 0",
-            "2m",
+            "[[checkpoint_damage_for]]",
             "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
             """
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
