@@ -173,3 +173,36 @@ def test_many_processes_use_the_insufficient_size_protocol(tmp_path: Path) -> No
         s = exp.scrape()
     assert value(s, "trainguard_collector_success", collector="gpu") == 1
     assert len(select(s, "trainguard_gpu_process_memory_used_bytes")) == 1000
+
+
+def test_gpu_lost_mid_scrape_publishes_nothing_partial(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    """Memory info answers, then the process list fails: that GPU is left out whole, never
+    published with a half-known (and so wrongly unattributed) state."""
+    state = two_gpus(live_pids, dead_pid())
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        state.fail("nvmlDeviceGetGraphicsRunningProcesses_v3", "gpu_is_lost", gpu=0)
+        state.write(path)
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 0
+        assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) is None
+        assert value(s, "trainguard_gpu_memory_unattributed_bytes", gpu="0", uuid=g0_uuid()) is None
+        assert select(s, "trainguard_gpu_process_memory_used_bytes", gpu="0") == {}
+        assert (
+            value(
+                s,
+                "trainguard_gpu_memory_used_bytes",
+                gpu="1",
+                uuid="GPU-bbbbbbbb-0000-0000-0000-000000000000",
+            )
+            == 6 * GIB
+        )
+        state.failures.clear()
+        state.write(path)
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+        assert (
+            value(s, "trainguard_gpu_memory_unattributed_bytes", gpu="0", uuid=g0_uuid()) == 5 * GIB
+        )
