@@ -1,0 +1,559 @@
+"""The fake libnvidia-ml.so.1, driven through the real pynvml in child processes.
+
+LD_LIBRARY_PATH only takes effect at process start, so every check runs
+``sys.executable -c CODE`` with the fake library's environment; the child
+prints one JSON line per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvml_fake import (
+    LIB_NAME,
+    SOURCE_DIR,
+    FakeNvmlState,
+    build_fake_nvml,
+    fake_nvml_env,
+)
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the fake NVML is a Linux shared library"
+)
+
+NA32 = 0xFFFF_FFFF
+GIB = 1 << 30
+
+PRELUDE = """\
+import json, sys
+import pynvml as n
+
+def out(value):
+    print(json.dumps(value), flush=True)
+
+def err(fn, *args):
+    try:
+        fn(*args)
+    except n.NVMLError as e:
+        return type(e).__name__
+    return "no error"
+
+def procs(items):
+    return [[p.pid, p.usedGpuMemory, p.gpuInstanceId, p.computeInstanceId] for p in items]
+"""
+
+
+@pytest.fixture(scope="module")
+def lib_dir() -> Path:
+    if shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.fail("gcc is needed to build the fake NVML library (tests/fakenvml/build.sh)")
+    return build_fake_nvml()
+
+
+@pytest.fixture
+def state_path(tmp_path: Path) -> Path:
+    return tmp_path / "nvml.state"
+
+
+def run_child(code: str, env: dict[str, str], timeout: float = 30) -> list[Any]:
+    """Run PRELUDE + code in a child Python; return its JSON output lines."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+class Child:
+    """A child Python that runs step by step: it prints a JSON line, then
+    waits for a line on stdin before going on, so the test can rewrite the
+    state file while the child keeps NVML initialised."""
+
+    def __init__(self, code: str, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", PRELUDE + "def wait():\n    sys.stdin.readline()\n" + code],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def recv(self) -> Any:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=10)
+            stderr = self.proc.stderr.read() if self.proc.stderr else ""
+            raise AssertionError(f"child exited {self.proc.returncode}:\n{stderr}")
+        return json.loads(line)
+
+    def go(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def two_gpus() -> FakeNvmlState:
+    state = FakeNvmlState(driver_version="550.54.15")
+    state.add_gpu(
+        "GPU-11111111-2222-3333-4444-555555555555",
+        name="NVIDIA H100 80GB HBM3",
+        total=80 * GIB,
+        used=3 * GIB,
+        reserved=GIB // 2,
+    )
+    state.add_gpu(
+        "GPU-66666666-7777-8888-9999-000000000000",
+        name="NVIDIA GeForce RTX 4090",
+        total=24 * GIB,
+        used=GIB,
+    )
+    return state
+
+
+def test_two_gpus_identity_and_memory(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit()
+        gpus = []
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            m1 = n.nvmlDeviceGetMemoryInfo(h)
+            m2 = n.nvmlDeviceGetMemoryInfo(h, version=n.nvmlMemory_v2)
+            by_uuid = n.nvmlDeviceGetHandleByUUID(n.nvmlDeviceGetUUID(h))
+            gpus.append({
+                "index": n.nvmlDeviceGetIndex(h),
+                "name": n.nvmlDeviceGetName(h),
+                "uuid": n.nvmlDeviceGetUUID(h),
+                "v1": [m1.total, m1.free, m1.used],
+                "v2": [m2.total, m2.reserved, m2.free, m2.used],
+                "by_uuid_index": n.nvmlDeviceGetIndex(by_uuid),
+                "temp": n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU),
+                "util": n.nvmlDeviceGetUtilizationRates(h).gpu,
+            })
+        out({
+            "driver": n.nvmlSystemGetDriverVersion(),
+            "nvml": n.nvmlSystemGetNVMLVersion(),
+            "cuda": n.nvmlSystemGetCudaDriverVersion(),
+            "gpus": gpus,
+            "unknown_uuid": err(n.nvmlDeviceGetHandleByUUID, "GPU-nope"),
+            "bad_index": err(n.nvmlDeviceGetHandleByIndex, 2),
+        })
+        n.nvmlShutdown()
+        """,
+        state.env(state_path),
+    )
+    assert result["driver"] == "550.54.15"
+    assert result["nvml"] == "12.550.54.15"
+    assert result["cuda"] == 12040
+    assert result["unknown_uuid"] == "NVMLError_NotFound"
+    assert result["bad_index"] == "NVMLError_InvalidArgument"
+    g0, g1 = result["gpus"]
+    assert (g0["index"], g0["name"], g0["uuid"]) == (
+        0,
+        "NVIDIA H100 80GB HBM3",
+        "GPU-11111111-2222-3333-4444-555555555555",
+    )
+    assert (g1["index"], g1["name"], g1["uuid"]) == (
+        1,
+        "NVIDIA GeForce RTX 4090",
+        "GPU-66666666-7777-8888-9999-000000000000",
+    )
+    # v1: used includes the reserved part; v2 splits it out.
+    assert g0["v1"] == [80 * GIB, 77 * GIB, 3 * GIB]
+    assert g0["v2"] == [80 * GIB, GIB // 2, 77 * GIB, 3 * GIB - GIB // 2]
+    assert g1["v1"] == [24 * GIB, 23 * GIB, GIB]
+    assert g1["v2"] == [24 * GIB, 0, 23 * GIB, GIB]
+    assert [g["by_uuid_index"] for g in result["gpus"]] == [0, 1]
+    assert [g["temp"] for g in result["gpus"]] == [40, 40]
+    assert [g["util"] for g in result["gpus"]] == [0, 0]
+
+
+def test_processes_compute_graphics_and_not_available(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.add_process(0, pid=1234, used=GIB)
+    state.add_process(0, pid=1235, used=512 << 20, gpu_instance_id=1, compute_instance_id=0)
+    state.add_process(0, pid=1240, used=None, kind="graphics")  # WDDM / WSL
+    state.add_process(1, pid=2000, used=3 << 20, kind="graphics")
+    state.add_process(1, pid=2001, used=7 << 20)
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit()
+        hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+        out({
+            "compute": [procs(n.nvmlDeviceGetComputeRunningProcesses(h)) for h in hs],
+            "graphics": [procs(n.nvmlDeviceGetGraphicsRunningProcesses(h)) for h in hs],
+            "mps": [procs(n.nvmlDeviceGetMPSComputeRunningProcesses(h)) for h in hs],
+        })
+        """,
+        state.env(state_path),
+    )
+    assert result["compute"] == [
+        [[1234, GIB, NA32, NA32], [1235, 512 << 20, 1, 0]],
+        [[2001, 7 << 20, NA32, NA32]],
+    ]
+    # pynvml turns NVML_VALUE_NOT_AVAILABLE into None.
+    assert result["graphics"] == [[[1240, None, NA32, NA32]], [[2000, 3 << 20, NA32, NA32]]]
+    assert result["mps"] == [[], []]
+
+
+def test_thousand_processes_on_one_gpu(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    for pid in range(10_000, 11_000):
+        state.add_process(0, pid=pid, used=pid)
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit()
+        h0, h1 = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
+        out([procs(n.nvmlDeviceGetComputeRunningProcesses(h)) for h in (h0, h1)])
+        """,
+        state.env(state_path),
+    )
+    assert result == [[[pid, pid, NA32, NA32] for pid in range(10_000, 11_000)], []]
+
+
+def test_128_gpus_and_2048_processes(lib_dir: Path, state_path: Path) -> None:
+    state = FakeNvmlState()
+    for _ in range(128):
+        state.add_gpu()
+    for pid in range(1, 2049):
+        state.add_process(127, pid=pid, used=None if pid % 2 else pid, kind="graphics")
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit()
+        count = n.nvmlDeviceGetCount()
+        last = n.nvmlDeviceGetHandleByIndex(count - 1)
+        plist = procs(n.nvmlDeviceGetGraphicsRunningProcesses(last))
+        out([count, n.nvmlDeviceGetUUID(last), plist])
+        """,
+        state.env(state_path),
+    )
+    count, uuid, plist = result
+    assert count == 128
+    assert uuid == "GPU-0000007f-0000-4000-8000-00000000007f"
+    assert [p[0] for p in plist] == list(range(1, 2049))
+    assert [p[1] for p in plist] == [None if pid % 2 else pid for pid in range(1, 2049)]
+
+
+def test_insufficient_size_protocol_in_c(lib_dir: Path, state_path: Path) -> None:
+    """What pynvml does not exercise: a too-small non-zero count, NULL with room."""
+    state = two_gpus()
+    for pid in range(100, 105):
+        state.add_process(0, pid=pid, used=pid)
+    state.write(state_path)
+    [result] = run_child(
+        """
+        import ctypes
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        count = ctypes.c_uint(0)
+        before_init = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
+        assert lib.nvmlInitWithFlags(0) == 0
+        dev = ctypes.c_void_p()
+        assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) == 0
+        fn = lib.nvmlDeviceGetComputeRunningProcesses_v3
+        rows = (n.c_nvmlProcessInfo_t * 8)()
+        steps = []
+        for start, buf in [(0, None), (2, rows), (5, None), (5, rows), (8, rows)]:
+            count = ctypes.c_uint(start)
+            rc = fn(dev, ctypes.byref(count), buf)
+            steps.append([start, buf is not None, rc, count.value])
+        v1 = (ctypes.c_ulonglong * 2 * 5)()  # nvmlProcessInfo_v1_t: pid (padded), used
+        count = ctypes.c_uint(5)
+        rc_v1 = lib.nvmlDeviceGetComputeRunningProcesses(dev, ctypes.byref(count), v1)
+        empty = ctypes.c_void_p()
+        lib.nvmlDeviceGetHandleByIndex_v2(1, ctypes.byref(empty))
+        count = ctypes.c_uint(0)
+        rc_empty = fn(empty, ctypes.byref(count), None)
+        out({
+            "before_init": before_init,
+            "steps": steps,
+            "pids": [rows[i].pid for i in range(5)],
+            "v1": [rc_v1, [v1[i][1] for i in range(5)]],
+            "empty": [rc_empty, count.value],
+            "bad_handle": lib.nvmlDeviceGetName(ctypes.c_void_p(8), rows, 8),
+            "null_count": fn(dev, None, rows),
+            "mem_v2_bad_version": lib.nvmlDeviceGetMemoryInfo_v2(dev, (ctypes.c_char * 40)()),
+        })
+        """,
+        state.env(state_path),
+    )
+    uninitialized, insufficient, invalid, success = 1, 7, 2, 0
+    assert result["before_init"] == uninitialized
+    assert result["steps"] == [
+        [0, False, insufficient, 5],
+        [2, True, insufficient, 5],
+        [5, False, invalid, 5],
+        [5, True, success, 5],
+        [8, True, success, 5],
+    ]
+    assert result["pids"] == [100, 101, 102, 103, 104]
+    assert result["v1"] == [success, [100, 101, 102, 103, 104]]
+    assert result["empty"] == [success, 0]
+    assert result["bad_handle"] == invalid
+    assert result["null_count"] == invalid
+    assert result["mem_v2_bad_version"] == 25  # NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+
+
+def test_lost_gpu_then_recovered_in_the_same_process(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.add_process(0, pid=1234, used=GIB)
+    state.write(state_path)
+    child = Child(
+        """
+n.nvmlInit()
+hs = [n.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+def look():
+    return {
+        "mem": [err(n.nvmlDeviceGetMemoryInfo, h) for h in hs],
+        "used0": err(lambda: out_used(hs[0])),
+        "procs": [err(n.nvmlDeviceGetComputeRunningProcesses, h) for h in hs],
+        "name": [err(n.nvmlDeviceGetName, h) for h in hs],
+        "handle": [err(n.nvmlDeviceGetHandleByIndex, i) for i in range(2)],
+        "count": n.nvmlDeviceGetCount(),
+    }
+used = []
+def out_used(h):
+    used.append(n.nvmlDeviceGetMemoryInfo(h).used)
+out(look()); wait()
+out(look()); wait()
+out([look(), used])
+n.nvmlShutdown()
+""",
+        state.env(state_path),
+    )
+    try:
+        ok = "no error"
+        first = child.recv()
+        assert first["mem"] == [ok, ok]
+        assert first["procs"] == [ok, ok]
+
+        state.gpus[0].lost = True
+        state.write(state_path)
+        child.go()
+        lost = child.recv()
+        gone = "NVMLError_GpuIsLost"  # pynvml capwords: not GPUIsLost
+        assert lost["mem"] == [gone, ok]
+        assert lost["used0"] == gone
+        assert lost["procs"] == [gone, ok]
+        assert lost["name"] == [gone, ok]
+        assert lost["handle"] == [gone, ok]
+        assert lost["count"] == 2
+
+        state.gpus[0].lost = False
+        state.gpus[0].used = 5 * GIB
+        state.write(state_path)
+        child.go()
+        back, used = child.recv()
+        assert back["mem"] == [ok, ok]
+        assert back["procs"] == [ok, ok]
+        assert back["handle"] == [ok, ok]
+        assert used == [3 * GIB, 5 * GIB]
+        assert child.proc.wait(timeout=10) == 0
+    finally:
+        child.close()
+
+
+@pytest.mark.parametrize(
+    ("init", "expected"),
+    [
+        ("driver_not_loaded", "NVMLError_DriverNotLoaded"),
+        ("lib_rm_version_mismatch", "NVMLError_LibRmVersionMismatch"),
+        ("unknown", "NVMLError_Unknown"),
+    ],
+)
+def test_init_failure(lib_dir: Path, state_path: Path, init: str, expected: str) -> None:
+    state = two_gpus()
+    state.init_error = init
+    state.write(state_path)
+    [result] = run_child("out([err(n.nvmlInit), err(n.nvmlDeviceGetCount)])", state.env(state_path))
+    assert result == [expected, "NVMLError_Uninitialized"]
+
+
+def test_missing_state_file_is_driver_not_loaded(lib_dir: Path, tmp_path: Path) -> None:
+    env = fake_nvml_env(tmp_path / "absent.state", lib_dir=lib_dir)
+    [result] = run_child("out(err(n.nvmlInit))", env)
+    assert result == "NVMLError_DriverNotLoaded"
+    del env["TRAINGUARD_FAKE_NVML_STATE"]
+    [result] = run_child("out(err(n.nvmlInit))", env)
+    assert result == "NVMLError_DriverNotLoaded"
+
+
+def test_state_file_vanishing_after_init_is_unknown(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.write(state_path)
+    [result] = run_child(
+        f"""
+        import os
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(0)
+        os.unlink({str(state_path)!r})
+        out([err(n.nvmlDeviceGetCount), err(n.nvmlDeviceGetMemoryInfo, h)])
+        """,
+        state.env(state_path),
+    )
+    assert result == ["NVMLError_Unknown", "NVMLError_Unknown"]
+
+
+def test_malformed_state_is_rejected_loudly(lib_dir: Path, state_path: Path) -> None:
+    state_path.write_text("driver 550.54.15\ngpu 0 uuid=GPU-x colour=red\n")
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + "out(err(n.nvmlInit))"],
+        env=fake_nvml_env(state_path, lib_dir=lib_dir),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert json.loads(proc.stdout) == "NVMLError_Unknown"
+    assert f"{state_path}:2: bad gpu attribute 'colour=red'" in proc.stderr
+
+
+def test_init_is_reference_counted(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit(); n.nvmlInit()
+        n.nvmlShutdown()
+        after_one = n.nvmlDeviceGetCount()
+        n.nvmlShutdown()
+        out([after_one, err(n.nvmlDeviceGetCount), err(n.nvmlShutdown)])
+        """,
+        state.env(state_path),
+    )
+    assert result == [2, "NVMLError_Uninitialized", "NVMLError_Uninitialized"]
+
+
+def test_injected_failure_on_one_gpu(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.add_process(1, pid=7, used=1)
+    state.fail("nvmlDeviceGetComputeRunningProcesses_v3", "not_supported", gpu=0)
+    state.gpus[1].error = "unknown"
+    state.add_gpu(error="no_permission")
+    state.write(state_path)
+    [result] = run_child(
+        """
+        n.nvmlInit()
+        h0 = n.nvmlDeviceGetHandleByIndex(0)
+        out([
+            err(n.nvmlDeviceGetComputeRunningProcesses, h0),
+            err(n.nvmlDeviceGetGraphicsRunningProcesses, h0),
+            err(n.nvmlDeviceGetHandleByIndex, 1),
+            err(n.nvmlDeviceGetHandleByIndex, 2),
+        ])
+        """,
+        state.env(state_path),
+    )
+    assert result == [
+        "NVMLError_NotSupported",
+        "no error",
+        "NVMLError_Unknown",
+        "NVMLError_NoPermission",
+    ]
+
+
+def test_call_log(lib_dir: Path, state_path: Path, tmp_path: Path) -> None:
+    state = two_gpus()
+    state.write(state_path)
+    log = tmp_path / "calls.log"
+    run_child(
+        "n.nvmlInit(); n.nvmlDeviceGetCount(); n.nvmlShutdown(); err(n.nvmlShutdown)",
+        state.env(state_path, log_path=log),
+    )
+    assert log.read_text().splitlines() == [
+        "nvmlInitWithFlags 0",
+        "nvmlDeviceGetCount_v2 0",
+        "nvmlShutdown 0",
+        "nvmlShutdown 1",
+    ]
+
+
+def test_threads_while_the_state_is_rewritten(lib_dir: Path, state_path: Path) -> None:
+    """Eight threads query while the state file flips between two shapes; every
+    answer must be wholly one shape or the other."""
+    small, big = two_gpus(), two_gpus()
+    small.gpus[0].used = GIB
+    for pid in range(3):
+        small.add_process(0, pid=100 + pid, used=GIB)
+    big.gpus[0].used = 2 * GIB
+    for pid in range(6):
+        big.add_process(0, pid=200 + pid, used=GIB)
+    small.write(state_path)
+    child = Child(
+        """
+import threading
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+seen, errors, stop = set(), [], threading.Event()
+def hammer():
+    while not stop.is_set():
+        try:
+            seen.add(tuple(p.pid for p in n.nvmlDeviceGetComputeRunningProcesses(h)))
+            seen.add(n.nvmlDeviceGetMemoryInfo(h).used)
+        except Exception as e:
+            errors.append(repr(e))
+threads = [threading.Thread(target=hammer) for _ in range(8)]
+for t in threads: t.start()
+out("started"); wait()
+stop.set()
+for t in threads: t.join()
+out([sorted(map(str, seen)), errors[:5]])
+""",
+        small.env(state_path),
+    )
+    try:
+        assert child.recv() == "started"
+        for i in range(200):
+            (big if i % 2 == 0 else small).write(state_path)
+        child.go()
+        seen, errors = child.recv()
+    finally:
+        child.close()
+    assert errors == []
+    allowed = {
+        str(GIB),
+        str(2 * GIB),
+        str((100, 101, 102)),
+        str((200, 201, 202, 203, 204, 205)),
+    }
+    assert set(seen) <= allowed
+    assert str((100, 101, 102)) in seen
+
+
+def test_build_is_idempotent(lib_dir: Path) -> None:
+    lib = lib_dir / LIB_NAME
+    before = lib.stat().st_mtime_ns
+    out = subprocess.run(
+        [str(SOURCE_DIR / "build.sh")], capture_output=True, text=True, check=True, cwd="/"
+    ).stdout
+    assert Path(out.strip()) == lib_dir
+    assert lib.stat().st_mtime_ns == before
+    assert os.readlink(lib_dir / "libnvidia-ml.so") == LIB_NAME
+    assert build_fake_nvml() == lib_dir
