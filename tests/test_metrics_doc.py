@@ -4,9 +4,8 @@ import importlib
 import pkgutil
 import re
 
-from exporter_proc import REPO
-
 import trainguard.collectors
+from exporter_proc import REPO
 from trainguard.collector import FRAMEWORK_METRICS, Collector, MetricSpec
 
 ROW = re.compile(r"^\|\s*`(trainguard_[a-z0-9_]+)`\s*\|\s*(\w+)\s*\|([^|]*)\|")
