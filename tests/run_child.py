@@ -3,6 +3,8 @@ in the way a test needs (killed, finished, raising...), plus waiting on its hear
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,7 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exporter_proc import child_env
-from trainguard.heartbeat import Heartbeat, HeartbeatError, heartbeat_filename, read_heartbeat
+from trainguard import procinfo
+from trainguard.heartbeat import (
+    Heartbeat,
+    HeartbeatError,
+    heartbeat_filename,
+    read_heartbeat,
+    write_heartbeat,
+)
 
 CHILD = r"""
 import os, sys, time
@@ -93,3 +102,30 @@ def wait_heartbeat(path: Path, ok: Callable[[Heartbeat], bool], timeout: float =
             last = hb
         time.sleep(0.01)
     raise AssertionError(f"heartbeat {path} never satisfied the condition; last: {last}")
+
+
+def own_heartbeat(run: str, **over: object) -> Heartbeat:
+    """A heartbeat as if written by this test process (alive, same boot)."""
+    now = time.time()
+    fields: dict[str, object] = dict(
+        run=run,
+        rank=0,
+        pid=os.getpid(),
+        create_time=procinfo.own_create_time(),
+        host=socket.gethostname(),
+        started=now - 10,
+        time=now,
+        step=5,
+        step_time=now,
+        boot_id=procinfo.boot_id(),
+        boot_time=procinfo.boot_time(),
+        pid_ns=procinfo.pid_namespace(),
+    )
+    fields.update(over)
+    return Heartbeat(**fields)  # type: ignore[arg-type]
+
+
+def put(state: Path, hb: Heartbeat) -> Path:
+    path = state / heartbeat_filename(hb.run, hb.rank)
+    write_heartbeat(path, hb)
+    return path
