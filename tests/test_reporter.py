@@ -225,6 +225,32 @@ def test_close_waits_a_bounded_time_for_a_hung_disk(
     release.set()
 
 
+def test_step_never_waits_for_a_hung_disk(tmp_path: Path, monkeypatch: Any) -> None:
+    release = threading.Event()
+    real_fsync = os.fsync
+    stuck = threading.Event()
+
+    def hung(fd: int) -> None:
+        stuck.set()
+        release.wait(10)
+        real_fsync(fd)
+
+    run = Run("hung-steps", state_dir=tmp_path, interval=0.01, close_timeout=0.2)
+    wait_heartbeat(run.path, lambda hb: True)
+    monkeypatch.setattr(os, "fsync", hung)
+    run.step(0)
+    assert stuck.wait(5)
+    worst = 0.0
+    for i in range(1, 20_000):
+        t0 = time.perf_counter()
+        run.step(i, loss=1.0)
+        worst = max(worst, time.perf_counter() - t0)
+    run.close()
+    release.set()
+    # a step that waited for the disk would take the whole 10 s; allow for a noisy machine
+    assert worst < 0.5, worst
+
+
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()

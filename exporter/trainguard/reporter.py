@@ -75,6 +75,8 @@ log = logging.getLogger("trainguard.reporter")
 MAX_OOM_SNAPSHOTS = 10
 #: allocation events torch keeps for a snapshot (several KB each)
 OOM_HISTORY_ENTRIES = 100_000
+#: seconds between re-reads of this process's create time (each read is a few syscalls)
+CREATE_TIME_REFRESH = 60.0
 _QUIET_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 
 
@@ -130,6 +132,7 @@ class Run:
             self._create_time = procinfo.own_create_time()
         except Exception:
             self._create_time = self._started
+        self._create_time_read = time.monotonic()
         # (step, wall time, scalars): replaced whole by step(), read by the writer thread
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
@@ -358,8 +361,13 @@ class Run:
 
     def _heartbeat(self, state: str, error: str | None) -> Heartbeat:
         self._take_latest()
-        with contextlib.suppress(Exception):
-            self._create_time = procinfo.own_create_time()
+        now = time.monotonic()
+        if now - self._create_time_read >= CREATE_TIME_REFRESH:
+            # psutil derives it from the boot time, which moves when the clock is stepped:
+            # re-read now and then so the exporter's comparison stays within tolerance
+            with contextlib.suppress(Exception):
+                self._create_time = procinfo.own_create_time()
+            self._create_time_read = now
         return Heartbeat(
             run=self.name,
             rank=self.rank,
