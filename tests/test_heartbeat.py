@@ -283,7 +283,9 @@ json_values = st.recursive(
 FIELDS = list(sample_heartbeat().to_dict())
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.binary(max_size=2000))
 def test_arbitrary_bytes_only_raise_heartbeat_error(tmp_path: Path, data: bytes) -> None:
     path = tmp_path / "fuzz.heartbeat.json"
@@ -292,14 +294,14 @@ def test_arbitrary_bytes_only_raise_heartbeat_error(tmp_path: Path, data: bytes)
         read_heartbeat(path)
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(value=json_values)
 def test_arbitrary_json_only_raises_heartbeat_error(value: Any) -> None:
     with contextlib.suppress(HeartbeatError):
         parse_heartbeat(value, "fuzz")
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(
     changes=st.dictionaries(st.sampled_from(FIELDS), json_values, min_size=1, max_size=4),
     drop=st.sets(st.sampled_from(FIELDS), max_size=3),
@@ -320,7 +322,9 @@ def test_mutated_heartbeats_are_valid_or_heartbeat_error(
     assert all(d.cause in CAUSES for d in hb.death_history)
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     run=st.text(min_size=1, max_size=128).filter(lambda s: check_run_name(s) is None),
     rank=st.integers(0, 1_000_000),

@@ -152,9 +152,12 @@ def test_bad_scalars_and_steps_are_dropped_and_logged_once(
     run = Run("scalars", state_dir=tmp_path, interval=0.01)
     for i in range(5):
         run.step(i, loss=0.5, text="x", flag=True, tensor=torch.tensor(1.0), **{"bad name": 1.0})
-        time.sleep(0.02)
+        wait_heartbeat(run.path, lambda hb, i=i: hb.step == i)
+    for _ in range(1000):  # tensors whose == is elementwise must not upset the writer
+        run.step(6, vec=torch.ones(3))
+    wait_heartbeat(run.path, lambda hb: hb.step == 6)
     run.step(torch.tensor(7))  # a 0-d integer tensor is an index: accepted
-    time.sleep(0.05)
+    wait_heartbeat(run.path, lambda hb: hb.step == 7)
     run.step("eight")  # type: ignore[arg-type]
     run.close()
     hb = read(run)
@@ -166,6 +169,7 @@ def test_bad_scalars_and_steps_are_dropped_and_logged_once(
         "'flag' ignored",
         "'tensor' ignored",
         "'bad name' ignored",
+        "'vec' ignored",
         "step must be an integer",
     ):
         assert sum(needle in m for m in messages) == 1, (needle, messages)

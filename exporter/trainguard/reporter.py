@@ -258,20 +258,21 @@ class Run:
             self._warn_once("startup", "trainguard: cannot prepare %s: %s", self.state_dir, exc)
         finally:
             self._ready.set()
-        written: object = None
+        written: object = None  # the _latest tuple last written (compared by identity:
+        written_snapshots = -1  # the script's scalars may be tensors with a strange __eq__)
         last_write = -math.inf
-        while True:
-            final = self._final
-            if final is None:
-                current = (self._latest, self._snapshots)
-                now = time.monotonic()
-                if current != written or now - last_write >= self._keepalive:
-                    self._write("running", None)
-                    written, last_write = current, now
-                self._wake.wait(self._interval)
-                continue
-            self._write(*final)
-            return
+        while self._final is None:
+            latest, snapshots = self._latest, self._snapshots
+            now = time.monotonic()
+            if (
+                latest is not written
+                or snapshots != written_snapshots
+                or now - last_write >= self._keepalive
+            ):
+                self._write("running", None)
+                written, written_snapshots, last_write = latest, snapshots, now
+            self._wake.wait(self._interval)
+        self._write(*self._final)
 
     def _startup(self) -> None:
         """Runs on the writer thread so that a slow or hung disk never delays the script."""
