@@ -16,7 +16,8 @@ How a run ends, as the exporter will see it (``trainguard_run_finished``):
   included), ``close(finished=False)``, or an uncaught exception reaching the top level
   (seen through ``sys.excepthook`` before atexit runs) record ``failed`` with the
   exception's type name: the process is expected to be gone soon, and that is a death.
-- SIGKILL, the OOM killer, a reboot or ``os._exit`` record nothing: the heartbeat stays
+- SIGKILL, SIGTERM (Python's default action ends the process without running atexit), the
+  OOM killer, a reboot or ``os._exit`` record nothing: the heartbeat stays
   ``running`` with a pid that is gone, which is exactly what the exporter reports as a death.
   When the run starts again under the same name and rank, the new process adds that death to
   the history it carries forward (step, last heartbeat time, cause).
