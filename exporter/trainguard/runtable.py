@@ -175,7 +175,7 @@ class RunTable:
             try:
                 result = read_heartbeat(entry.path)
             except HeartbeatError as exc:
-                result = exc
+                result = exc.with_traceback(None)  # cached: keep no frames alive
         self._cache[entry.name] = (key, result)
         return result
 
