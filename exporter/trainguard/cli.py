@@ -19,8 +19,10 @@ from trainguard._version import __version__
 from trainguard.collector import Collector, ExporterCollector
 from trainguard.collectors.gpu import GpuCollector
 from trainguard.collectors.processes import ProcessesCollector
+from trainguard.collectors.runs import RunsCollector
 from trainguard.config import Config, ConfigError, load_config
 from trainguard.paths import STATE_DIR_ENV, default_state_dir
+from trainguard.runtable import RunTable
 from trainguard.web import make_app, make_http_server
 from trainguard.webconfig import WebConfigError, load_web_config
 
@@ -100,11 +102,19 @@ def resolve_state_dir(flag: str | None, config: Config) -> Path:
 
 
 def build_collectors(config: Config, state_dir: Path) -> list[Collector]:
-    """Every collector, wired to the ones it shares data with."""
-    return [
-        GpuCollector(),
+    """Every collector, wired to the ones it shares data with: one run table (heartbeats +
+    configured runs) feeds the runs collector, the GPU collector (pids of live runs) and the
+    checkpoint collector (checkpoint locations)."""
+    table = RunTable(config, state_dir)
+    collectors: list[Collector] = [
+        GpuCollector(pid_runs=table.pid_runs),
         ProcessesCollector(config.process_counts),
+        RunsCollector(table),
     ]
+    # The checkpoint collector (branch `checkpoints`) takes the locations to watch as a
+    # Callable[[], Iterable[CheckpointTarget]]: config first, then those runs announce.
+    #   collectors.append(CheckpointsCollector(config, targets=table.checkpoint_targets))
+    return collectors
 
 
 def build_registry(collectors: Sequence[Collector]) -> CollectorRegistry:

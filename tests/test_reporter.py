@@ -1,0 +1,494 @@
+"""trainguard.Run in-process: cheap steps, how a run ends, disk errors that never reach the
+training loop, death detection at restart, allocator stats and OOM capture."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+import trainguard
+from exporter_proc import child_env
+from run_child import CHILD, wait_heartbeat
+from trainguard import procinfo, reporter
+from trainguard.heartbeat import Death, Heartbeat, read_heartbeat, write_heartbeat
+from trainguard.reporter import Run, allocator_stats
+
+# key names exactly as torch.cuda.memory_stats() returns them (see its docstring)
+REAL_STATS = {
+    "allocated_bytes.all.current": 6 << 30,
+    "allocated_bytes.all.peak": 9 << 30,
+    "reserved_bytes.all.current": 12 << 30,
+    "inactive_split_bytes.all.current": 3 << 30,
+    "num_alloc_retries": 4,
+    "num_ooms": 1,
+    "allocated_bytes.large_pool.current": 5 << 30,
+    "active.all.current": 100,
+}
+
+
+def read(run: Run) -> Heartbeat:
+    return read_heartbeat(run.path)
+
+
+def test_step_stores_and_the_thread_writes_at_most_every_interval(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    writes: list[float] = []
+    real = reporter.write_heartbeat
+
+    def counting(path: Any, data: Any) -> None:
+        writes.append(time.monotonic())
+        real(path, data)
+
+    monkeypatch.setattr(reporter, "write_heartbeat", counting)
+    run = Run("cheap", state_dir=tmp_path, interval=0.1)
+    start = time.monotonic()
+    i = 0
+    while time.monotonic() - start < 0.55:
+        run.step(i, loss=1.0)
+        i += 1
+    run.close()
+    assert i > 10_000
+    gaps = [b - a for a, b in itertools.pairwise(writes[:-1])]  # the final write may come sooner
+    assert len(writes) <= 9, writes
+    assert all(g >= 0.09 for g in gaps), gaps
+    hb = read(run)
+    assert hb.step == i - 1 and hb.state == "finished"
+
+
+def test_keepalive_rewrites_without_steps(tmp_path: Path) -> None:
+    run = Run("idle", state_dir=tmp_path, interval=0.02, keepalive=0.1)
+    first = wait_heartbeat(run.path, lambda hb: True)
+    later = wait_heartbeat(run.path, lambda hb: hb.time > first.time, timeout=2)
+    assert later.step is None
+    run.close()
+
+
+@pytest.mark.parametrize(
+    ("exc", "state", "error"),
+    [
+        (None, "finished", None),
+        (ValueError("boom"), "failed", "ValueError"),
+        (KeyboardInterrupt(), "failed", "KeyboardInterrupt"),
+        (SystemExit(0), "finished", None),
+        (SystemExit(None), "finished", None),
+        (SystemExit(3), "failed", "SystemExit"),
+    ],
+)
+def test_leaving_the_with_block(
+    tmp_path: Path, exc: BaseException | None, state: str, error: str | None
+) -> None:
+    expect = pytest.raises(type(exc)) if exc is not None else contextlib.nullcontext()
+    with expect, Run("ctx", state_dir=tmp_path, interval=0.01) as run:
+        run.step(5)
+        if exc is not None:
+            raise exc
+    hb = read(run)
+    assert (hb.state, hb.error, hb.step) == (state, error, 5)
+
+
+def test_close_is_idempotent_and_finished_false_is_failed(tmp_path: Path) -> None:
+    run = Run("closer", state_dir=tmp_path, interval=0.01)
+    run.step(1)
+    run.close(finished=False)
+    run.close()
+    run.step(2)  # after close: ignored, never raises
+    hb = read(run)
+    assert (hb.state, hb.step) == ("failed", 1)
+
+
+def test_rank_from_torchrun_environment(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    run = Run("ddp", state_dir=tmp_path)
+    assert (run.rank, run.world_size) == (5, 8)
+    assert run.path.name.endswith(".rank5.heartbeat.json")
+    run.close()
+    monkeypatch.delenv("RANK")
+    run = Run("ddp", state_dir=tmp_path)
+    assert run.rank == 1
+    run.close()
+    monkeypatch.setenv("RANK", "not-a-rank")
+    monkeypatch.delenv("LOCAL_RANK")
+    run = Run("ddp", state_dir=tmp_path)
+    assert run.rank == 0
+    run.close()
+    run = Run("ddp", state_dir=tmp_path, rank=2)
+    assert run.rank == 2
+    run.close()
+    with pytest.raises(ValueError, match="rank"):
+        Run("ddp", state_dir=tmp_path, rank=-1)
+
+
+def test_bad_arguments_are_errors_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="name"):
+        Run("", state_dir=tmp_path)
+    with pytest.raises(ValueError, match="name"):
+        Run("a\nb", state_dir=tmp_path)
+    with pytest.raises(ValueError, match="mirrors"):
+        Run("x", state_dir=tmp_path, mirrors={"primary": "/x"})
+    with pytest.raises(ValueError, match="interval"):
+        Run("x", state_dir=tmp_path, interval=0)
+
+
+def test_bad_scalars_and_steps_are_dropped_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "trainguard")
+    run = Run("scalars", state_dir=tmp_path, interval=0.01)
+    for i in range(5):
+        run.step(i, loss=0.5, text="x", flag=True, tensor=torch.tensor(1.0), **{"bad name": 1.0})
+        wait_heartbeat(run.path, lambda hb, i=i: hb.step == i)
+    for _ in range(1000):  # tensors whose == is elementwise must not upset the writer
+        run.step(6, vec=torch.ones(3))
+    wait_heartbeat(run.path, lambda hb: hb.step == 6)
+    run.step(torch.tensor(7))  # a 0-d integer tensor is an index: accepted
+    wait_heartbeat(run.path, lambda hb: hb.step == 7)
+    run.step("eight")  # type: ignore[arg-type]
+    run.close()
+    hb = read(run)
+    assert hb.step == 7
+    assert hb.scalars == {}
+    messages = [r.getMessage() for r in caplog.records]
+    for needle in (
+        "'text' ignored",
+        "'flag' ignored",
+        "'tensor' ignored",
+        "'bad name' ignored",
+        "'vec' ignored",
+        "step must be an integer",
+    ):
+        assert sum(needle in m for m in messages) == 1, (needle, messages)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_full_or_read_only_disk_is_logged_once_and_never_raises(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture, code: int
+) -> None:
+    caplog.set_level(logging.WARNING, "trainguard")
+
+    def failing(path: Any, data: Any) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(reporter, "write_heartbeat", failing)
+    run = Run("full", state_dir=tmp_path, interval=0.01)
+    for i in range(20):
+        run.step(i)
+        time.sleep(0.005)
+    run.close()
+    logged = [r for r in caplog.records if "cannot write heartbeat" in r.getMessage()]
+    assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    assert os.strerror(code) in logged[0].getMessage()
+
+
+def test_state_dir_that_cannot_be_created_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "trainguard")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with Run("nowhere", state_dir=blocker / "state", interval=0.01) as run:
+        run.step(1)
+    assert any("cannot" in r.getMessage() for r in caplog.records)
+
+
+def test_close_waits_a_bounded_time_for_a_hung_disk(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "trainguard")
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def hung(fd: int) -> None:
+        release.wait(5)
+        real_fsync(fd)
+
+    run = Run("hung", state_dir=tmp_path, interval=0.01, close_timeout=0.3)
+    wait_heartbeat(run.path, lambda hb: True)
+    monkeypatch.setattr(os, "fsync", hung)
+    run.step(1)
+    time.sleep(0.05)  # the writer is now stuck in fsync
+    start = time.monotonic()
+    run.close()
+    assert time.monotonic() - start < 1.0
+    assert any("not written within 0.3s" in r.getMessage() for r in caplog.records)
+    release.set()
+
+
+def test_step_never_waits_for_a_hung_disk(tmp_path: Path, monkeypatch: Any) -> None:
+    release = threading.Event()
+    real_fsync = os.fsync
+    stuck = threading.Event()
+
+    def hung(fd: int) -> None:
+        stuck.set()
+        release.wait(10)
+        real_fsync(fd)
+
+    run = Run("hung-steps", state_dir=tmp_path, interval=0.01, close_timeout=0.2)
+    wait_heartbeat(run.path, lambda hb: True)
+    monkeypatch.setattr(os, "fsync", hung)
+    run.step(0)
+    assert stuck.wait(5)
+    worst = 0.0
+    for i in range(1, 20_000):
+        t0 = time.perf_counter()
+        run.step(i, loss=1.0)
+        worst = max(worst, time.perf_counter() - t0)
+    run.close()
+    release.set()
+    # a step that waited for the disk would take the whole 10 s; allow for a noisy machine
+    assert worst < 0.5, worst
+
+
+def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = reporter.heartbeat_filename("tmpclean", 0)
+    stale = tmp_path / f".{name}.{dead.pid}.abcd1234.tmp"
+    stale.write_text("{")
+    live = tmp_path / f".{name}.{os.getpid()}.abcd1234.tmp"
+    live.write_text("{")
+    run = Run("tmpclean", state_dir=tmp_path, interval=0.01)
+    wait_heartbeat(run.path, lambda hb: True)
+    run.close()
+    assert not stale.exists()
+    assert live.exists()
+
+
+# -- death detection at restart ------------------------------------------------------------
+
+
+def dead_pid() -> tuple[int, float]:
+    """The pid and create time of a process that has exited."""
+    proc = subprocess.Popen(["sleep", "10"])
+    create = create_time_of(proc.pid)
+    proc.kill()
+    proc.wait()
+    return proc.pid, create
+
+
+def create_time_of(pid: int) -> float:
+    return float(psutil.Process(pid).create_time())
+
+
+def previous(tmp_path: Path, **over: Any) -> Heartbeat:
+    pid, create = dead_pid()
+    now = time.time()
+    fields: dict[str, Any] = dict(
+        run="again",
+        rank=0,
+        pid=pid,
+        create_time=create,
+        host=os.uname().nodename,
+        started=now - 100,
+        time=now - 5,
+        step=41,
+        boot_id=procinfo.boot_id(),
+        boot_time=procinfo.boot_time(),
+        pid_ns=procinfo.pid_namespace(),
+        deaths=0,
+    )
+    fields.update(over)
+    hb = Heartbeat(**fields)
+    write_heartbeat(tmp_path / hb.filename, hb)
+    return hb
+
+
+def restart(tmp_path: Path) -> Heartbeat:
+    with Run("again", state_dir=tmp_path, interval=0.01) as run:
+        run.step(42)
+    return read(run)
+
+
+def test_restart_after_a_silent_death_records_it(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(procinfo, "oom_killed", lambda pid, since: False)
+    old = previous(tmp_path)
+    hb = restart(tmp_path)
+    assert hb.deaths == 1
+    assert hb.death_history == (
+        Death(step=41, time=old.time, detected=hb.death_history[0].detected, cause="unknown"),
+    )
+    assert hb.started <= hb.death_history[0].detected <= hb.time
+    # a clean finish is not a death, and the count is carried forward
+    hb2 = restart(tmp_path)
+    assert hb2.deaths == 1 and len(hb2.death_history) == 1
+
+
+def test_death_causes(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(procinfo, "oom_killed", lambda pid, since: True)
+    previous(tmp_path)
+    assert restart(tmp_path).death_history[-1].cause == "oom_killer"
+    previous(tmp_path, boot_id="another-boot", deaths=1)
+    assert restart(tmp_path).death_history[-1].cause == "reboot"
+    previous(tmp_path, state="failed", error="RuntimeError", deaths=5)
+    hb = restart(tmp_path)
+    assert hb.death_history[-1].cause == "exception"
+    assert hb.deaths == 6
+
+
+def test_history_is_bounded_and_a_live_predecessor_is_no_death(tmp_path: Path) -> None:
+    history = tuple(
+        Death(step=i, time=1e9 + i, detected=1e9 + i, cause="unknown") for i in range(20)
+    )
+    previous(tmp_path, deaths=20, death_history=history)
+    hb = restart(tmp_path)
+    assert hb.deaths == 21 and len(hb.death_history) == 20
+    assert hb.death_history[0].step == 1 and hb.death_history[-1].step == 41
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        previous(
+            tmp_path,
+            pid=sleeper.pid,
+            create_time=create_time_of(sleeper.pid),
+            deaths=21,
+            death_history=(),
+        )
+        assert restart(tmp_path).deaths == 21
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_kernel_log_lines_the_oom_killer_writes() -> None:
+    lines = {
+        "Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB": 4242,
+        "Memory cgroup out of memory: Killed process 77 (python3) total-vm:1kB": 77,
+        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,"
+        "global_oom,task_memcg=/user.slice,task=python,pid=31337,uid=1000": 31337,
+        "Out of memory: Kill process 9 (python) score 900 or sacrifice child": 9,
+        "oom_reaper: reaped process 55 (python), now anon-rss:0kB": 55,
+        "python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0": None,
+        "usb 1-1: new high-speed USB device number 2": None,
+    }
+    for line, pid in lines.items():
+        assert procinfo._oom_pid(line) == pid, line
+    # on this machine the real scan answers quickly and never raises
+    start = time.monotonic()
+    assert procinfo.oom_killed(2**22 + 12345, time.time() - 10) is False
+    assert time.monotonic() - start < 3
+
+
+# -- allocator stats and OOM snapshots ------------------------------------------------------
+
+
+def test_allocator_key_names_are_torch_s() -> None:
+    doc = torch.cuda.memory_stats.__doc__ or ""
+    for key in (
+        "allocated_bytes",
+        "reserved_bytes",
+        "inactive_split_bytes",
+        "num_alloc_retries",
+        "num_ooms",
+    ):
+        assert f'"{key}' in doc, key
+    a = allocator_stats(1, REAL_STATS)
+    assert (a.device, a.allocated_bytes, a.reserved_bytes, a.max_allocated_bytes) == (
+        1,
+        6 << 30,
+        12 << 30,
+        9 << 30,
+    )
+    assert (a.inactive_split_bytes, a.alloc_retries, a.ooms) == (3 << 30, 4, 1)
+
+
+def test_allocator_stats_reach_the_heartbeat_when_cuda_is_in_use(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """CUDA is simulated: torch.cuda reports one initialised device with these stats."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats",
+        lambda d: REAL_STATS if d == 0 else {"reserved_bytes.all.current": 0},
+    )
+    with Run("alloc", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    (a,) = read(run).allocator
+    assert (a.device, a.reserved_bytes, a.ooms) == (0, 12 << 30, 1)
+
+
+def test_without_cuda_there_are_no_allocator_stats_and_oom_capture_is_a_no_op(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real no-CUDA path: this torch is a CPU build."""
+    assert not torch.cuda.is_available()
+    caplog.set_level(logging.WARNING, "trainguard")
+    run = Run("cpu", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
+    for exc in (RuntimeError("not an oom"), torch.cuda.OutOfMemoryError("CUDA out of memory")):
+        with pytest.raises(type(exc)), run.capture_oom():
+            raise exc
+    with run.capture_oom():
+        run.step(3)
+    run.close()
+    hb = read(run)
+    assert hb.allocator == () and hb.memory_snapshots == 0
+    unavailable = [r for r in caplog.records if "OOM capture unavailable" in r.getMessage()]
+    assert len(unavailable) == 1 and "CUDA is not available" in unavailable[0].getMessage()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [run.path.name]
+
+
+def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch: Any) -> None:
+    """CUDA is simulated (is_available, the history recorder and the dump), the exception is
+    torch's real OutOfMemoryError."""
+    recorded: list[dict[str, Any]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda.memory, "_record_memory_history", lambda **kw: recorded.append(kw)
+    )
+    monkeypatch.setattr(
+        torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b"snapshot")
+    )
+    run = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
+    assert recorded == [{"max_entries": reporter.OOM_HISTORY_ENTRIES}]
+    for _ in range(2):
+        with pytest.raises(torch.cuda.OutOfMemoryError), run.capture_oom():
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with pytest.raises(ValueError), run.oom_guard():
+        raise ValueError("not an oom: no snapshot")
+    run.close()
+    stem = run.path.name.removesuffix(".heartbeat.json")
+    assert sorted(p.name for p in tmp_path.glob("*.pickle")) == [
+        f"{stem}.oom-1.pickle",
+        f"{stem}.oom-2.pickle",
+    ]
+    assert run.last_oom_snapshot == tmp_path / f"{stem}.oom-2.pickle"
+    assert read(run).memory_snapshots == 2
+    # a restart carries the count on, so new snapshots never overwrite old ones
+    run2 = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
+    with pytest.raises(torch.cuda.OutOfMemoryError), run2.capture_oom():
+        raise torch.cuda.OutOfMemoryError("again")
+    run2.close()
+    assert read(run2).memory_snapshots == 3
+    assert (tmp_path / f"{stem}.oom-3.pickle").exists()
+
+
+def test_the_reporter_never_imports_torch(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, "plain", str(tmp_path), "3", "no-torch"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert read_heartbeat(tmp_path / reporter.heartbeat_filename("plain", 0)).state == "finished"
+
+
+def test_run_is_exported_lazily() -> None:
+    assert trainguard.Run is Run

@@ -1,0 +1,448 @@
+"""Runs through the real exporter over HTTP, with real training processes: death within one
+scrape, clean exit, pid reuse, death history across restarts, bad heartbeat files, configured
+runs, retention."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from exporter_proc import Exporter, Samples, select
+from nvml_fake import FakeNvmlState
+from run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from trainguard import procinfo
+from trainguard.heartbeat import Death
+from trainguard.reporter import allocator_stats
+
+
+def sample(samples: Samples, metric: str, **labels: str) -> float | None:
+    return samples.get((metric, frozenset(labels.items())))
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL, then wait until the kernel has finished it (a zombie: not reaped, so the
+    exporter sees the pid still listed), since the signal is delivered asynchronously."""
+    proc.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {proc.pid} still running 10 s after SIGKILL")
+
+
+def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    killed = start_child("killed run", state, 7, "hang")
+    clean = start_child("clean run", state, 3, "with")
+    try:
+        wait_heartbeat(heartbeat_path(state, "killed run"), lambda hb: hb.step == 7)
+        assert clean.wait(15) == 0, clean.stdout.read() if clean.stdout else ""
+        with Exporter(state_dir=state) as exp:
+            before = exp.scrape()
+            k = {"run": "killed run", "rank": "0"}
+            assert sample(before, "trainguard_run_process_up", **k) == 1
+            assert sample(before, "trainguard_run_finished", **k) == 0
+            assert sample(before, "trainguard_run_step", **k) == 7
+            kill(killed)  # not reaped yet: a zombie is dead too
+            after = exp.scrape()
+            assert sample(after, "trainguard_run_process_up", **k) == 0
+            assert sample(after, "trainguard_run_finished", **k) == 0
+            assert sample(after, "trainguard_run_step", **k) == 7
+            killed.wait(10)
+            reaped = exp.scrape()
+            assert sample(reaped, "trainguard_run_process_up", **k) == 0
+            c = {"run": "clean run", "rank": "0"}
+            assert sample(after, "trainguard_run_process_up", **c) == 0
+            assert sample(after, "trainguard_run_finished", **c) == 1
+            assert sample(after, "trainguard_run_step", **c) == 3
+            assert sample(after, "trainguard_collector_success", collector="runs") == 1
+            info = select(after, "trainguard_run_info", run="killed run")
+            assert [dict(lbl)["pid"] for lbl in info] == [str(killed.pid)]
+    finally:
+        for p in (killed, clean):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_pid_alive_with_another_create_time_is_not_the_run(tmp_path: Path) -> None:
+    """A reused pid: this test's own (live) pid with a create time that is not its own."""
+    state = tmp_path / "state"
+    state.mkdir()
+    put(state, own_heartbeat("reused", create_time=procinfo.own_create_time() - 3600))
+    put(state, own_heartbeat("mine"))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    assert sample(s, "trainguard_run_process_up", run="reused", rank="0") == 0
+    assert sample(s, "trainguard_run_process_up", run="mine", rank="0") == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "finished", "error"),
+    [("exit", 1, None), ("with-raise", 0, "ValueError"), ("uncaught", 0, "ZeroDivisionError")],
+)
+def test_how_a_process_ends_is_recorded(
+    tmp_path: Path, mode: str, finished: int, error: str | None
+) -> None:
+    state = tmp_path / "state"
+    proc = start_child(f"run-{mode}", state, 2, mode)
+    out = proc.communicate(timeout=15)[0]
+    hb = wait_heartbeat(heartbeat_path(state, f"run-{mode}"), lambda hb: hb.state != "running")
+    assert (hb.state == "finished") == bool(finished), out
+    assert hb.error == error
+    assert hb.step == 2
+
+
+def test_forked_child_exiting_does_not_finish_the_run(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    proc = start_child("forking", state, 2, "fork")
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "forked child done"
+        time.sleep(0.1)
+        hb = wait_heartbeat(heartbeat_path(state, "forking"), lambda hb: hb.step == 2)
+        assert hb.state == "running"
+        assert hb.pid == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_death_history_across_restarts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    first = start_child("resumed", state, 41, "hang")
+    second = None
+    try:
+        path = heartbeat_path(state, "resumed")
+        old = wait_heartbeat(path, lambda hb: hb.step == 41)
+        kill(first)
+        first.wait(10)
+        dead = wait_heartbeat(path, lambda hb: True)  # the last heartbeat it wrote
+        second = start_child("resumed", state, 3, "hang")
+        hb = wait_heartbeat(path, lambda hb: hb.pid == second.pid and hb.step == 3)
+        assert hb.deaths == 1
+        assert hb.death_history[-1].step == 41
+        assert hb.death_history[-1].cause == "unknown"
+        assert hb.death_history[-1].time == dead.time
+        assert hb.started >= old.started
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+        assert sample(s, "trainguard_run_deaths_total", run="resumed") == 1
+        assert sample(s, "trainguard_run_last_death_step", run="resumed") == 41
+        assert sample(s, "trainguard_run_last_death_timestamp_seconds", run="resumed") == dead.time
+        assert sample(s, "trainguard_run_last_death_info", run="resumed", cause="unknown") == 1
+        assert sample(s, "trainguard_run_process_up", run="resumed", rank="0") == 1
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_death_before_a_reboot_is_told_by_the_boot_id(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    before = time.time() - 600
+    put(
+        state,
+        own_heartbeat(
+            "rebooted",
+            pid=1,
+            create_time=before - 100,
+            boot_id="00000000-0000-0000-0000-000000000000",
+            boot_time=before - 1000,
+            time=before,
+            step=322,
+            deaths=2,
+            death_history=(
+                Death(step=100, time=before - 500, detected=before - 400, cause="unknown"),
+            ),
+        ),
+    )
+    with Exporter(state_dir=state) as exp:
+        # the old heartbeat alone: its boot is over, so its process is gone (pid 1 is alive)
+        s = exp.scrape()
+        assert sample(s, "trainguard_run_process_up", run="rebooted", rank="0") == 0
+        assert sample(s, "trainguard_run_deaths_total", run="rebooted") == 2
+        proc = start_child("rebooted", state, 1, "hang")
+        try:
+            wait_heartbeat(heartbeat_path(state, "rebooted"), lambda hb: hb.pid == proc.pid)
+            s = exp.scrape()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert sample(s, "trainguard_run_deaths_total", run="rebooted") == 3
+    assert sample(s, "trainguard_run_last_death_step", run="rebooted") == 322
+    assert sample(s, "trainguard_run_last_death_timestamp_seconds", run="rebooted") == before
+    assert sample(s, "trainguard_run_last_death_info", run="rebooted", cause="reboot") == 1
+    assert select(s, "trainguard_run_last_death_info", run="rebooted").keys() == {
+        frozenset({("run", "rebooted"), ("cause", "reboot")})
+    }
+
+
+def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    good = put(state, own_heartbeat("good"))
+    text = good.read_text()
+    bad = {
+        "malformed": "{not json",
+        "truncated": text[: len(text) // 2],
+        "binary": b"\x00\xff\xfe garbage \x89PNG",
+        "empty": "",
+        "foreign": json.dumps({"format": 2, "run": "x"}),
+        "no-format": json.dumps({"run": "x", "rank": 0}),
+        "bad-field": text.replace('"rank":0', '"rank":-1'),
+    }
+    for name, content in bad.items():
+        p = state / f"{name}-00000000.rank0.heartbeat.json"
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+    with open(state / "huge-00000000.rank0.heartbeat.json", "wb") as fh:
+        fh.truncate(2 << 20)
+    (state / "link-00000000.rank0.heartbeat.json").symlink_to(good)
+    shutil.copy(good, state / "copy-00000000.rank0.heartbeat.json")  # poses as another file
+    os.mkfifo(state / "fifo-00000000.rank0.heartbeat.json")
+    (state / "dir-00000000.rank0.heartbeat.json").mkdir()
+    (state / "unrelated.txt").write_text("not a heartbeat: ignored")
+    n_bad = len(bad) + 5
+    with Exporter(state_dir=state) as exp:
+        start = time.monotonic()
+        s = exp.scrape()
+        s2 = exp.scrape()
+        assert time.monotonic() - start < 5  # the fifo did not hang the scrape
+        log = exp.stop()
+    assert sample(s, "trainguard_run_process_up", run="good", rank="0") == 1
+    assert sample(s, "trainguard_heartbeat_files") == 1
+    assert sample(s, "trainguard_heartbeat_file_errors") == n_bad
+    assert sample(s2, "trainguard_heartbeat_file_errors") == n_bad
+    assert sample(s, "trainguard_collector_success", collector="runs") == 0
+    for name, reason in [
+        ("malformed", "not valid JSON"),
+        ("truncated", "not valid JSON"),
+        ("binary", "not UTF-8"),
+        ("empty", "empty file"),
+        ("foreign", "unsupported heartbeat format 2"),
+        ("no-format", "not a trainguard heartbeat"),
+        ("bad-field", "field 'rank'"),
+        ("huge", "larger than the 1 MiB limit"),
+        ("link", "symbolic link"),
+        ("copy", "file name does not match"),
+        ("fifo", "not a regular file"),
+        ("dir", "not a regular file"),
+    ]:
+        lines = [ln for ln in log.splitlines() if f"{name}-00000000.rank0" in ln]
+        assert len(lines) == 1, (name, log)  # logged once, not at every scrape
+        assert reason in lines[0], (name, lines[0])
+    assert "Traceback" not in log
+
+
+def test_state_dir_missing_is_quiet_and_not_a_directory_is_an_error(tmp_path: Path) -> None:
+    with Exporter(state_dir=tmp_path / "nothing-yet") as exp:
+        s = exp.scrape()
+    assert sample(s, "trainguard_collector_success", collector="runs") == 1
+    assert sample(s, "trainguard_heartbeat_files") == 0
+    afile = tmp_path / "file"
+    afile.write_text("")
+    with Exporter(state_dir=afile) as exp:
+        s = exp.scrape()
+        log = exp.stop()
+    assert sample(s, "trainguard_collector_success", collector="runs") == 0
+    assert "cannot list" in log
+
+
+def test_configured_runs_pid_file_process_match_and_log_file(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    sleeper_exe = tmp_path / "tgmatchsleep"
+    shutil.copy("/bin/sleep", sleeper_exe)
+    by_file = subprocess.Popen(["sleep", "60"])
+    by_name = subprocess.Popen([str(sleeper_exe), "60"])
+    try:
+        live_pid = tmp_path / "live.pid"
+        live_pid.write_text(f"{by_file.pid}\n")
+        stale_pid = tmp_path / "stale.pid"  # written before the process with that pid started
+        stale_pid.write_text(f"{by_name.pid}\n")
+        os.utime(stale_pid, (time.time() - 3600, time.time() - 3600))
+        garbage_pid = tmp_path / "garbage.pid"
+        garbage_pid.write_text("not a pid")
+        log_ok = tmp_path / "ok.log"
+        log_ok.write_text("step 1\n")
+        log_zero = tmp_path / "zero.log"
+        log_zero.write_text("step 1\n")
+        os.utime(log_zero, (0, 0))  # what an NFS server once answered
+        config = tmp_path / "tg.yml"
+        config.write_text(
+            f"""
+runs:
+  - name: by-file
+    pid_file: {live_pid}
+    log_file: {log_ok}
+  - name: stale-file
+    pid_file: {stale_pid}
+  - name: no-file
+    pid_file: {tmp_path / "missing.pid"}
+  - name: garbage-file
+    pid_file: {garbage_pid}
+  - name: by-name
+    process_match: "^tgmatchsleep$"
+    log_file: {log_zero}
+  - name: nothing-runs
+    process_match: "^no-such-process-here$"
+    log_file: {tmp_path / "missing.log"}
+  - name: reporting
+    log_file: {log_ok}
+"""
+        )
+        state.mkdir()
+        put(state, own_heartbeat("reporting", log_file=str(tmp_path / "other.log")))
+        with Exporter(args=[f"--config.file={config}"], state_dir=state) as exp:
+            s = exp.scrape()
+            by_name.kill()
+            by_name.wait()
+            s2 = exp.scrape()
+            log = exp.stop()
+    finally:
+        for p in (by_file, by_name):
+            p.kill()
+            p.wait()
+
+    def up(run: str, samples: Samples = s) -> float | None:
+        return sample(samples, "trainguard_run_process_up", run=run, rank="0")
+
+    assert up("by-file") == 1
+    assert up("stale-file") == 0  # pid reused after the pid file was written
+    assert up("no-file") == 0
+    assert up("garbage-file") is None
+    assert up("by-name") == 1
+    assert up("by-name", s2) == 0
+    assert up("nothing-runs") == 0
+    assert up("reporting") == 1
+    assert (
+        sample(
+            s,
+            "trainguard_run_info",
+            run="by-name",
+            rank="0",
+            host=os.uname().nodename,
+            pid=str(by_name.pid),
+        )
+        == 1
+    )
+    # a configured run without a heartbeat cannot tell a clean exit
+    assert sample(s, "trainguard_run_finished", run="by-file", rank="0") is None
+    assert sample(s, "trainguard_run_finished", run="reporting", rank="0") == 0
+    # one row per run: the heartbeat's, not a second one from the config
+    assert len(select(s, "trainguard_run_info", run="reporting")) == 1
+    mtime = sample(s, "trainguard_run_log_modified_timestamp_seconds", run="by-file")
+    assert mtime == pytest.approx(log_ok.stat().st_mtime)
+    # the config's log file wins over the heartbeat's
+    assert sample(s, "trainguard_run_log_modified_timestamp_seconds", run="reporting") == mtime
+    assert sample(s, "trainguard_run_log_modified_timestamp_seconds", run="by-name") is None
+    assert sample(s, "trainguard_collector_success", collector="runs") == 0
+    assert "modification time is 0" in log
+    assert "missing.log: cannot stat" in log
+    assert "garbage.pid: expected a process id" in log
+
+
+def test_dead_and_finished_runs_are_dropped_after_retention(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    old = time.time() - 7200
+    put(state, own_heartbeat("old-dead", pid=1, create_time=1.0, time=old))
+    put(state, own_heartbeat("old-finished", pid=1, create_time=1.0, time=old, state="finished"))
+    put(state, own_heartbeat("recent-dead", pid=1, create_time=1.0, time=time.time() - 60))
+    put(state, own_heartbeat("old-but-alive", time=old))
+    config = tmp_path / "tg.yml"
+    config.write_text("run_retention: 1h\n")
+    with Exporter(args=[f"--config.file={config}"], state_dir=state) as exp:
+        s = exp.scrape()
+    runs = {dict(lbl)["run"] for lbl in select(s, "trainguard_run_info")}
+    assert runs == {"recent-dead", "old-but-alive"}
+    assert len(list(state.iterdir())) == 4  # the exporter never deletes
+
+
+def test_odd_run_names_round_trip_through_the_exposition(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    names = ['llama/ft "v2"', "a\\b ünï ✓", "../../etc/passwd", "x" * 128]
+    for name in names:
+        put(state, own_heartbeat(name, scalars={"loss": 0.5, "tokens_per_s": 1200.0}))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    assert {dict(lbl)["run"] for lbl in select(s, "trainguard_run_process_up")} == set(names)
+    assert all(p.parent == state for p in state.iterdir())
+    assert sample(s, "trainguard_run_scalar", run=names[0], rank="0", name="tokens_per_s") == 1200
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the fake NVML is Linux-only")
+def test_allocator_reserved_next_to_driver_view_memory(tmp_path: Path) -> None:
+    """The ghost-memory comparison: what the driver attributes to the run's live process vs
+    what its caching allocator reserved (the heartbeat carries stats recorded with the real
+    torch.cuda.memory_stats() key names). Once the process is gone, its pid no longer counts
+    for the run even though the driver still lists it."""
+    gib = 1 << 30
+    stats = {
+        "allocated_bytes.all.current": 6 * gib,
+        "allocated_bytes.all.peak": 9 * gib,
+        "reserved_bytes.all.current": 12 * gib,
+        "inactive_split_bytes.all.current": 3 * gib,
+        "num_alloc_retries": 4,
+        "num_ooms": 1,
+    }
+    trainer = subprocess.Popen(["sleep", "60"])
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        put(
+            state,
+            own_heartbeat(
+                "ghost",
+                pid=trainer.pid,
+                create_time=psutil.Process(trainer.pid).create_time(),
+                allocator=(allocator_stats(0, stats),),
+            ),
+        )
+        nvml = FakeNvmlState()
+        nvml.add_gpu(total=80 * gib, used=30 * gib)
+        nvml.add_process(0, trainer.pid, 20 * gib)
+        nvml_path = nvml.write(tmp_path / "nvml.state")
+        with Exporter(state_dir=state, env=nvml.env(nvml_path)) as exp:
+            s = exp.scrape()
+            trainer.kill()
+            trainer.wait()
+            after = exp.scrape()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    run = {"run": "ghost", "rank": "0"}
+    assert sample(s, "trainguard_collector_success", collector="gpu") == 1
+    assert sample(s, "trainguard_run_gpu_memory_used_bytes", **run, gpu="0") == 20 * gib
+    dev = {**run, "device": "0"}
+    assert sample(s, "trainguard_run_allocator_reserved_bytes", **dev) == 12 * gib
+    assert sample(s, "trainguard_run_allocator_allocated_bytes", **dev) == 6 * gib
+    assert sample(s, "trainguard_run_allocator_max_allocated_bytes", **dev) == 9 * gib
+    assert sample(s, "trainguard_run_allocator_inactive_split_bytes", **dev) == 3 * gib
+    assert sample(s, "trainguard_run_allocator_alloc_retries_total", **dev) == 4
+    assert sample(s, "trainguard_run_allocator_ooms_total", **dev) == 1
+    procs = select(s, "trainguard_gpu_process_memory_used_bytes", pid=str(trainer.pid))
+    assert [dict(lbl)["run"] for lbl in procs] == ["ghost"]
+    # dead: the driver still lists the pid (ghost memory), but it is no longer the run's
+    assert sample(after, "trainguard_run_process_up", **run) == 0
+    assert select(after, "trainguard_run_gpu_memory_used_bytes", run="ghost") == {}
+    procs = select(after, "trainguard_gpu_process_memory_used_bytes", pid=str(trainer.pid))
+    assert [dict(lbl)["run"] for lbl in procs] == [""]

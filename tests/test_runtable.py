@@ -1,0 +1,127 @@
+"""The run table in-process: what it hands the GPU collector (pids of live runs only) and the
+checkpoint collector (locations, config first), the re-read cache, and how several ranks'
+death records become one last death."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from run_child import own_heartbeat, put
+from trainguard.collectors.runs import last_death
+from trainguard.config import parse_config
+from trainguard.heartbeat import Death
+from trainguard.runtable import RunTable
+from trainguard.targets import CheckpointTarget
+
+
+def test_pid_runs_lists_only_live_processes(tmp_path: Path) -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        put(tmp_path, own_heartbeat("live", rank=1))
+        put(tmp_path, own_heartbeat("reused", create_time=1.0))
+        put(
+            tmp_path,
+            own_heartbeat(
+                "other",
+                rank=2,
+                pid=sleeper.pid,
+                create_time=psutil.Process(sleeper.pid).create_time(),
+            ),
+        )
+        table = RunTable(parse_config(None, "t"), tmp_path)
+        assert table.pid_runs() == {os.getpid(): ("live", "1"), sleeper.pid: ("other", "2")}
+        sleeper.kill()
+        sleeper.wait()
+        assert table.pid_runs() == {os.getpid(): ("live", "1")}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    put(state, own_heartbeat("both", checkpoint_dir="/hb/ckpt", mirrors={"nas": "/hb/nas"}))
+    put(state, own_heartbeat("both", rank=1, checkpoint_dir="/hb/rank1"))
+    put(state, own_heartbeat("hb-only", checkpoint_dir="/hb/only"))
+    config = parse_config(
+        {
+            "runs": [
+                {"name": "both", "checkpoints": {"primary": "/cfg/ckpt", "pattern": "ck_{step}"}},
+                {"name": "cfg-only", "checkpoints": {"mirrors": {"usb": "/cfg/usb"}}},
+            ]
+        },
+        "t",
+    )
+    targets = RunTable(config, state).checkpoint_targets()
+    assert targets == [
+        CheckpointTarget("both", "primary", Path("/cfg/ckpt"), "ck_{step}"),
+        CheckpointTarget("cfg-only", "usb", Path("/cfg/usb")),
+        CheckpointTarget("both", "nas", Path("/hb/nas")),
+        CheckpointTarget("hb-only", "primary", Path("/hb/only")),
+    ]
+
+
+def test_unchanged_files_are_not_read_again(tmp_path: Path, monkeypatch: Any) -> None:
+    from trainguard import runtable
+
+    reads: list[str] = []
+    real = runtable.read_heartbeat
+
+    def counting(path: Any, **kw: Any) -> Any:
+        reads.append(os.path.basename(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(runtable, "read_heartbeat", counting)
+    put(tmp_path, own_heartbeat("a"))
+    b = put(tmp_path, own_heartbeat("b"))
+    (tmp_path / "bad-00000000.rank0.heartbeat.json").write_text("{")
+    table = RunTable(parse_config(None, "t"), tmp_path)
+    first = table.view()
+    assert len(reads) == 3 and first.files_ok == 2 and first.file_errors == 1
+    second = table.view()
+    assert len(reads) == 3 and second.errors == first.errors  # cached, errors included
+    put(tmp_path, own_heartbeat("b", step=6))  # replaced: new inode
+    assert len(reads) == 3
+    assert [r.heartbeat.step for r in table.view().rows if r.heartbeat and r.run == "b"] == [6]
+    assert reads[-1] == b.name and len(reads) == 4
+
+
+def test_ranks_left_behind_by_a_smaller_restart_are_dropped(tmp_path: Path) -> None:
+    now = time.time()
+    for rank in range(4):  # the first start had 4 ranks; all died
+        put(
+            tmp_path,
+            own_heartbeat(
+                "shrunk",
+                rank=rank,
+                pid=1,
+                create_time=1.0,
+                world_size=4,
+                started=now - 1000,
+                time=now - 100,
+            ),
+        )
+    for rank in range(2):  # restarted with 2
+        put(tmp_path, own_heartbeat("shrunk", rank=rank, world_size=2, started=now - 50))
+    rows = RunTable(parse_config(None, "t"), tmp_path).view().rows
+    assert [(r.rank, r.up) for r in rows] == [("0", True), ("1", True)]
+
+
+def test_one_crash_of_many_ranks_is_one_death_named_by_the_specific_cause() -> None:
+    t = 1_700_000_000.0
+    records = [
+        Death(step=10, time=t - 5000, detected=t - 4000, cause="oom_killer"),  # an older event
+        Death(step=322, time=t + 30, detected=t + 100, cause="unknown"),
+        Death(step=322, time=t, detected=t + 101, cause="oom_killer"),
+        Death(step=322, time=t + 31, detected=t + 102, cause="unknown"),
+    ]
+    assert last_death(records) == records[2]
+    assert last_death([]) is None
+    assert last_death(records[:2]) == records[1]
