@@ -125,7 +125,7 @@ NUMBER_KEYS = {
     "repeated_death_steps",
 }
 STRING_KEYS = {"job_selector", "runbook_base"}
-assert DURATION_KEYS | BYTES_KEYS | NUMBER_KEYS | STRING_KEYS == set(DEFAULTS)
+assert set(DEFAULTS) == DURATION_KEYS | BYTES_KEYS | NUMBER_KEYS | STRING_KEYS
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _BYTE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
