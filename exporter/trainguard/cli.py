@@ -17,10 +17,12 @@ from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
 from trainguard.collector import Collector, ExporterCollector
+from trainguard.collectors.checkpoints import CheckpointsCollector
 from trainguard.collectors.gpu import GpuCollector
 from trainguard.collectors.processes import ProcessesCollector
 from trainguard.config import Config, ConfigError, load_config
 from trainguard.paths import STATE_DIR_ENV, default_state_dir
+from trainguard.targets import config_targets
 from trainguard.web import make_app, make_http_server
 from trainguard.webconfig import WebConfigError, load_web_config
 
@@ -104,6 +106,7 @@ def build_collectors(config: Config, state_dir: Path) -> list[Collector]:
     return [
         GpuCollector(),
         ProcessesCollector(config.process_counts),
+        CheckpointsCollector(lambda: config_targets(config), config.checkpoints),
     ]
 
 

@@ -179,10 +179,10 @@ class CheckpointPattern:
 
     def step(self, name: str) -> int | None:
         """The step of a finished checkpoint's name, else None."""
-        if name.endswith(PARTIAL_SUFFIX) or not is_plain_name(name):
+        m = self._re.fullmatch(name)  # first: cheap, and rejects nearly every other name
+        if m is None or name.endswith(PARTIAL_SUFFIX) or not is_plain_name(name):
             return None
-        m = self._re.fullmatch(name)
-        return int(m.group(1)) if m else None
+        return int(m.group(1))
 
     def partial_step(self, name: str) -> int | None:
         """The step of a ``.part`` file being written under this pattern, else None."""
