@@ -266,8 +266,14 @@ def test_prune_cleans_orphan_records_and_temporaries(tmp_path: Path) -> None:
     tmp = p / MANIFEST_DIR / ".step_3.bin.dead.tmp"
     tmp.write_text("{")
     age(tmp, 1000)
+    save(b"other pattern", p / "ckpt-3.bin", pattern="ckpt-{step}")
+    age(record_path(p, "ckpt-3.bin"), 1000)
     prune(p, keep=2)
-    assert sorted(os.listdir(p / MANIFEST_DIR)) == ["step_1.bin.json", "step_2.bin.json"]
+    assert sorted(os.listdir(p / MANIFEST_DIR)) == [
+        "ckpt-3.bin.json",  # its file exists: not an orphan, whatever the pattern
+        "step_1.bin.json",
+        "step_2.bin.json",
+    ]
 
 
 def test_latest_needs_a_matching_record(tmp_path: Path) -> None:
@@ -282,6 +288,8 @@ def test_latest_needs_a_matching_record(tmp_path: Path) -> None:
     assert latest(p, verify_hash=True).step == 1  # type: ignore[union-attr]
     (tmp_path / "empty").mkdir()
     assert latest(tmp_path / "empty") is None
+    with pytest.raises(FileNotFoundError):  # a missing mount is not "start from scratch"
+        latest(tmp_path / "missing")
 
 
 def test_latest_of_a_mirror_without_records_uses_the_primary(tmp_path: Path) -> None:

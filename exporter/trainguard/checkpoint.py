@@ -34,6 +34,7 @@ from typing import IO, Any, cast
 
 from trainguard.config import DEFAULT_CHECKPOINT_PATTERN
 from trainguard.manifest import (
+    FILE_FLAGS,
     MANIFEST_DIR,
     PARTIAL_SUFFIX,
     CheckpointPattern,
@@ -66,8 +67,6 @@ SMALL_WRITE = 1024 * 1024
 COPY_CHUNK = 16 * 1024 * 1024
 _FALLBACK_CHUNK = 8 * 1024 * 1024
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _FADVISE = getattr(os, "posix_fadvise", None)
 _NOT_SUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
@@ -111,7 +110,7 @@ def _lock(fd: int, *, exclusive: bool, blocking: bool) -> bool:
 def _open_part(part: Path) -> int:
     """Open ``<final>.part`` for writing, empty, locked against a second writer. An orphan from
     a writer that was killed is reused; one whose writer is alive is an error."""
-    fd = os.open(part, os.O_RDWR | os.O_CREAT | _O_NOFOLLOW | _O_CLOEXEC, 0o644)
+    fd = os.open(part, os.O_RDWR | os.O_CREAT | FILE_FLAGS, 0o644)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise CheckpointError(f"{part} is not a regular file")
@@ -288,7 +287,7 @@ class _TailHasher:
     hashing is slower than copying."""
 
     def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+        self._fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
         self._sha = hashlib.sha256()
         self._cond = threading.Condition()
         self._target = 0
@@ -428,7 +427,7 @@ def mirror(
     if os.path.realpath(dst_dir) == os.path.realpath(src.parent):
         raise ValueError(f"mirror directory {dst_dir} is the checkpoint's own directory")
     src_record = read_record(src.parent, name)
-    sfd = os.open(src, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    sfd = os.open(src, os.O_RDONLY | FILE_FLAGS)
     try:
         _lock(sfd, exclusive=False, blocking=True)
         st = os.fstat(sfd)
@@ -477,7 +476,7 @@ def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
     """Delete ``path`` only if it is still the file that was judged and nobody holds a lock on
     it (a mirror copying from it). False, and nothing deleted, otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | FILE_FLAGS | _O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -497,22 +496,23 @@ def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
 
 
 def _remove_stale_records(listing: Listing, now_ns: int, grace_ns: int) -> None:
-    """Records whose checkpoint is gone, and temporaries of killed writers, once settled."""
+    """Records whose checkpoint file no longer exists, and temporaries of killed writers, once
+    settled. A record whose file exists is never touched, whatever its name's pattern."""
     mdir = listing.directory / MANIFEST_DIR
-    present = {e.name for e in listing.files}
     try:
         with os.scandir(mdir) as it:
             entries = list(it)
     except FileNotFoundError:
         return
     for entry in entries:
-        orphan_record = (
-            not entry.name.startswith(".")
-            and entry.name.endswith(".json")
-            and entry.name[: -len(".json")] not in present
-        )
-        temporary = entry.name.startswith(".") and entry.name.endswith(".tmp")
-        if not (orphan_record or temporary):
+        name = entry.name
+        if name.startswith("."):
+            stale = name.endswith(".tmp")
+        elif name.endswith(".json"):
+            stale = not os.path.lexists(listing.directory / name[: -len(".json")])
+        else:
+            stale = False
+        if not stale:
             continue
         with contextlib.suppress(OSError):
             if settled(entry.stat(follow_symlinks=False), now_ns, grace_ns):

@@ -45,6 +45,11 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+#: flags for every file trainguard opens: never follow a link, never leak into a child process,
+#: never translate bytes (Windows text mode)
+FILE_FLAGS = _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_BINARY", 0)
+#: a record is opened without blocking on a FIFO planted in its place
+_RECORD_READ = os.O_RDONLY | FILE_FLAGS | _O_NONBLOCK
 _DIR_FD = os.open in os.supports_dir_fd and os.scandir in os.supports_fd
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written", "source"})
@@ -258,7 +263,7 @@ def write_record(directory: str | os.PathLike[str], record: Record) -> None:
     final = record_path(directory, record.name)
     mdir = _manifest_dir(Path(directory), create=True)
     tmp = mdir / f".{record.name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o644)
     try:
         _write_all(fd, record.encode())
         os.fsync(fd)
@@ -304,16 +309,12 @@ def _read_capped(opener: Callable[[], int], what: str) -> bytes:
         os.close(fd)
 
 
-def _open_flags() -> int:
-    return os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK
-
-
 def read_record(directory: str | os.PathLike[str], name: str) -> Record | None:
     """The record of one checkpoint, None when it has none; ManifestError when it is bad."""
     path = record_path(directory, name)
     try:
         _manifest_dir(Path(directory), create=False)
-        data = _read_capped(lambda: os.open(path, _open_flags()), str(path))
+        data = _read_capped(lambda: os.open(path, _RECORD_READ), str(path))
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -400,8 +401,8 @@ def _record_opener(dfd: int, mdir: Path, fname: str) -> Callable[[], int]:
     """Open a record relative to the already-opened manifest directory where the platform can,
     so that a directory swapped for a link after the check cannot redirect the read."""
     if _DIR_FD:
-        return lambda: os.open(fname, _open_flags(), dir_fd=dfd)
-    return lambda: os.open(mdir / fname, _open_flags())
+        return lambda: os.open(fname, _RECORD_READ, dir_fd=dfd)
+    return lambda: os.open(mdir / fname, _RECORD_READ)
 
 
 def _scandir(dfd: int, path: Path) -> Iterator[os.DirEntry[Any]]:
@@ -551,7 +552,7 @@ def sha256_fd(
 
 
 def sha256_file(path: str | os.PathLike[str], **kwargs: Any) -> tuple[str, int]:
-    fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
     try:
         return sha256_fd(fd, **kwargs)
     finally:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from trainguard.manifest import sha256_fd
+from trainguard.manifest import FILE_FLAGS, sha256_fd
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 FileKey = tuple[int, int, int, int]
 Status = Literal["pending", "match", "mismatch", "error"]
 
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 READ_CHUNK = 4 * 1024 * 1024
 
 
@@ -182,7 +180,7 @@ class Verifier:
     ) -> tuple[Status, str] | None:
         (fkey, expected) = key
         try:
-            fd = os.open(path, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
         except FileNotFoundError:
             return None
         except OSError as exc:
