@@ -89,6 +89,26 @@ def kill_plan(ops: list[str], partial_kinds: tuple[str, ...]) -> list[tuple[int,
     return plan
 
 
+def kill_once(
+    tmp_path: Path, args: list[str], k: int, partial: bool, n_ops: int, rng: random.Random
+) -> str | None:
+    """Run one writer to be killed at its k-th operation (halfway through it when ``partial``),
+    or, for k < 0, by this process at a random moment of a throttled run. Returns the label of
+    the operation it was killed at, when the writer killed itself."""
+    trace = tmp_path / "kill.trace"
+    trace.unlink(missing_ok=True)
+    if k >= 0:
+        rc = child(*args, kill_at=k, partial=partial, trace=trace).wait(30)
+        assert rc == (0 if k == n_ops else -signal.SIGKILL), (args, k, rc)
+    else:
+        proc = child(*args, throttle=0.002)
+        time.sleep(rng.uniform(0.05, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)  # killed, or finished before the signal came
+    text = trace.read_text() if trace.exists() else ""
+    return text.split()[1] if text else None
+
+
 def committed(d: Path, name: str, data: bytes) -> bool:
     """Independent of the library: the file holds all of ``data`` and a record says so."""
     try:
@@ -150,25 +170,15 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         killed_in: set[str] = set()
         for i, (k, partial) in enumerate(plan):
             step = 10 + i
-            trace = tmp_path / "kill.trace"
-            trace.unlink(missing_ok=True)
-            if k >= 0:
-                proc = child("save", str(p), str(step), kill_at=k, partial=partial, trace=trace)
-                rc = proc.wait(30)
-            else:
-                proc = child("save", str(p), str(step), throttle=0.002)
-                time.sleep(rng.uniform(0.05, 0.3))
-                proc.send_signal(signal.SIGKILL)
-                rc = proc.wait(30)
-            if trace.exists() and trace.read_text():
-                killed_in.add(trace.read_text().split()[1])
-            assert rc == (0 if k == len(ops) else -signal.SIGKILL) or k < 0, (k, rc)
+            label = kill_once(tmp_path, ["save", str(p), str(step)], k, partial, len(ops), rng)
+            if label:
+                killed_in.add(label)
             data = payload(step)
             assert_whole_or_absent(p / f"step_{step}.bin", data)
             if committed(p, f"step_{step}.bin", data):
                 complete.add(step)
             if k >= 0:  # the commit point is the record's rename, and nothing else
-                assert (step in complete) == (k > commit_at and not (partial and k == commit_at)), k
+                assert (step in complete) == (k > commit_at), k
             found = latest(p)
             assert found is not None and found.step == max(complete)
             check_exporter(exp, "primary", max(complete))
@@ -202,20 +212,9 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         killed_in = set()
         for (k, partial), step in zip(plan, sources[1:], strict=False):
             src = p / f"step_{step}.bin"
-            trace = tmp_path / "kill.trace"
-            trace.unlink(missing_ok=True)
-            if k >= 0:
-                rc = child(
-                    "mirror", str(src), str(m), kill_at=k, partial=partial, trace=trace
-                ).wait(30)
-            else:
-                proc = child("mirror", str(src), str(m), throttle=0.002)
-                time.sleep(rng.uniform(0.05, 0.3))
-                proc.send_signal(signal.SIGKILL)
-                rc = proc.wait(30)
-            if trace.exists() and trace.read_text():
-                killed_in.add(trace.read_text().split()[1])
-            assert rc == (0 if k == len(ops) else -signal.SIGKILL) or k < 0, (k, rc)
+            label = kill_once(tmp_path, ["mirror", str(src), str(m)], k, partial, len(ops), rng)
+            if label:
+                killed_in.add(label)
             assert_whole_or_absent(m / src.name, payload(step))
             # a mirror file is complete from its rename on: before its own record lands, the
             # primary's record of the same name vouches for its size

@@ -35,6 +35,7 @@ from typing import IO, Any, cast
 from trainguard.config import DEFAULT_CHECKPOINT_PATTERN
 from trainguard.manifest import (
     FILE_FLAGS,
+    HASH_CHUNK,
     MANIFEST_DIR,
     PARTIAL_SUFFIX,
     CheckpointPattern,
@@ -65,6 +66,7 @@ WRITE_CHUNK = 16 * 1024 * 1024
 SMALL_WRITE = 1024 * 1024
 #: bytes per copy_file_range call: big enough for full speed, small enough to hash behind it
 COPY_CHUNK = 16 * 1024 * 1024
+#: bytes per read and write when the kernel cannot copy by itself
 _FALLBACK_CHUNK = 8 * 1024 * 1024
 
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -319,7 +321,7 @@ class _TailHasher:
             self.finish()
 
     def _run(self) -> None:
-        buf = bytearray(_FALLBACK_CHUNK)
+        buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         try:
             with open(self._fd, "rb", buffering=0, closefd=False) as raw:
