@@ -17,6 +17,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
 from trainguard.collector import Collector, ExporterCollector
+from trainguard.collectors.checkpoints import CheckpointsCollector
 from trainguard.collectors.gpu import GpuCollector
 from trainguard.collectors.processes import ProcessesCollector
 from trainguard.collectors.runs import RunsCollector
@@ -110,10 +111,8 @@ def build_collectors(config: Config, state_dir: Path) -> list[Collector]:
         GpuCollector(pid_runs=table.pid_runs),
         ProcessesCollector(config.process_counts),
         RunsCollector(table),
+        CheckpointsCollector(table.checkpoint_targets, config.checkpoints),
     ]
-    # The checkpoint collector (branch `checkpoints`) takes the locations to watch as a
-    # Callable[[], Iterable[CheckpointTarget]]: config first, then those runs announce.
-    #   collectors.append(CheckpointsCollector(config, targets=table.checkpoint_targets))
     return collectors
 
 

@@ -75,6 +75,17 @@ class Config:
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
 
 
+def checkpoint_pattern_problem(pattern: str) -> str | None:
+    """Why a checkpoint name pattern cannot be used, or None. Hidden names are the temporaries
+    of many tools (and the ``.trainguard`` manifest directory), ``.part`` marks a file still
+    being written: a pattern matching either would call them checkpoints."""
+    if pattern.count("{step}") != 1 or "/" in pattern or "\\" in pattern:
+        return f"expected a file name containing '{{step}}' once, got {pattern!r}"
+    if pattern.startswith(".") or pattern.endswith(".part"):
+        return f"expected a name not starting with '.' nor ending with '.part', got {pattern!r}"
+    return None
+
+
 def parse_duration(value: Any) -> float:
     """Seconds from a number or a Prometheus-style duration such as ``90s``, ``5m``, ``1h30m``."""
     if isinstance(value, bool):
@@ -214,10 +225,9 @@ def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
             assert path is not None
             mirrors[name] = path
     pattern = f.string("pattern") or DEFAULT_CHECKPOINT_PATTERN
-    if pattern.count("{step}") != 1 or "/" in pattern or "\\" in pattern:
-        f.fail(
-            f.path("pattern"), f"expected a file name containing '{{step}}' once, got {pattern!r}"
-        )
+    problem = checkpoint_pattern_problem(pattern)
+    if problem:
+        f.fail(f.path("pattern"), problem)
     primary = f.abspath("primary")
     if primary is None and not mirrors:
         f.fail(where, "expected at least 'primary' or 'mirrors'")

@@ -1,0 +1,206 @@
+"""Background SHA-256 verification of checkpoint files, so that a scrape never reads gigabytes:
+the scrape asks for a file's status and gets "pending" until a daemon thread has hashed it
+once, at a bounded read rate, and then the cached answer for as long as the file is unchanged
+(same device, inode, size and mtime)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from trainguard.manifest import FILE_FLAGS, sha256_fd
+
+log = logging.getLogger(__name__)
+
+#: (st_dev, st_ino, st_size, st_mtime_ns): a file with the same key is not re-hashed
+FileKey = tuple[int, int, int, int]
+Status = Literal["pending", "match", "mismatch", "error"]
+
+READ_CHUNK = 4 * 1024 * 1024
+
+
+def file_key(st: os.stat_result) -> FileKey:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class Stopped(Exception):
+    """The verifier is shutting down."""
+
+
+class TokenBucket:
+    """Limits reads to ``rate`` bytes per second on average, with bursts of at most ``burst``
+    bytes. A read larger than what is available runs into debt and the next one waits it off,
+    so the long-run rate is exact whatever the chunk size."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], bool] | None = None,
+    ) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self._clock = clock
+        self._sleep = sleep or _plain_sleep
+        self._tokens = self.burst
+        self._last = clock()
+
+    def take(self, n: int) -> None:
+        """Account for ``n`` bytes about to be read, sleeping first while in debt. Raises
+        Stopped when the sleep function reports a stop."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        if self._tokens < 0 and not self._sleep(-self._tokens / self.rate):
+            raise Stopped
+        self._tokens -= n
+
+
+def _plain_sleep(seconds: float) -> bool:
+    time.sleep(seconds)
+    return True
+
+
+@dataclass
+class _Entry:
+    path: Path
+    status: Status
+    detail: str
+    last_seen: float
+
+
+class Verifier:
+    """Hashes each (file, expected hash) once, newest requests last, on one daemon thread that
+    is started on first use and never keeps the exporter alive. Results of files that are no
+    longer asked about (deleted, replaced, pruned) are dropped after ``ttl`` seconds, so memory
+    follows the files that exist, not every file ever seen."""
+
+    def __init__(
+        self,
+        rate_bytes_per_second: float,
+        *,
+        ttl_seconds: float = 900.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._rate = rate_bytes_per_second
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._entries: dict[tuple[FileKey, str], _Entry] = {}
+        self._queue: collections.deque[tuple[FileKey, str]] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self.bytes_read = 0
+
+    def status(self, path: Path, st: os.stat_result, expected: str) -> tuple[Status, str]:
+        """This file's verification status (and the error, for "error"); queues it when new."""
+        key = (file_key(st), expected)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = _Entry(path, "pending", "", self._clock())
+                self._entries[key] = entry
+                self._queue.append(key)
+                self._start()
+                self._wake.notify()
+            entry.last_seen = self._clock()
+            return entry.status, entry.detail
+
+    def sweep(self) -> None:
+        """Forget files not asked about for ``ttl`` seconds."""
+        cutoff = self._clock() - self._ttl
+        with self._lock:
+            for key in [k for k, e in self._entries.items() if e.last_seen < cutoff]:
+                del self._entries[key]
+            self._queue = collections.deque(k for k in self._queue if k in self._entries)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        with self._lock:
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _start(self) -> None:
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(
+                target=self._run, name="trainguard-verifier", daemon=True
+            )
+            self._thread.start()
+
+    def _run(self) -> None:
+        bucket = TokenBucket(
+            self._rate,
+            max(self._rate, READ_CHUNK),
+            sleep=lambda s: not self._stop.wait(s),
+        )
+        while not self._stop.is_set():
+            with self._lock:
+                while not self._queue and not self._stop.is_set():
+                    self._wake.wait()
+                if self._stop.is_set():
+                    return
+                key = self._queue.popleft()
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                path = entry.path
+            try:
+                outcome = self._verify(path, key, bucket)
+            except Stopped:
+                return
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                if outcome is None:  # gone or changed: a new key will come with the next scrape
+                    del self._entries[key]
+                else:
+                    entry.status, entry.detail = outcome
+
+    def _verify(
+        self, path: Path, key: tuple[FileKey, str], bucket: TokenBucket
+    ) -> tuple[Status, str] | None:
+        (fkey, expected) = key
+        try:
+            fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return "error", exc.strerror or str(exc)
+        try:
+            if file_key(os.fstat(fd)) != fkey:
+                return None
+
+            def throttle(n: int) -> None:
+                bucket.take(n)
+                self.bytes_read += n
+
+            sha, size = sha256_fd(fd, before_read=throttle, chunk=READ_CHUNK)
+            if file_key(os.fstat(fd)) != fkey or size != fkey[2]:
+                return None  # written to while hashed: judge the new content later
+        except OSError as exc:
+            return "error", exc.strerror or str(exc)
+        finally:
+            os.close(fd)
+        if sha != expected:
+            log.warning("checkpoint %s does not match its recorded SHA-256", path)
+            return "mismatch", ""
+        return "match", ""

@@ -1,0 +1,153 @@
+"""The background hash verifier: rate-limited, once per unchanged file, forgets deleted files,
+never keeps the process alive."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter_proc import child_env
+from trainguard.verifier import Status, TokenBucket, Verifier
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> bool:
+        self.slept.append(seconds)
+        self.now += seconds
+        return True
+
+
+def test_token_bucket_holds_the_long_run_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(100.0, 50.0, clock=clock, sleep=clock.sleep)
+    start = clock.now
+    for _ in range(20):
+        bucket.take(30)  # 600 bytes: 50 of burst, then 550 at 100/s
+    bucket.take(0)  # pays off the last debt
+    assert clock.now - start == pytest.approx(5.5)
+    # idle time refills only up to the burst
+    clock.now += 1000
+    clock.slept.clear()
+    bucket.take(50)
+    bucket.take(0)
+    assert clock.slept == []
+    with pytest.raises(ValueError):
+        TokenBucket(0, 1)
+
+
+def wait_status(v: Verifier, path: Path, expected: str, timeout: float = 10.0) -> Status:
+    deadline = time.monotonic() + timeout
+    while True:
+        status, _ = v.status(path, os.stat(path), expected)
+        if status != "pending" or time.monotonic() > deadline:
+            return status
+        time.sleep(0.02)
+
+
+def test_match_mismatch_and_changed_files(tmp_path: Path) -> None:
+    v = Verifier(1e9)
+    try:
+        f = tmp_path / "step_1.bin"
+        data = os.urandom(100_000)
+        f.write_bytes(data)
+        good = hashlib.sha256(data).hexdigest()
+        assert wait_status(v, f, good) == "match"
+        assert wait_status(v, f, "0" * 64) == "mismatch"
+        read = v.bytes_read
+        assert v.status(f, os.stat(f), good) == ("match", "")
+        assert v.bytes_read == read  # an unchanged file is hashed once
+        with open(f, "r+b") as fh:
+            fh.write(b"\0" * 8)
+        assert wait_status(v, f, good) == "mismatch"  # same size, new mtime: hashed again
+    finally:
+        v.stop()
+
+
+def test_reads_are_rate_limited(tmp_path: Path) -> None:
+    rate = 8 * 1024 * 1024
+    f = tmp_path / "step_1.bin"
+    f.write_bytes(os.urandom(3 * rate))
+    v = Verifier(rate)
+    try:
+        start = time.monotonic()
+        assert wait_status(v, f, "0" * 64, timeout=20) == "mismatch"
+        elapsed = time.monotonic() - start
+    finally:
+        v.stop()
+    # one second of burst, then 8 MiB/s: at least ~2 s for 24 MiB
+    assert elapsed >= 1.8, elapsed
+
+
+def test_deleted_and_unasked_files_are_forgotten(tmp_path: Path) -> None:
+    clock = FakeClock()
+    v = Verifier(1e9, ttl_seconds=60, clock=clock)
+    try:
+        files = []
+        for i in range(50):
+            f = tmp_path / f"step_{i}.bin"
+            f.write_bytes(os.urandom(1000))
+            files.append(f)
+            wait_status(v, f, "0" * 64)
+        assert len(v) == 50
+        for f in files[10:]:
+            f.unlink()
+        clock.now += 30
+        for f in files[:10]:
+            v.status(f, os.stat(f), "0" * 64)  # still there, still asked about by scrapes
+        clock.now += 31
+        v.sweep()
+        assert len(v) == 10
+        # a file deleted while queued is dropped by the worker itself
+        gone = tmp_path / "gone.bin"
+        gone.write_bytes(b"x")
+        st = os.stat(gone)
+        gone.unlink()
+        v.status(gone, st, "0" * 64)
+        deadline = time.monotonic() + 5
+        while len(v) > 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(v) == 10
+    finally:
+        v.stop()
+
+
+def test_unreadable_files_are_an_error_not_a_mismatch(tmp_path: Path) -> None:
+    v = Verifier(1e9)
+    try:
+        d = tmp_path / "step_1.bin"
+        d.mkdir()  # reading a directory fails: EISDIR
+        status = wait_status(v, d, "0" * 64)
+        assert status == "error"
+        assert v.status(d, os.stat(d), "0" * 64)[1]
+    finally:
+        v.stop()
+
+
+def test_the_worker_never_keeps_the_process_alive(tmp_path: Path) -> None:
+    f = tmp_path / "big.bin"
+    f.write_bytes(os.urandom(4 * 1024 * 1024))
+    code = (
+        "import os, sys; from pathlib import Path; from trainguard.verifier import Verifier\n"
+        f"p = Path({str(f)!r}); v = Verifier(1024)\n"  # 1 KiB/s: hours for this file
+        "v.status(p, os.stat(p), '0' * 64)\n"
+        "print('leaving', flush=True)\n"
+    )
+    start = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - start < 10
