@@ -2,7 +2,8 @@
 with ``kill -9`` and see ``trainguard_run_process_up 0`` at the next scrape, start it again
 and see the death recorded (it resumes from its newest checkpoint).
 
-    python examples/train_toy.py --steps 500 --sleep 0.2 --checkpoint-dir /tmp/toy-ckpt
+    python examples/train_toy.py --steps 500 --sleep 0.2 --checkpoint-dir /tmp/toy-ckpt \
+        --mirror-dir /tmp/toy-mirror
 
 Needs torch (CPU is enough) and trainguard importable (``pip install -e .`` or
 ``PYTHONPATH=exporter``). The data is synthetic and made here: y = sin(x . w) + noise.
@@ -12,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import re
 import time
 from pathlib import Path
 
@@ -21,8 +20,7 @@ import torch
 from torch import nn
 
 import trainguard
-
-CHECKPOINT_RE = re.compile(r"^step_(\d+)\.pt$")
+from trainguard import checkpoint
 
 
 def parse_args() -> argparse.Namespace:
@@ -32,6 +30,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
     p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    p.add_argument("--mirror-dir", type=Path, default=None, help="mirror each checkpoint here")
+    p.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep")
+    p.add_argument(
+        "--prune-grace",
+        type=float,
+        default=300.0,
+        help="never prune a file touched this recently, in seconds (default: %(default)s)",
+    )
     p.add_argument("--state-dir", type=Path, default=None, help="trainguard state dir")
     p.add_argument("--log-file", type=Path, default=None, help="append a line per step here")
     p.add_argument(
@@ -40,33 +46,6 @@ def parse_args() -> argparse.Namespace:
         help="dump a CUDA memory snapshot on OOM (only does something with CUDA)",
     )
     return p.parse_args()
-
-
-def newest_checkpoint(directory: Path | None) -> tuple[int, Path] | None:
-    if directory is None or not directory.is_dir():
-        return None
-    found = []
-    for path in directory.iterdir():
-        m = CHECKPOINT_RE.match(path.name)
-        if m:
-            found.append((int(m.group(1)), path))
-    return max(found) if found else None
-
-
-def save_checkpoint(state: dict[str, object], directory: Path, step: int) -> Path:
-    """Write to a temp name, fsync, then rename: a reader (or a resume after kill -9) never
-    sees half a file under the final name."""
-    # TODO: switch to trainguard.checkpoint.save(state, path) once it lands; it also records
-    # the size and sha256 the exporter checks truncated files and mirrors against.
-    directory.mkdir(parents=True, exist_ok=True)
-    final = directory / f"step_{step}.pt"
-    tmp = directory / f".step_{step}.pt.part"
-    with open(tmp, "wb") as fh:
-        torch.save(state, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    return final
 
 
 def main() -> int:
@@ -79,19 +58,25 @@ def main() -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     true_w = torch.randn(features)
     start = 0
-    resumed = newest_checkpoint(args.checkpoint_dir)
-    if resumed is not None:
-        state = torch.load(resumed[1], weights_only=True)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = resumed[0]
-        print(f"resumed from {resumed[1]} at step {start}", flush=True)
+    if args.checkpoint_dir is not None:
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        # the newest COMPLETE checkpoint: a truncated or half-written one is never resumed from
+        resumed = checkpoint.latest(args.checkpoint_dir)
+        if resumed is not None:
+            state = torch.load(resumed, weights_only=True)
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            start = resumed.step
+            print(f"resumed from {resumed.path} at step {start}", flush=True)
+    if args.mirror_dir is not None:
+        args.mirror_dir.mkdir(parents=True, exist_ok=True)
 
     with contextlib.ExitStack() as stack:
         run = stack.enter_context(
             trainguard.Run(
                 args.name,
                 checkpoint_dir=args.checkpoint_dir,
+                mirrors={"backup": args.mirror_dir} if args.mirror_dir else None,
                 log_file=args.log_file,
                 state_dir=args.state_dir,
                 oom_snapshots=args.oom_snapshots,
@@ -117,7 +102,15 @@ def main() -> int:
                 log.flush()
             if args.checkpoint_dir is not None and step % args.checkpoint_every == 0:
                 state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-                save_checkpoint(state, args.checkpoint_dir, step)
+                path = args.checkpoint_dir / f"step_{step}.pt"
+                checkpoint.save(state, path)  # .part, fsync, rename, then size + sha256 record
+                mirrors = []
+                if args.mirror_dir is not None:
+                    checkpoint.mirror(path, args.mirror_dir)
+                    mirrors.append(args.mirror_dir)
+                checkpoint.prune(
+                    args.checkpoint_dir, keep=args.keep, mirrors=mirrors, grace=args.prune_grace
+                )
             if step % 50 == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
             if args.sleep:

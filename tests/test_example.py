@@ -7,20 +7,24 @@ import sys
 from pathlib import Path
 
 from exporter_proc import REPO, child_env
+from trainguard import checkpoint
 from trainguard.heartbeat import heartbeat_filename, read_heartbeat
 
 
-def test_toy_training_reports_and_checkpoints(tmp_path: Path) -> None:
+def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
     ckpt, state, log = tmp_path / "ckpt", tmp_path / "state", tmp_path / "train.log"
     proc = subprocess.run(
         [
             sys.executable,
             str(REPO / "examples" / "train_toy.py"),
-            "--steps=20",
+            f"--steps={steps}",
             "--checkpoint-every=10",
+            "--keep=2",
             f"--checkpoint-dir={ckpt}",
+            f"--mirror-dir={tmp_path / 'mirror'}",
             f"--state-dir={state}",
             f"--log-file={log}",
+            *extra,
         ],
         env=child_env(),
         capture_output=True,
@@ -28,9 +32,32 @@ def test_toy_training_reports_and_checkpoints(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_toy_training_reports_and_checkpoints(tmp_path: Path) -> None:
+    ckpt, state, log = tmp_path / "ckpt", tmp_path / "state", tmp_path / "train.log"
+    toy(tmp_path, 20)
     hb = read_heartbeat(state / heartbeat_filename("toy", 0))
     assert (hb.state, hb.step) == ("finished", 20)
     assert set(hb.scalars) == {"loss", "samples_per_s"}
     assert hb.checkpoint_dir == str(ckpt) and hb.log_file == str(log)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_10.pt", "step_20.pt"]
+    assert hb.mirrors == {"backup": str(tmp_path / "mirror")}
+    checkpoints = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
+    assert checkpoints == ["step_10.pt", "step_20.pt"]
+    latest = checkpoint.latest(ckpt)
+    assert latest is not None and latest.step == 20
+    mirrored = checkpoint.latest(tmp_path / "mirror", verify_hash=True)
+    assert mirrored is not None and mirrored.step == 20
     assert log.read_text().count("\n") == 20
+    # a second start resumes from the newest complete checkpoint and prunes to --keep=2
+    again = toy(tmp_path, 40, "--prune-grace=0")
+    assert f"resumed from {ckpt / 'step_20.pt'} at step 20" in again.stdout
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [
+        "step_30.pt",
+        "step_40.pt",
+    ]
+    assert sorted(p.name for p in (tmp_path / "mirror").iterdir() if p.suffix == ".pt") == [
+        "step_30.pt",
+        "step_40.pt",
+    ]
