@@ -58,7 +58,10 @@ class Exporter:
         scheme: str = "http",
         ssl_context: ssl.SSLContext | None = None,
         auth: tuple[str, str] | None = None,
+        log_path: Path | None = None,
     ) -> None:
+        """``log_path``: send the exporter's output to that file instead of a pipe, so a test
+        can read what it logged so far while it still runs (``stop()`` returns all of it)."""
         self.port = free_port()
         self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._ssl = ssl_context
@@ -72,20 +75,24 @@ class Exporter:
         ]
         if state_dir is not None:
             cmd.append(f"--state.dir={state_dir}")
-        self.proc = subprocess.Popen(
-            cmd,
-            env=child_env(env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        self.log_path = log_path
+        out: Any = subprocess.PIPE
+        if log_path is not None:
+            out = open(log_path, "w")  # noqa: SIM115 - the child holds it; closed below
+        try:
+            self.proc = subprocess.Popen(
+                cmd, env=child_env(env), stdout=out, stderr=subprocess.STDOUT, text=True
+            )
+        finally:
+            if log_path is not None:
+                out.close()
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                out = self.proc.stdout.read() if self.proc.stdout else ""
+                out = self.log()
                 raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{out}")
             try:
                 with self._open("/-/healthy", timeout=1) as r:
@@ -119,6 +126,12 @@ class Exporter:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.log()
+
+    def log(self) -> str:
+        """What the exporter logged: so far with ``log_path``, else everything (after stop)."""
+        if self.log_path is not None:
+            return self.log_path.read_text(errors="backslashreplace")
         return self.proc.stdout.read() if self.proc.stdout else ""
 
     def __enter__(self) -> Exporter:

@@ -40,6 +40,13 @@ if mode == "hang":  # reach the step, then wait to be killed
     train(run)
     while True:
         time.sleep(1)
+elif mode == "steady":  # keep training until killed
+    run = trainguard.Run(name, **kw)
+    i = 0
+    while True:
+        run.step(i, loss=1.0 / (i + 1))
+        i += 1
+        time.sleep(0.02)
 elif mode == "with":  # clean finish
     with trainguard.Run(name, **kw) as run:
         train(run)

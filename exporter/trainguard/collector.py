@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,6 +18,12 @@ from prometheus_client.registry import Collector as _PromCollector
 from trainguard._version import __version__
 
 log = logging.getLogger(__name__)
+
+#: new error messages logged per collector and scrape; the rest are summed up in one line
+MAX_LOGGED_ERRORS = 20
+#: control characters (a newline in a file name) are escaped in log lines, so that whoever can
+#: name a file in a watched directory cannot forge log lines
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,22 @@ class ExporterCollector(_PromCollector):
         if not current:
             log.info("collector %s recovered", name)
             return
-        for message in current:
-            if message not in previous:
-                log.warning("collector %s: %s", name, message)
+        old = set(previous)  # new ones in the collector's order: the most general first
+        new = [m for m in dict.fromkeys(errors) if m not in old]
+        for message in new[:MAX_LOGGED_ERRORS]:
+            log.warning("collector %s: %s", name, printable(message))
+        if len(new) > MAX_LOGGED_ERRORS:
+            log.warning(
+                "collector %s: %d more new errors not logged (%d in all in this scrape)",
+                name,
+                len(new) - MAX_LOGGED_ERRORS,
+                len(current),
+            )
+
+
+def printable(message: str) -> str:
+    """``message`` with control characters escaped (``\\n``, ``\\x1b``) and lone surrogates
+    (undecodable bytes of a file name) shown as ``\\udcff``: one log line, whatever a file
+    name holds."""
+    escaped = _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
+    return escaped.encode("utf-8", "backslashreplace").decode("utf-8")

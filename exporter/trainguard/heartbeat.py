@@ -190,21 +190,7 @@ def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> 
     :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run and
     rank inside it would get, so a copied or renamed file cannot pose as another run."""
     source = os.fspath(path)
-    raw = _read_bounded(source)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HeartbeatError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HeartbeatError(
-            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-            " (truncated or not a heartbeat)"
-        ) from None
-    except (RecursionError, ValueError) as exc:  # nesting too deep, ints too long
-        raise HeartbeatError(f"{source}: not usable JSON: {type(exc).__name__}") from None
-    hb = parse_heartbeat(data, source)
+    hb = parse_heartbeat_bytes(_read_bounded(source), source)
     if check_name:
         expected = heartbeat_filename(hb.run, hb.rank)
         if os.path.basename(source) != expected:
@@ -213,6 +199,45 @@ def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> 
                 f"{expected}); a copied or renamed heartbeat is not trusted"
             )
     return hb
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
+
+
+def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
+    """Decode and validate the bytes of a heartbeat file; raises only :class:`HeartbeatError`.
+    A key given twice in one object is refused: which of the two a reader takes differs
+    between JSON parsers, so such a file can mean two things."""
+    if len(raw) > MAX_BYTES:
+        raise HeartbeatError(f"{source}: {len(raw)} bytes, larger than the 1 MiB limit; refused")
+    if not raw:
+        raise HeartbeatError(f"{source}: empty file (truncated or not a heartbeat)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeartbeatError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise HeartbeatError(
+            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            " (truncated or not a heartbeat)"
+        ) from None
+    except _DuplicateKey:
+        raise HeartbeatError(
+            f"{source}: not usable JSON: a key appears twice in one object"
+        ) from None
+    except (RecursionError, ValueError) as exc:  # nesting too deep, ints too long
+        raise HeartbeatError(f"{source}: not usable JSON: {type(exc).__name__}") from None
+    return parse_heartbeat(data, source)
 
 
 def _read_bounded(source: str) -> bytes:

@@ -353,7 +353,13 @@ class Run:
 
     def _write(self, state: str, error: str | None) -> None:
         try:
-            write_heartbeat(self.path, self._heartbeat(state, error))
+            try:
+                write_heartbeat(self.path, self._heartbeat(state, error))
+            except FileNotFoundError:
+                # the state dir was removed under the running job (a cleanup, a remount):
+                # make it again, or the run would vanish from the exporter for good
+                os.makedirs(self.state_dir, exist_ok=True)
+                write_heartbeat(self.path, self._heartbeat(state, error))
         except OSError as exc:
             self._warn_write(exc)
         except Exception as exc:  # a bug here must never reach the training loop

@@ -45,6 +45,7 @@ class RunRow:
     up: bool | None
     heartbeat: Heartbeat | None = None
     pids: tuple[int, ...] = ()  # the live pids of this row (several for a process_match)
+    owner: int | None = None  # uid owning the heartbeat file (None: not from a heartbeat)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class RunTable:
         self._max_files = max_files
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[_CacheKey, Heartbeat | HeartbeatError]] = {}
+        self._dir_seen = False  # the state dir existed at some scrape
         # fixed for the exporter's life: a reboot restarts the exporter too
         self._boot_id = procinfo.boot_id()
         self._boot_time = procinfo.boot_time()
@@ -97,10 +99,11 @@ class RunTable:
             hb = row.heartbeat
             if hb is None:
                 continue
-            if hb.checkpoint_dir:
-                announced.append(CheckpointTarget(row.run, PRIMARY, Path(hb.checkpoint_dir)))
-            for name, path in sorted(hb.mirrors.items()):
-                announced.append(CheckpointTarget(row.run, name, Path(path)))
+            places = [(PRIMARY, hb.checkpoint_dir)] if hb.checkpoint_dir else []
+            places += sorted(hb.mirrors.items())
+            for location, path in places:
+                refused = announced_dir_problem(Path(path), row.owner)
+                announced.append(CheckpointTarget(row.run, location, Path(path), refused=refused))
         return merge_targets(config_targets(self.config), announced)
 
     # -- the table ------------------------------------------------------------------------
@@ -124,28 +127,36 @@ class RunTable:
                 errors=tuple(errors),
             )
 
-    def _scan(self, errors: list[str]) -> tuple[list[Heartbeat], int, int]:
+    def _scan(self, errors: list[str]) -> tuple[list[tuple[Heartbeat, int]], int, int]:
         """Parse the heartbeat files, re-reading only those whose inode, size or times
         changed since the last scrape (the reporter replaces the file at each write)."""
         try:
             it = os.scandir(self.state_dir)
         except FileNotFoundError:
             self._cache.clear()
+            if self._dir_seen:  # removed under running jobs: their runs are no longer watched
+                errors.append(
+                    f"state dir {self.state_dir}: no longer exists (it did earlier); no run "
+                    "is watched until it is back"
+                )
             return [], 0, 0
         except OSError as exc:
             errors.append(f"state dir {self.state_dir}: cannot list: {exc.strerror or exc}")
             return [], 0, 0
+        self._dir_seen = True
+        first = len(errors)  # the directory's own errors go before those of single files
         seen: set[str] = set()
-        heartbeats: list[Heartbeat] = []
+        heartbeats: list[tuple[Heartbeat, int]] = []  # with the uid owning the file
         bad = 0
         with it:
             for entry in it:
                 if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
                     continue
                 if len(seen) >= self._max_files:
-                    errors.append(
+                    errors.insert(
+                        first,
                         f"state dir {self.state_dir}: more than {self._max_files} heartbeat "
-                        "files; the rest are not read"
+                        "files; the rest are not read",
                     )
                     break
                 seen.add(entry.name)
@@ -153,8 +164,8 @@ class RunTable:
                 if isinstance(result, HeartbeatError):
                     bad += 1
                     errors.append(str(result))
-                else:
-                    heartbeats.append(result)
+                else:  # read through entry.stat() just before: cached, no new syscall
+                    heartbeats.append((result, entry.stat(follow_symlinks=False).st_uid))
         for name in set(self._cache) - seen:
             del self._cache[name]
         return heartbeats, len(heartbeats), bad
@@ -180,10 +191,10 @@ class RunTable:
         return result
 
     def _heartbeat_rows(
-        self, heartbeats: Iterable[Heartbeat], now: float, errors: list[str]
+        self, heartbeats: Iterable[tuple[Heartbeat, int]], now: float, errors: list[str]
     ) -> list[RunRow]:
         rows: list[RunRow] = []
-        for hb in heartbeats:
+        for hb, owner in heartbeats:
             up = self._alive(hb, errors)
             if up is not True and now - hb.time > self.config.run_retention_seconds:
                 continue  # dead or finished long ago: no longer published
@@ -196,6 +207,7 @@ class RunTable:
                     up=up,
                     heartbeat=hb,
                     pids=(hb.pid,),
+                    owner=owner,
                 )
             )
         return _drop_superseded(rows)
@@ -284,6 +296,27 @@ class RunTable:
             if path is not None:
                 alive = any(r.up for r in run_rows)
                 yield LogFile(run, Path(path), run in configured or alive)
+
+
+def announced_dir_problem(path: Path, owner: int | None) -> str | None:
+    """Why a checkpoint directory announced in a heartbeat owned by uid ``owner`` is not
+    watched, or None when it is. Whoever can write the state directory can announce any path,
+    and the exporter (often root) would then list it, stat its files and hash them: a
+    directory is watched only when the heartbeat's owner owns it too, or the heartbeat is
+    root's. Locations in the config file are always watched. A path that cannot be stat'ed is
+    passed on, for the collector to report why it cannot be read."""
+    if owner is None or owner == 0 or not hasattr(os, "getuid"):
+        return None  # not from a heartbeat, written by root, or no uids (Windows)
+    try:
+        dir_owner = os.stat(path).st_uid
+    except OSError:
+        return None
+    if dir_owner == owner:
+        return None
+    return (
+        f"not watched: announced in a heartbeat owned by uid {owner}, but the directory is "
+        f"owned by uid {dir_owner}; declare the location in the config file to watch it"
+    )
 
 
 def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:

@@ -18,6 +18,7 @@ class CheckpointTarget:
     location: str  # "primary" or a mirror's name
     path: Path
     pattern: str = DEFAULT_CHECKPOINT_PATTERN
+    refused: str | None = None  # why this location is not read (see runtable.announced_dir_problem)
 
 
 def config_targets(config: Config) -> list[CheckpointTarget]:

@@ -164,6 +164,13 @@ class CheckpointsCollector(Collector):
         primaries: dict[str, Listing] = {}
         for t in ordered:
             labels = [t.run, t.location]
+            if t.refused is not None:
+                errors.append(
+                    f"checkpoints of run {t.run!r}, location {t.location!r} at {t.path}: "
+                    f"{t.refused}"
+                )
+                families[LOCATION_UP.name].add_metric(labels, 0)
+                continue
             try:
                 listing = self._read(t)
                 avail = shutil.disk_usage(t.path).free
@@ -182,7 +189,7 @@ class CheckpointsCollector(Collector):
             families[AVAIL.name].add_metric(labels, avail)
             self._publish(families, labels, listing, judged, now_ns, errors)
         self._verifier.sweep()
-        for stale in set(self._records) - {t.path for t in ordered}:
+        for stale in set(self._records) - {t.path for t in ordered if t.refused is None}:
             del self._records[stale]
         return families.values()
 
