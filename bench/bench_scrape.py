@@ -250,7 +250,7 @@ def settle(url: str, timeout: float = 60) -> None:
     body = b""
     while time.monotonic() < deadline:
         body = get(url)
-        ok = all(v == b"1" for _, v in _SUCCESS.findall(body))
+        ok = all(float(v) == 1 for _, v in _SUCCESS.findall(body))
         pending = sum(float(v) for v in _PENDING.findall(body))
         if ok and pending == 0:
             time.sleep(0.2)
