@@ -211,9 +211,13 @@ def build_fixture(root: Path, cfg: Config, live: list[int], dead: list[int]) -> 
         )
         write_heartbeat(state_dir / heartbeat_filename(hb.run, hb.rank), hb)
         (root / f"run-{k}.log").write_text("step\n")
+    # the verifier's default rate charges a full 4 MiB read chunk per file, so thousands of
+    # 4 KiB files would take minutes to hash; the bench only needs them hashed before timing
+    (root / "trainguard.yml").write_text("checkpoints:\n  verify_rate: 1000000000000\n")
     env = child_env(FakeNvmlState().env(path))
     env.pop("TRAINGUARD_STATE_DIR", None)
     env["BENCH_STATE_DIR"] = str(state_dir)
+    env["BENCH_CONFIG"] = str(root / "trainguard.yml")
     return env
 
 
@@ -324,6 +328,7 @@ def ours(env: dict[str, str]) -> Running:
         "trainguard",
         f"--web.listen-address=127.0.0.1:{port}",
         f"--state.dir={env['BENCH_STATE_DIR']}",
+        f"--config.file={env['BENCH_CONFIG']}",
     ]
     return Running(cmd, env, f"http://127.0.0.1:{port}/metrics")
 
@@ -371,8 +376,9 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from pyinstrument import Profiler
 from trainguard.cli import build_collectors, build_registry
-from trainguard.config import Config
-registry = build_registry(build_collectors(Config(), Path(os.environ["BENCH_STATE_DIR"])))
+from trainguard.config import load_config
+config = load_config(os.environ["BENCH_CONFIG"])
+registry = build_registry(build_collectors(config, Path(os.environ["BENCH_STATE_DIR"])))
 for _ in range(5):
     generate_latest(registry)
 time.sleep(3)  # let the verifier hash every file
