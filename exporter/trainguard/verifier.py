@@ -118,6 +118,16 @@ class Verifier:
             entry.last_seen = self._clock()
             return entry.status, entry.detail
 
+    def known(self, st: os.stat_result, expected: str) -> tuple[Status, str] | None:
+        """:meth:`status` of a file already asked about (marking it seen), None for a new one:
+        lets a scrape skip building the path of every unchanged file."""
+        with self._lock:
+            entry = self._entries.get((file_key(st), expected))
+            if entry is None:
+                return None
+            entry.last_seen = self._clock()
+            return entry.status, entry.detail
+
     def sweep(self) -> None:
         """Forget files not asked about for ``ttl`` seconds."""
         cutoff = self._clock() - self._ttl

@@ -22,6 +22,7 @@ from trainguard.manifest import (
     Listing,
     ManifestError,
     RecordCache,
+    StepMemo,
     judge,
     list_directory,
     touched_ns,
@@ -147,6 +148,8 @@ class CheckpointsCollector(Collector):
         self._clock_ns = clock_ns
         self._lock = threading.Lock()
         self._records: dict[Path, RecordCache] = {}
+        self._patterns: dict[str, CheckpointPattern] = {}  # compiled once per pattern
+        self._steps: dict[tuple[Path, str], StepMemo] = {}  # names already parsed, per location
 
     def gather(self, errors: list[str]) -> Iterable[Metric]:
         with self._lock:
@@ -184,14 +187,23 @@ class CheckpointsCollector(Collector):
         self._verifier.sweep()
         for stale in set(self._records) - {t.path for t in ordered}:
             del self._records[stale]
+        for pattern in set(self._patterns) - {t.pattern for t in ordered}:
+            del self._patterns[pattern]
+        for where in set(self._steps) - {(t.path, t.pattern) for t in ordered}:
+            del self._steps[where]
         return families.values()
 
     def _read(self, t: CheckpointTarget) -> Listing:
-        pattern = CheckpointPattern(t.pattern)
+        pattern = self._patterns.get(t.pattern)
+        if pattern is None:
+            pattern = self._patterns[t.pattern] = CheckpointPattern(t.pattern)
         cache = self._records.get(t.path)
         if cache is None:
             cache = self._records[t.path] = RecordCache(t.path)
-        return list_directory(t.path, pattern, cache.read())
+        memo = self._steps.get((t.path, t.pattern))
+        if memo is None:
+            memo = self._steps[(t.path, t.pattern)] = {}
+        return list_directory(t.path, pattern, cache.read(), memo)
 
     def _publish(
         self,
@@ -212,10 +224,13 @@ class CheckpointsCollector(Collector):
             if j.expected_sha256 is not None and j.entry.stat.st_size == j.expected_size:
                 status = "pending"
                 if j.settled:  # never hash a file that may still be being written
-                    path = listing.directory / j.entry.name
-                    status, detail = self._verifier.status(path, j.entry.stat, j.expected_sha256)
+                    known = self._verifier.known(j.entry.stat, j.expected_sha256)
+                    if known is None:
+                        path = listing.directory / j.entry.name
+                        known = self._verifier.status(path, j.entry.stat, j.expected_sha256)
+                    status, detail = known
                     if status == "error":
-                        errors.append(f"cannot verify {path}: {detail}")
+                        errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
             if status == "mismatch":
                 mismatched += 1
             elif status in ("pending", "error"):
