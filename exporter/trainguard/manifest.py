@@ -448,17 +448,17 @@ def list_directory(
         for entry in it:
             name = entry.name
             known = old.get(name)
-            if known is not None:
-                step, partial = known
-            else:
-                step = pattern.step(name)
-                partial = False
-                if step is None:
-                    step = pattern.partial_step(name)
-                    partial = step is not None
-                if step is None:
-                    continue
-            seen[name] = (step, partial)
+            if known is None:
+                parsed = pattern.step(name)
+                if parsed is None:
+                    parsed = pattern.partial_step(name)
+                    if parsed is None:
+                        continue
+                    known = (parsed, True)
+                else:
+                    known = (parsed, False)
+            seen[name] = known
+            step, partial = known
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
@@ -524,19 +524,21 @@ def judge(
                 pfile = by_name.get(entry.name)
                 if pfile is not None and settled(pfile.stat, now_ns, grace_ns):
                     size = pfile.stat.st_size
-        known = touched_ns(entry.stat) is not None
-        is_settled = settled(entry.stat, now_ns, grace_ns)
-        actual = entry.stat.st_size
+        st = entry.stat
+        mtime = st.st_mtime_ns
+        known = mtime > 0  # touched_ns() and settled(), inlined: this runs per file per scrape
+        is_settled = known and now_ns - mtime >= grace_ns
+        actual = st.st_size
         out.append(
             Judged(
-                entry=entry,
-                expected_size=size,
-                expected_sha256=sha,
-                mtime_known=known,
-                settled=is_settled,
-                complete=known and size is not None and actual == size,
-                truncated=is_settled and size is not None and actual < size,
-                oversized=is_settled and size is not None and actual > size,
+                entry,
+                size,
+                sha,
+                known,
+                is_settled,
+                known and size is not None and actual == size,
+                is_settled and size is not None and actual < size,
+                is_settled and size is not None and actual > size,
             )
         )
     return out
