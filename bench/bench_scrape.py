@@ -509,7 +509,7 @@ def dimension_table(dim: str, res: dict[Config, dict[str, float]]) -> str:
         dx = getattr(hi, dim) - getattr(lo, dim)
         slope = (res[hi]["cpu_ms_per_scrape"] - res[lo]["cpu_ms_per_scrape"]) / dx
         lines.append("")
-        lines.append(
+        growth = (
             f"CPU per added unit ({getattr(lo, dim)} → {getattr(hi, dim)}): "
             f"{1000 * slope:.1f} µs/scrape"
         )
@@ -521,10 +521,11 @@ def dimension_table(dim: str, res: dict[Config, dict[str, float]]) -> str:
             s2 = (res[hi]["cpu_ms_per_scrape"] - res[mid]["cpu_ms_per_scrape"]) / (
                 getattr(hi, dim) - getattr(mid, dim)
             )
-            lines.append(
+            growth += (
                 f"; first step {1000 * s1:.1f} µs/unit, second step {1000 * s2:.1f} µs/unit "
                 "(equal: linear; second smaller: better than linear)"
             )
+        lines.append(growth)
     return "\n".join(lines)
 
 
