@@ -1,33 +1,54 @@
-"""Scrape cost of trainguard-exporter as work grows, side by side with nvitop-exporter on the
-same test NVML state, inside a network namespace that has only loopback.
+"""Scrape cost of trainguard-exporter as work grows in each dimension (GPUs, GPU processes,
+runs, checkpoint files), at the combined target point, and side by side with nvitop-exporter
+on the same test NVML state, inside a network namespace that has only loopback.
 
-    python bench/bench_scrape.py [--nvitop-python PATH] [--scrapes 300] [--quick]
+    python bench/bench_scrape.py [--quick] [--rounds 3] [--scrapes 200]
+                                 [--nvitop-python PATH] [--profile] [--json OUT]
 
 Re-executes itself under ``unshare -n`` (needs root or user namespaces) so that nothing,
 nvitop-exporter's start-up address probe included, can leave 127.0.0.1. nvitop-exporter lives
 in its own virtualenv (``--nvitop-python``, default ``/work/venv-nvitop/bin/python``; make one
-with ``python -m venv v && v/bin/pip install nvitop-exporter``).
+with ``python -m venv v && v/bin/pip install nvitop-exporter``); without it that part is skipped.
 
-Reports, per configuration: HTTP scrape latency p50/p99 measured by a client on 127.0.0.1,
-CPU seconds the exporter process spends per scrape, the in-process collection cost (one
-pass over the GPUs: our collector's ``gather``; nvitop-exporter's ``update_device`` loop, which
-its background thread runs every ``--interval``), and resident memory.
+What is real and what is not: NVML is the test library (tests/fakenvml), which re-reads its
+state file at every query, so NVML calls cost more than a driver's would, for both exporters.
+Everything else is real: heartbeat files written with ``trainguard.heartbeat.write_heartbeat``
+carrying the pid and create time of live ``sleep`` processes (and, for every fifth run, of a
+pid that no longer exists), checkpoint files with manifest records written with
+``trainguard.manifest`` (a primary and a ``backup`` mirror per run, aged past the grace period
+with ``os.utime``, one orphaned ``.part`` per primary and one truncated file per mirror), and
+the exporter started as ``python -m trainguard`` and scraped over HTTP on 127.0.0.1.
+
+Reports, per configuration (medians over ``--rounds`` rounds, configurations interleaved in a
+shuffled order each round): HTTP scrape latency p50/p99 measured by the client, CPU ms the
+exporter process spends per scrape, its resident memory, and each collector's own
+``trainguard_collector_duration_seconds``; then the idle CPU of the exporter at the target
+point, and nvitop-exporter's latency, CPU per scrape, background collection cost (its
+``update_device`` loop timed in-process, and its CPU per second with nobody scraping) as
+ratios to ours. ``--profile`` also runs the target point's scrape in-process under
+pyinstrument and prints the profile.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
+import random
+import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -36,8 +57,33 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from exporter_proc import child_env, free_port  # noqa: E402
 from nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
+from trainguard import procinfo  # noqa: E402
+from trainguard.heartbeat import (  # noqa: E402
+    AllocatorStats,
+    Heartbeat,
+    heartbeat_filename,
+    write_heartbeat,
+)
+from trainguard.manifest import MANIFEST_DIR, Record, record_path  # noqa: E402
 
 GIB = 1 << 30
+LIVE_POOL = 128  # sleep processes: the pids GPU processes and live runs carry
+PAYLOAD = 4096  # bytes per checkpoint file
+AGE = 3600  # seconds checkpoint files are aged by: well past the 300 s grace period
+BASE = {"gpus": 1, "procs": 10, "runs": 1, "ckpts": 10}
+TARGET = {"gpus": 8, "procs": 100, "runs": 10, "ckpts": 100}
+GRID = {
+    "gpus": [1, 8, 64],
+    "procs": [10, 100, 1000],
+    "runs": [1, 10, 100],
+    "ckpts": [10, 100, 1000],
+}
+DIM_TITLE = {
+    "gpus": "GPUs",
+    "procs": "GPU processes",
+    "runs": "runs (heartbeat files)",
+    "ckpts": "checkpoint files per location",
+}
 
 
 def isolated() -> bool:
@@ -53,14 +99,129 @@ def reexec_isolated() -> None:
     os.execvp("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {cmd}"])
 
 
-def gpu_state(gpus: int, procs: int, live_pids: list[int]) -> FakeNvmlState:
+# -- fixtures -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    gpus: int
+    procs: int
+    runs: int
+    ckpts: int
+
+    @property
+    def key(self) -> str:
+        return f"g{self.gpus}-p{self.procs}-r{self.runs}-c{self.ckpts}"
+
+
+def dead_pids(n: int) -> list[int]:
+    out: list[int] = []
+    pid = 3_900_000
+    while len(out) < n:
+        if not psutil.pid_exists(pid):
+            out.append(pid)
+        pid += 1
+    return out
+
+
+def gpu_state(gpus: int, procs: int, live: list[int], dead: list[int]) -> FakeNvmlState:
+    """Process i runs on GPU i % gpus; the k-th process of a GPU is live sleep k (so the runs'
+    pids, the first sleeps, are on every GPU, like data-parallel ranks sharing devices) while
+    the pool lasts, then a pid that does not exist."""
     state = FakeNvmlState()
     for _ in range(gpus):
         state.add_gpu(used=40 * GIB)
     for i in range(procs):
-        pid = live_pids[i % len(live_pids)] if i < len(live_pids) else 200_000 + i
+        slot = i // gpus
+        pid = live[slot] if slot < len(live) else dead[i % len(dead)]
         state.add_process(i % gpus, pid, 256 << 20)
     return state
+
+
+def write_checkpoints(directory: Path, n: int, *, mirror_of: Path | None) -> None:
+    """n settled checkpoints with records; a primary gets one orphaned .part, a mirror one
+    truncated copy (the cases the collector exists to catch)."""
+    (directory / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+    old = time.time() - AGE
+    for i in range(n):
+        step = (i + 1) * 100
+        name = f"step_{step}.pt"
+        data = step.to_bytes(8, "little") * (PAYLOAD // 8)
+        path = directory / name
+        if mirror_of is not None and i == n - 1:
+            path.write_bytes(data[: PAYLOAD // 2])  # truncated copy
+        else:
+            path.write_bytes(data)
+        rec = Record(
+            name=name,
+            step=step,
+            size=PAYLOAD,
+            sha256=hashlib.sha256(data).hexdigest(),
+            written=old,
+            source=str(mirror_of / name) if mirror_of else None,
+        )
+        record_path(directory, name).write_bytes(rec.encode())
+        os.utime(path, (old, old))
+    if mirror_of is None:
+        part = directory / f"step_{(n + 1) * 100}.pt.part"
+        part.write_bytes(b"\0" * 100)
+        os.utime(part, (old, old))
+
+
+def build_fixture(root: Path, cfg: Config, live: list[int], dead: list[int]) -> dict[str, str]:
+    """Write the NVML state, heartbeats and checkpoints of ``cfg`` under ``root``; returns the
+    exporter's environment."""
+    root.mkdir(parents=True)
+    state_dir = root / "state"
+    state_dir.mkdir()
+    path = gpu_state(cfg.gpus, cfg.procs, live, dead).write(root / "nvml.state")
+    now = time.time()
+    common: dict[str, Any] = dict(
+        host=socket.gethostname(),
+        boot_id=procinfo.boot_id(),
+        boot_time=procinfo.boot_time(),
+        pid_ns=procinfo.pid_namespace(),
+    )
+    for k in range(cfg.runs):
+        alive = k % 5 != 4  # every fifth run died without finishing
+        pid = live[k % len(live)] if alive else dead[k]
+        create = psutil.Process(pid).create_time() if alive else now - 7200
+        primary = root / "ckpt" / f"run-{k}" / "primary"
+        backup = root / "ckpt" / f"run-{k}" / "backup"
+        primary.mkdir(parents=True)
+        backup.mkdir(parents=True)
+        write_checkpoints(primary, cfg.ckpts, mirror_of=None)
+        write_checkpoints(backup, cfg.ckpts, mirror_of=primary)
+        hb = Heartbeat(
+            run=f"run-{k}",
+            rank=0,
+            pid=pid,
+            create_time=create,
+            started=now - 3600,
+            time=now - (0 if alive else 600),
+            step=cfg.ckpts * 100 + 17,
+            step_time=now,
+            scalars={"loss": 0.5, "tokens_per_s": 12345.0},
+            world_size=1,
+            checkpoint_dir=str(primary),
+            mirrors={"backup": str(backup)},
+            log_file=str(root / f"run-{k}.log"),
+            allocator=(AllocatorStats(0, 10 * GIB, 12 * GIB, 11 * GIB, 1 << 20, 0, 0),),
+            **common,
+        )
+        write_heartbeat(state_dir / heartbeat_filename(hb.run, hb.rank), hb)
+        (root / f"run-{k}.log").write_text("step\n")
+    # the verifier's default rate charges a full 4 MiB read chunk per file, so thousands of
+    # 4 KiB files would take minutes to hash; the bench only needs them hashed before timing
+    (root / "trainguard.yml").write_text("checkpoints:\n  verify_rate: 1000000000000\n")
+    env = child_env(FakeNvmlState().env(path))
+    env.pop("TRAINGUARD_STATE_DIR", None)
+    env["BENCH_STATE_DIR"] = str(state_dir)
+    env["BENCH_CONFIG"] = str(root / "trainguard.yml")
+    return env
+
+
+# -- measuring ------------------------------------------------------------------------------
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -76,25 +237,107 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
     raise RuntimeError(f"{url} never answered")
 
 
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return bytes(r.read())
+
+
+_DURATION = re.compile(rb'^trainguard_collector_duration_seconds\{collector="(\w+)"\} (\S+)$', re.M)
+_SUCCESS = re.compile(rb'^trainguard_collector_success\{collector="(\w+)"\} (\S+)$', re.M)
+_PENDING = re.compile(rb"^trainguard_checkpoint_hash_pending_files\{[^}]*\} (\S+)$", re.M)
+
+
+def settle(url: str, timeout: float = 60) -> None:
+    """Scrape until every collector succeeds and the verifier has hashed every file (its
+    background work must not be counted as scrape cost)."""
+    deadline = time.monotonic() + timeout
+    body = b""
+    while time.monotonic() < deadline:
+        body = get(url)
+        ok = all(float(v) == 1 for _, v in _SUCCESS.findall(body))
+        pending = sum(float(v) for v in _PENDING.findall(body))
+        if ok and pending == 0:
+            time.sleep(0.2)
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"exporter never settled; last scrape:\n{body.decode()[-3000:]}")
+
+
 def measure_http(url: str, pid: int, scrapes: int) -> dict[str, float]:
     proc = psutil.Process(pid)
     for _ in range(5):  # warm up
-        urllib.request.urlopen(url, timeout=30).read()
+        get(url)
     cpu0 = sum(proc.cpu_times()[:2])
     lat = []
+    durations: dict[str, list[float]] = {}
     for _ in range(scrapes):
         t = time.perf_counter()
-        with urllib.request.urlopen(url, timeout=30) as r:
-            r.read()
+        body = get(url)
         lat.append(time.perf_counter() - t)
+        for name, v in _DURATION.findall(body):
+            durations.setdefault(name.decode(), []).append(float(v))
     cpu = sum(proc.cpu_times()[:2]) - cpu0
     lat.sort()
-    return {
+    out = {
         "p50_ms": 1000 * lat[len(lat) // 2],
         "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
         "cpu_ms_per_scrape": 1000 * cpu / scrapes,
         "rss_mb": proc.memory_info().rss / 2**20,
+        "bytes": float(len(body)),
     }
+    for name, values in durations.items():
+        out[f"{name}_ms"] = 1000 * statistics.median(values)
+    return out
+
+
+def idle_cpu_ms_per_s(pid: int, seconds: float) -> float:
+    p = psutil.Process(pid)
+    c0 = sum(p.cpu_times()[:2])
+    time.sleep(seconds)
+    return 1000 * (sum(p.cpu_times()[:2]) - c0) / seconds
+
+
+class Running:
+    def __init__(self, cmd: list[str], env: dict[str, str], url: str) -> None:
+        self.url = url
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            wait_http(url, self.proc)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(15)
+
+    def __enter__(self) -> Running:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def ours(env: dict[str, str]) -> Running:
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainguard",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--state.dir={env['BENCH_STATE_DIR']}",
+        f"--config.file={env['BENCH_CONFIG']}",
+    ]
+    return Running(cmd, env, f"http://127.0.0.1:{port}/metrics")
+
+
+def nvitop(python: str, env: dict[str, str]) -> Running:
+    port = free_port()
+    exe = str(Path(python).parent / "nvitop-exporter")
+    cmd = [exe, "--bind-address=127.0.0.1", f"--port={port}", "--hostname=bench", "--interval=1"]
+    return Running(cmd, env, f"http://127.0.0.1:{port}/metrics")
 
 
 OURS_COLLECT = """
@@ -127,162 +370,266 @@ for _ in range(n):
 print(json.dumps({{"collect_ms": 1000 * (time.perf_counter() - t) / n}}))
 """
 
+PROFILE = """
+import os, time
+from pathlib import Path
+from prometheus_client import generate_latest
+from pyinstrument import Profiler
+from trainguard.cli import build_collectors, build_registry
+from trainguard.config import load_config
+config = load_config(os.environ["BENCH_CONFIG"])
+registry = build_registry(build_collectors(config, Path(os.environ["BENCH_STATE_DIR"])))
+for _ in range(5):
+    generate_latest(registry)
+time.sleep(3)  # let the verifier hash every file
+n = {n}
+t = time.perf_counter()
+for _ in range(n):
+    generate_latest(registry)
+print(f"unprofiled: {{1000 * (time.perf_counter() - t) / n:.2f}} ms per scrape")
+p = Profiler(interval=0.0002)
+p.start()
+for _ in range(n):
+    generate_latest(registry)
+p.stop()
+print(p.output_text(unicode=False, color=False, show_all=False))
+"""
 
-def in_process(python: str, code: str, env: dict[str, str]) -> float:
+
+def in_process(python: str, code: str, env: dict[str, str]) -> str:
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["collect_ms"])
+    return out.stdout
 
 
-def run_exporter(
-    cmd: list[str], env: dict[str, str], url: str, work: Callable[[int], dict[str, float]]
-) -> dict[str, float]:
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(url, proc)
-        return work(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(15)
+def collect_ms(python: str, code: str, env: dict[str, str]) -> float:
+    return float(json.loads(in_process(python, code, env).strip().splitlines()[-1])["collect_ms"])
 
 
-def bench_gpu(args: argparse.Namespace, tmp: Path, live: list[int]) -> list[dict[str, object]]:
-    rows: list[dict[str, object]] = []
-    grid = [(1, 10), (8, 10), (8, 100), (8, 1000), (64, 100), (64, 1000)]
-    if args.quick:
-        grid = [(1, 10), (8, 100)]
-    for gpus, procs in grid:
-        state = gpu_state(gpus, procs, live)
-        path = state.write(tmp / f"nvml-{gpus}-{procs}.state")
-        env = child_env(state.env(path))
-        env.pop("TRAINGUARD_STATE_DIR", None)
-        port = free_port()
-        ours = run_exporter(
-            [
-                sys.executable,
-                "-m",
-                "trainguard",
-                f"--web.listen-address=127.0.0.1:{port}",
-                f"--state.dir={tmp / 'empty-state'}",
-            ],
-            env,
-            f"http://127.0.0.1:{port}/metrics",
-            lambda pid, port=port: measure_http(  # type: ignore[misc]
-                f"http://127.0.0.1:{port}/metrics", pid, args.scrapes
-            ),
-        )
-        ours["collect_ms"] = in_process(sys.executable, OURS_COLLECT.format(n=50), env)
-        row: dict[str, object] = {"gpus": gpus, "procs": procs, "ours": ours}
-        if args.nvitop_python and Path(args.nvitop_python).exists():
-            nport = free_port()
-            nv_env = state.env(path)
-            nv_bin = str(Path(args.nvitop_python).parent / "nvitop-exporter")
-            theirs = run_exporter(
-                [
-                    nv_bin,
-                    "--bind-address=127.0.0.1",
-                    f"--port={nport}",
-                    "--hostname=bench",
-                    "--interval=1",
-                ],
-                nv_env,
-                f"http://127.0.0.1:{nport}/metrics",
-                lambda pid, nport=nport: measure_http(  # type: ignore[misc]
-                    f"http://127.0.0.1:{nport}/metrics", pid, args.scrapes
-                ),
-            )
-            theirs["collect_ms"] = in_process(
-                args.nvitop_python, NVITOP_COLLECT.format(n=20), nv_env
-            )
-            row["nvitop"] = theirs
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+# -- the benchmark ----------------------------------------------------------------------------
 
 
-def idle_cpu(tmp: Path, seconds: float) -> float:
-    port = free_port()
-    env = child_env({"LD_LIBRARY_PATH": str(tmp)})
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "trainguard",
-            f"--web.listen-address=127.0.0.1:{port}",
-            f"--state.dir={tmp / 'empty-state'}",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_http(f"http://127.0.0.1:{port}/-/healthy", proc)
-        p = psutil.Process(proc.pid)
-        c0 = sum(p.cpu_times()[:2])
-        time.sleep(seconds)
-        return sum(p.cpu_times()[:2]) - c0
-    finally:
-        proc.terminate()
-        proc.wait(15)
+def configs(quick: bool) -> list[Config]:
+    out = {Config(**TARGET)}
+    for dim, values in GRID.items():
+        if quick:
+            values = values[:2]
+        for v in values:
+            out.add(Config(**{**BASE, dim: v}))
+    return sorted(out, key=lambda c: c.key)
 
 
-def table(rows: list[dict[str, object]]) -> str:
-    out = [
-        "| GPUs | GPU processes | ours p50 / p99 ms | ours CPU ms/scrape | ours collect ms | "
-        "ours RSS MB | nvitop p50 / p99 ms | nvitop CPU ms/scrape | nvitop collect ms | "
-        "nvitop RSS MB | collect ratio nvitop/ours |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
+    keys = set().union(*rounds)
+    return {k: statistics.median(r[k] for r in rounds if k in r) for k in keys}
+
+
+def bench_ours(
+    args: argparse.Namespace, envs: dict[Config, dict[str, str]]
+) -> dict[Config, dict[str, float]]:
+    results: dict[Config, list[dict[str, float]]] = {c: [] for c in envs}
+    rng = random.Random(7)
+    for rnd in range(args.rounds):
+        order = list(envs)
+        rng.shuffle(order)
+        for cfg in order:
+            with ours(envs[cfg]) as exp:
+                settle(exp.url)
+                r = measure_http(exp.url, exp.proc.pid, args.scrapes)
+                r["load1"] = os.getloadavg()[0]
+            results[cfg].append(r)
+            rounded = {k: round(v, 2) for k, v in r.items()}
+            print(f"round {rnd + 1} {cfg.key}: {json.dumps(rounded)}", flush=True)
+    return {c: median_of(rs) for c, rs in results.items()}
+
+
+def bench_idle(env: dict[str, str], seconds: float) -> dict[str, float]:
+    with ours(env) as exp:
+        settle(exp.url)
+        for _ in range(20):
+            get(exp.url)
+        time.sleep(1)
+        return {"idle_cpu_ms_per_s": idle_cpu_ms_per_s(exp.proc.pid, seconds)}
+
+
+def bench_nvitop(
+    args: argparse.Namespace, envs: dict[Config, dict[str, str]]
+) -> dict[Config, dict[str, dict[str, float]]]:
+    """GPU part only: ours with no heartbeats (so no runs, no checkpoints) vs nvitop-exporter,
+    same NVML state, interleaved per round."""
+    out: dict[Config, dict[str, list[dict[str, float]]]] = {}
+    for rnd in range(args.rounds):
+        for cfg, env in envs.items():
+            gpu_env = dict(env)
+            empty = Path(env["BENCH_STATE_DIR"]).parent / "empty-state"
+            gpu_env["BENCH_STATE_DIR"] = str(empty)
+            nv_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "BENCH_STATE_DIR")}
+            slot = out.setdefault(cfg, {"ours": [], "nvitop": []})
+            pair: list[tuple[str, Callable[[], Running], str, dict[str, str], str]] = [
+                ("ours", lambda e=gpu_env: ours(e), sys.executable, gpu_env, OURS_COLLECT),  # type: ignore[misc]
+                ("nvitop", lambda e=nv_env: nvitop(args.nvitop_python, e), args.nvitop_python,  # type: ignore[misc]
+                 nv_env, NVITOP_COLLECT),
+            ]  # fmt: skip
+            if rnd % 2:
+                pair.reverse()
+            for who, start, python, e, code in pair:
+                with start() as exp:
+                    r = measure_http(exp.url, exp.proc.pid, args.scrapes)
+                    r["idle_cpu_ms_per_s"] = idle_cpu_ms_per_s(exp.proc.pid, 5.0)
+                r["collect_ms"] = collect_ms(python, code.format(n=20), e)
+                slot[who].append(r)
+                print(f"round {rnd + 1} nvitop-part {cfg.key} {who}: "
+                      + json.dumps({k: round(v, 2) for k, v in r.items()}), flush=True)  # fmt: skip
+    return {c: {w: median_of(rs) for w, rs in d.items()} for c, d in out.items()}
+
+
+def fmt(v: float) -> str:
+    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def dimension_table(dim: str, res: dict[Config, dict[str, float]]) -> str:
+    rows = sorted((c for c in res if all(getattr(c, k) == BASE[k] for k in BASE if k != dim)),
+                  key=lambda c: getattr(c, dim))  # fmt: skip
+    lines = [
+        f"| {DIM_TITLE[dim]} | p50 ms | p99 ms | CPU ms/scrape | RSS MB | gpu ms | runs ms | "
+        "checkpoints ms | response KB |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
-        o = r["ours"]
-        n = r.get("nvitop")
-        assert isinstance(o, dict)
-        cells = [
-            str(r["gpus"]),
-            str(r["procs"]),
-            f"{o['p50_ms']:.2f} / {o['p99_ms']:.2f}",
-            f"{o['cpu_ms_per_scrape']:.2f}",
-            f"{o['collect_ms']:.2f}",
-            f"{o['rss_mb']:.0f}",
-        ]
-        if isinstance(n, dict):
-            cells += [
-                f"{n['p50_ms']:.2f} / {n['p99_ms']:.2f}",
-                f"{n['cpu_ms_per_scrape']:.2f}",
-                f"{n['collect_ms']:.2f}",
-                f"{n['rss_mb']:.0f}",
-                f"{n['collect_ms'] / o['collect_ms']:.1f}x",
-            ]
-        else:
-            cells += ["-"] * 5
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
+    for c in rows:
+        r = res[c]
+        lines.append(
+            f"| {getattr(c, dim)} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
+            f"{fmt(r['cpu_ms_per_scrape'])} | {r['rss_mb']:.0f} | {fmt(r.get('gpu_ms', 0))} | "
+            f"{fmt(r.get('runs_ms', 0))} | {fmt(r.get('checkpoints_ms', 0))} | "
+            f"{r['bytes'] / 1024:.0f} |"
+        )
+    if len(rows) >= 2:
+        lo, hi = rows[0], rows[-1]
+        dx = getattr(hi, dim) - getattr(lo, dim)
+        slope = (res[hi]["cpu_ms_per_scrape"] - res[lo]["cpu_ms_per_scrape"]) / dx
+        lines.append("")
+        growth = (
+            f"CPU per added unit ({getattr(lo, dim)} → {getattr(hi, dim)}): "
+            f"{1000 * slope:.1f} µs/scrape"
+        )
+        if len(rows) == 3:
+            mid = rows[1]
+            s1 = (res[mid]["cpu_ms_per_scrape"] - res[lo]["cpu_ms_per_scrape"]) / (
+                getattr(mid, dim) - getattr(lo, dim)
+            )
+            s2 = (res[hi]["cpu_ms_per_scrape"] - res[mid]["cpu_ms_per_scrape"]) / (
+                getattr(hi, dim) - getattr(mid, dim)
+            )
+            growth += (
+                f"; first step {1000 * s1:.1f} µs/unit, second step {1000 * s2:.1f} µs/unit "
+                "(equal: linear; second smaller: better than linear)"
+            )
+        lines.append(growth)
+    return "\n".join(lines)
+
+
+def nvitop_table(res: dict[Config, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| GPUs | GPU processes | who | p50 / p99 ms | CPU ms/scrape | collect ms (one pass) | "
+        "idle CPU ms/s | RSS MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = [
+        "| GPUs | GPU processes | p50 nvitop/ours | p99 nvitop/ours | CPU/scrape nvitop/ours | "
+        "collect nvitop/ours | RSS nvitop/ours |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(res, key=lambda c: (c.gpus, c.procs)):
+        for who in ("ours", "nvitop"):
+            r = res[c][who]
+            lines.append(
+                f"| {c.gpus} | {c.procs} | {who} | {fmt(r['p50_ms'])} / {fmt(r['p99_ms'])} | "
+                f"{fmt(r['cpu_ms_per_scrape'])} | {fmt(r['collect_ms'])} | "
+                f"{fmt(r['idle_cpu_ms_per_s'])} | {r['rss_mb']:.0f} |"
+            )
+        o, n = res[c]["ours"], res[c]["nvitop"]
+        ratios.append(
+            f"| {c.gpus} | {c.procs} | {n['p50_ms'] / o['p50_ms']:.2f}x | "
+            f"{n['p99_ms'] / o['p99_ms']:.2f}x | "
+            f"{n['cpu_ms_per_scrape'] / o['cpu_ms_per_scrape']:.2f}x | "
+            f"{n['collect_ms'] / o['collect_ms']:.2f}x | {n['rss_mb'] / o['rss_mb']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n\n" + "\n".join(ratios)
+
+
+def cpu_model() -> str:
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.machine()
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--nvitop-python", default="/work/venv-nvitop/bin/python")
-    p.add_argument("--scrapes", type=int, default=300)
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--scrapes", type=int, default=200, help="timed scrapes per run")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    p.add_argument("--quick", action="store_true", help="fewer configurations, 1 round")
+    p.add_argument("--profile", action="store_true", help="also profile the target point")
+    p.add_argument("--only", choices=["ours", "nvitop", "profile"], help="run one part")
+    p.add_argument("--json", type=Path, help="write the medians here")
     p.add_argument("--no-isolation", action="store_true", help="(for debugging only)")
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.scrapes = 1, min(args.scrapes, 60)
     if not isolated() and not args.no_isolation:
         reexec_isolated()
     build_fake_nvml()
-    live = [subprocess.Popen(["sleep", "600"]) for _ in range(4)]
+    live = [subprocess.Popen(["sleep", "3600"]) for _ in range(LIVE_POOL)]
+    live_pids = [p.pid for p in live]
+    dead = dead_pids(200)
+    report: dict[str, Any] = {}
     try:
         with tempfile.TemporaryDirectory() as d:
             tmp = Path(d)
-            machine = platform.processor() or platform.machine()
-            print(f"# {time.strftime('%Y-%m-%d')} {platform.node()} {machine}"
-                  f" {psutil.cpu_count()} CPUs, Python {platform.python_version()}")  # fmt: skip
-            rows = bench_gpu(args, tmp, [p.pid for p in live])
-            print(table(rows))
-            print(f"\nidle CPU over 10 s with no scrapes: {idle_cpu(tmp, 10.0):.3f} s")
+            cpu = cpu_model()
+            print(f"# {time.strftime('%Y-%m-%d %H:%M %Z')} {' '.join(platform.uname())}")
+            print(
+                f"# {cpu}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}, "
+                f"load {os.getloadavg()}, {args.rounds} rounds x {args.scrapes} scrapes"
+            )
+            envs = {c: build_fixture(tmp / c.key, c, live_pids, dead) for c in configs(args.quick)}
+            target = Config(**TARGET)
+            if args.only in (None, "ours"):
+                res = bench_ours(args, envs)
+                idle = bench_idle(envs[target], 10.0)
+                for dim in GRID:
+                    print(f"\n### {DIM_TITLE[dim]}\n")
+                    print(dimension_table(dim, res))
+                t = res[target]
+                print(
+                    f"\ntarget point {target}: p50 {t['p50_ms']:.2f} ms, "
+                    f"p99 {t['p99_ms']:.2f} ms, CPU {t['cpu_ms_per_scrape']:.2f} ms/scrape, "
+                    f"RSS {t['rss_mb']:.0f} MB, idle CPU {idle['idle_cpu_ms_per_s']:.3f} ms/s"
+                )
+                report["ours"] = {c.key: r for c, r in res.items()}
+                report["idle"] = idle
+            if args.only in (None, "nvitop") and Path(args.nvitop_python).exists():
+                nv_cfgs = [(1, 10), (8, 100)] if args.quick else [(1, 10), (8, 100), (64, 1000)]
+                nv_envs = {}
+                for g, n in nv_cfgs:
+                    c = Config(g, n, 0, 0)
+                    nv_envs[c] = build_fixture(tmp / ("nv-" + c.key), c, live_pids, dead)
+                    (tmp / ("nv-" + c.key) / "empty-state").mkdir()
+                nres = bench_nvitop(args, nv_envs)
+                print("\n### nvitop-exporter, GPU part\n")
+                print(nvitop_table(nres))
+                report["nvitop"] = {c.key: r for c, r in nres.items()}
+            if args.profile or args.only == "profile":
+                print(in_process(sys.executable, PROFILE.format(n=100), envs[target]))
+            if args.json:
+                args.json.write_text(json.dumps(report, indent=1, sort_keys=True))
     finally:
         for proc in live:
             proc.kill()
+            proc.wait()
 
 
 if __name__ == "__main__":

@@ -63,6 +63,16 @@ COLLECTOR_DURATION = MetricSpec(
 FRAMEWORK_METRICS = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION)
 
 
+_scrape = threading.local()
+
+
+def current_scrape() -> object | None:
+    """A token unique to the scrape this thread is collecting, None outside a scrape: lets
+    state shared by several collectors (the run table) be read once per scrape, so that they
+    all see the same snapshot."""
+    return getattr(_scrape, "token", None)
+
+
 class CollectorError(Exception):
     """A failure a collector explains itself; logged without a traceback."""
 
@@ -97,24 +107,31 @@ class ExporterCollector(_PromCollector):
     def collect(self) -> Iterator[Metric]:
         build = BUILD_INFO.family()
         build.add_metric([__version__], 1)
-        yield build
         success = COLLECTOR_SUCCESS.family()
         duration = COLLECTOR_DURATION.family()
-        for collector in self._collectors:
-            start = time.perf_counter()
-            errors: list[str] = []
-            try:
-                families = list(collector.gather(errors))
-            except CollectorError as exc:
-                families, errors = [], [str(exc)]
-            except Exception as exc:  # a collector bug must not fail the scrape
-                log.debug("collector %s raised", collector.name, exc_info=True)
-                families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
-            elapsed = time.perf_counter() - start
-            self._log_change(collector.name, errors)
-            yield from families
-            success.add_metric([collector.name], 0 if errors else 1)
-            duration.add_metric([collector.name], elapsed)
+        gathered: list[Metric] = [build]
+        # every collector runs before the first family is handed out, so the scrape's token
+        # is set and cleared here, never left behind by a generator that is not finished
+        _scrape.token = object()
+        try:
+            for collector in self._collectors:
+                start = time.perf_counter()
+                errors: list[str] = []
+                try:
+                    families = list(collector.gather(errors))
+                except CollectorError as exc:
+                    families, errors = [], [str(exc)]
+                except Exception as exc:  # a collector bug must not fail the scrape
+                    log.debug("collector %s raised", collector.name, exc_info=True)
+                    families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
+                elapsed = time.perf_counter() - start
+                self._log_change(collector.name, errors)
+                gathered.extend(families)
+                success.add_metric([collector.name], 0 if errors else 1)
+                duration.add_metric([collector.name], elapsed)
+        finally:
+            _scrape.token = None
+        yield from gathered
         yield success
         yield duration
 

@@ -27,7 +27,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainguard.config import DEFAULT_CHECKPOINT_PATTERN, checkpoint_pattern_problem
 
@@ -52,6 +52,7 @@ FILE_FLAGS = _O_NOFOLLOW | _O_CLOEXEC | getattr(os, "O_BINARY", 0)
 _RECORD_READ = os.O_RDONLY | FILE_FLAGS | _O_NONBLOCK
 _DIR_FD = os.open in os.supports_dir_fd and os.scandir in os.supports_fd
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_NOT_PLAIN = re.compile(r"[/\\:\x00-\x1f\x7f]")
 _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written", "source"})
 _MAX_INT = 2**63 - 1
 
@@ -91,14 +92,8 @@ class Record:
 def is_plain_name(name: str) -> bool:
     """A name that can only mean a file directly inside the directory it is looked up in
     (no separators, no parent, not hidden, no control characters)."""
-    return (
-        0 < len(name) <= 255
-        and not name.startswith(".")
-        and "/" not in name
-        and "\\" not in name
-        and ":" not in name  # drive-relative names and NTFS streams on Windows
-        and not any(ord(c) < 32 or ord(c) == 127 for c in name)
-    )
+    # separators, ':' (drive-relative names and NTFS streams on Windows), control characters
+    return 0 < len(name) <= 255 and not name.startswith(".") and _NOT_PLAIN.search(name) is None
 
 
 def _reject_constant(value: str) -> Any:
@@ -366,20 +361,20 @@ class RecordCache:
                 if fname.startswith(".") or not fname.endswith(RECORD_SUFFIX):
                     continue  # temporaries of a writer (or of one that was killed)
                 name = fname[: -len(RECORD_SUFFIX)]
-                where = mdir / fname
-                if not is_plain_name(name):
-                    raise ManifestError(f"{where}: not a record of a plain file name")
+                cached = self._cache.get(name)  # a cached name was checked when first read
+                if cached is None and not is_plain_name(name):
+                    raise ManifestError(f"{mdir / fname}: not a record of a plain file name")
                 if len(fresh) >= MAX_RECORDS:
                     raise ManifestError(f"{mdir} holds more than {MAX_RECORDS} records")
                 try:
                     st = entry.stat(follow_symlinks=False)
                     if not stat.S_ISREG(st.st_mode):
-                        raise ManifestError(f"{where} is not a regular file (a link?)")
+                        raise ManifestError(f"{mdir / fname} is not a regular file (a link?)")
                     key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                    cached = self._cache.get(name)
                     if cached is not None and cached[0] == key:
                         fresh[name] = cached
                         continue
+                    where = mdir / fname
                     data = _read_capped(_record_opener(dfd, mdir, fname), str(where))
                 except FileNotFoundError:
                     continue  # pruned between listing and reading: it is gone
@@ -410,9 +405,9 @@ def _scandir(dfd: int, path: Path) -> Iterator[os.DirEntry[Any]]:
         yield from it
 
 
-@dataclass(frozen=True)
-class Entry:
-    """A checkpoint file (or ``.part``) found in a directory, with its lstat."""
+class Entry(NamedTuple):
+    """A checkpoint file (or ``.part``) found in a directory, with its lstat. (A named tuple:
+    one is built per file per scrape, and a frozen dataclass costs several times more.)"""
 
     name: str
     step: int
@@ -427,25 +422,43 @@ class Listing:
     records: Mapping[str, Record]
 
 
+#: name -> (step, is a .part) of the names that matched a pattern in the previous listing
+StepMemo = dict[str, tuple[int, bool]]
+
+
 def list_directory(
-    directory: Path, pattern: CheckpointPattern, records: Mapping[str, Record]
+    directory: Path,
+    pattern: CheckpointPattern,
+    records: Mapping[str, Record],
+    memo: StepMemo | None = None,
 ) -> Listing:
     """The checkpoints of a directory. Only names matching the pattern are stat'ed, so a
     directory of 100 000 unrelated entries costs one listing. A matching name that is a
     symbolic link, or a record naming anything but a regular file, is a ManifestError: links
-    are never followed out of a checkpoint directory."""
+    are never followed out of a checkpoint directory.
+
+    ``memo`` (the same dict at every listing of this directory with this pattern) keeps the
+    steps parsed from the names that matched last time; it is replaced by this listing's, so
+    it only ever holds names that exist."""
     files: list[Entry] = []
     partials: list[Entry] = []
+    old = memo or {}
+    seen: StepMemo = {}
     with os.scandir(directory) as it:
         for entry in it:
             name = entry.name
-            step = pattern.step(name)
-            partial = False
-            if step is None:
-                step = pattern.partial_step(name)
-                partial = step is not None
-            if step is None:
-                continue
+            known = old.get(name)
+            if known is None:
+                parsed = pattern.step(name)
+                if parsed is None:
+                    parsed = pattern.partial_step(name)
+                    if parsed is None:
+                        continue
+                    known = (parsed, True)
+                else:
+                    known = (parsed, False)
+            seen[name] = known
+            step, partial = known
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
@@ -459,6 +472,9 @@ def list_directory(
                     raise ManifestError(f"record for {directory / name} names a non-regular file")
                 continue
             (partials if partial else files).append(Entry(name, step, st))
+    if memo is not None:
+        memo.clear()
+        memo.update(seen)
     return Listing(directory, tuple(files), tuple(partials), records)
 
 
@@ -468,9 +484,9 @@ def read_listing(directory: str | os.PathLike[str], pattern: CheckpointPattern) 
     return list_directory(path, pattern, RecordCache(path).read())
 
 
-@dataclass(frozen=True)
-class Judged:
-    """One checkpoint file judged against what its writer recorded."""
+class Judged(NamedTuple):
+    """One checkpoint file judged against what its writer recorded (a named tuple, like
+    :class:`Entry`)."""
 
     entry: Entry
     expected_size: int | None  # None: no record here nor on the primary
@@ -508,19 +524,21 @@ def judge(
                 pfile = by_name.get(entry.name)
                 if pfile is not None and settled(pfile.stat, now_ns, grace_ns):
                     size = pfile.stat.st_size
-        known = touched_ns(entry.stat) is not None
-        is_settled = settled(entry.stat, now_ns, grace_ns)
-        actual = entry.stat.st_size
+        st = entry.stat
+        mtime = st.st_mtime_ns
+        known = mtime > 0  # touched_ns() and settled(), inlined: this runs per file per scrape
+        is_settled = known and now_ns - mtime >= grace_ns
+        actual = st.st_size
         out.append(
             Judged(
-                entry=entry,
-                expected_size=size,
-                expected_sha256=sha,
-                mtime_known=known,
-                settled=is_settled,
-                complete=known and size is not None and actual == size,
-                truncated=is_settled and size is not None and actual < size,
-                oversized=is_settled and size is not None and actual > size,
+                entry,
+                size,
+                sha,
+                known,
+                is_settled,
+                known and size is not None and actual == size,
+                is_settled and size is not None and actual < size,
+                is_settled and size is not None and actual > size,
             )
         )
     return out

@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from trainguard import procinfo
+from trainguard.collector import current_scrape
 from trainguard.config import Config, RunConfig
 from trainguard.heartbeat import SUFFIX, Heartbeat, HeartbeatError, read_heartbeat
 from trainguard.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
@@ -78,6 +79,7 @@ class RunTable:
         self._pid_ns = procinfo.pid_namespace()
         self._host = socket.gethostname()
         self._own_pid = os.getpid()
+        self._scrape_view: tuple[object, RunView] | None = None
 
     # -- what other collectors use ------------------------------------------------------
 
@@ -109,23 +111,36 @@ class RunTable:
     # -- the table ------------------------------------------------------------------------
 
     def view(self) -> RunView:
+        """The table now; within one scrape (see :func:`trainguard.collector.current_scrape`)
+        the runs, GPU and checkpoint collectors share one view instead of each listing the
+        state directory and checking every pid again."""
+        scrape = current_scrape()
         with self._lock:
-            errors: list[str] = []
-            heartbeats, files_ok, file_errors = self._scan(errors)
-            now = time.time()
-            rows = self._heartbeat_rows(heartbeats, now, errors)
-            known = {row.run for row in rows}
-            for rc in self.config.runs:
-                if rc.name not in known:
-                    rows.append(self._config_row(rc, errors))
-            rows.sort(key=lambda r: (r.run, int(r.rank)))
-            return RunView(
-                rows=tuple(rows),
-                log_files=tuple(self._log_files(rows)),
-                files_ok=files_ok,
-                file_errors=file_errors,
-                errors=tuple(errors),
-            )
+            if scrape is not None and self._scrape_view is not None:
+                token, cached = self._scrape_view
+                if token is scrape:
+                    return cached
+            view = self._view()
+            self._scrape_view = None if scrape is None else (scrape, view)
+            return view
+
+    def _view(self) -> RunView:
+        errors: list[str] = []
+        heartbeats, files_ok, file_errors = self._scan(errors)
+        now = time.time()
+        rows = self._heartbeat_rows(heartbeats, now, errors)
+        known = {row.run for row in rows}
+        for rc in self.config.runs:
+            if rc.name not in known:
+                rows.append(self._config_row(rc, errors))
+        rows.sort(key=lambda r: (r.run, int(r.rank)))
+        return RunView(
+            rows=tuple(rows),
+            log_files=tuple(self._log_files(rows)),
+            files_ok=files_ok,
+            file_errors=file_errors,
+            errors=tuple(errors),
+        )
 
     def _scan(self, errors: list[str]) -> tuple[list[tuple[Heartbeat, int]], int, int]:
         """Parse the heartbeat files, re-reading only those whose inode, size or times

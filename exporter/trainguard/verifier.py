@@ -118,6 +118,24 @@ class Verifier:
             entry.last_seen = self._clock()
             return entry.status, entry.detail
 
+    def known_many(
+        self, files: list[tuple[os.stat_result, str]]
+    ) -> list[tuple[Status, str] | None]:
+        """:meth:`status` of each (stat, expected hash) already asked about (marking it seen),
+        None for a new one, under one lock: lets a scrape of thousands of unchanged files skip
+        building their paths and taking the lock per file. New files go through :meth:`status`."""
+        out: list[tuple[Status, str] | None] = []
+        with self._lock:
+            now = self._clock()
+            for st, expected in files:
+                entry = self._entries.get((file_key(st), expected))
+                if entry is None:
+                    out.append(None)
+                else:
+                    entry.last_seen = now
+                    out.append((entry.status, entry.detail))
+        return out
+
     def sweep(self) -> None:
         """Forget files not asked about for ``ttl`` seconds."""
         cutoff = self._clock() - self._ttl

@@ -22,6 +22,7 @@ from trainguard.manifest import (
     Listing,
     ManifestError,
     RecordCache,
+    StepMemo,
     judge,
     list_directory,
     touched_ns,
@@ -147,6 +148,8 @@ class CheckpointsCollector(Collector):
         self._clock_ns = clock_ns
         self._lock = threading.Lock()
         self._records: dict[Path, RecordCache] = {}
+        self._patterns: dict[str, CheckpointPattern] = {}  # compiled once per pattern
+        self._steps: dict[tuple[Path, str], StepMemo] = {}  # names already parsed, per location
 
     def gather(self, errors: list[str]) -> Iterable[Metric]:
         with self._lock:
@@ -191,14 +194,23 @@ class CheckpointsCollector(Collector):
         self._verifier.sweep()
         for stale in set(self._records) - {t.path for t in ordered if t.refused is None}:
             del self._records[stale]
+        for pattern in set(self._patterns) - {t.pattern for t in ordered}:
+            del self._patterns[pattern]
+        for where in set(self._steps) - {(t.path, t.pattern) for t in ordered}:
+            del self._steps[where]
         return families.values()
 
     def _read(self, t: CheckpointTarget) -> Listing:
-        pattern = CheckpointPattern(t.pattern)
+        pattern = self._patterns.get(t.pattern)
+        if pattern is None:
+            pattern = self._patterns[t.pattern] = CheckpointPattern(t.pattern)
         cache = self._records.get(t.path)
         if cache is None:
             cache = self._records[t.path] = RecordCache(t.path)
-        return list_directory(t.path, pattern, cache.read())
+        memo = self._steps.get((t.path, t.pattern))
+        if memo is None:
+            memo = self._steps[(t.path, t.pattern)] = {}
+        return list_directory(t.path, pattern, cache.read(), memo)
 
     def _publish(
         self,
@@ -212,38 +224,56 @@ class CheckpointsCollector(Collector):
         def put(spec: MetricSpec, value: float) -> None:
             families[spec.name].add_metric(labels, value)
 
-        mismatched = pending = 0
+        verifier = self._verifier
+        # never hash a file that may still be being written: only settled files are asked about
+        asked = [
+            (j.entry.stat, j.expected_sha256)
+            for j in judged
+            if j.settled
+            and j.expected_sha256 is not None
+            and j.entry.stat.st_size == j.expected_size
+        ]
+        answers = iter(verifier.known_many(asked))
+        mismatched = pending = total = truncated = oversized = unrecorded = unknown = 0
         complete: list[Judged] = []
         for j in judged:
+            st = j.entry.stat
             status = "none"
-            if j.expected_sha256 is not None and j.entry.stat.st_size == j.expected_size:
+            if j.expected_sha256 is not None and st.st_size == j.expected_size:
                 status = "pending"
-                if j.settled:  # never hash a file that may still be being written
-                    path = listing.directory / j.entry.name
-                    status, detail = self._verifier.status(path, j.entry.stat, j.expected_sha256)
+                if j.settled:
+                    answer = next(answers)
+                    if answer is None:  # new to the verifier: queue it
+                        path = listing.directory / j.entry.name
+                        answer = verifier.status(path, st, j.expected_sha256)
+                    status, detail = answer
                     if status == "error":
-                        errors.append(f"cannot verify {path}: {detail}")
+                        errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
             if status == "mismatch":
                 mismatched += 1
             elif status in ("pending", "error"):
                 pending += 1
             if j.complete and status != "mismatch":
                 complete.append(j)
+            total += st.st_size
+            truncated += j.truncated
+            oversized += j.oversized
+            unrecorded += j.expected_size is None
+            unknown += not j.mtime_known
         if complete:
             newest = max(complete, key=lambda j: (j.entry.step, j.entry.name))
             put(LAST_STEP, newest.entry.step)
             put(LAST_TIMESTAMP, newest.entry.stat.st_mtime_ns / 1e9)
         put(FILES, len(judged))
-        put(BYTES, sum(j.entry.stat.st_size for j in judged))
+        put(BYTES, total)
         self._publish_sizes(families, labels, judged)
-        put(TRUNCATED, sum(j.truncated for j in judged))
-        put(OVERSIZED, sum(j.oversized for j in judged))
+        put(TRUNCATED, truncated)
+        put(OVERSIZED, oversized)
         put(HASH_MISMATCH, mismatched)
         put(HASH_PENDING, pending)
-        put(UNRECORDED, sum(j.expected_size is None for j in judged))
+        put(UNRECORDED, unrecorded)
         partial_touched = [touched_ns(p.stat) for p in listing.partials]
-        unknown = sum(not j.mtime_known for j in judged) + partial_touched.count(None)
-        put(UNKNOWN_MTIME, unknown)
+        put(UNKNOWN_MTIME, unknown + partial_touched.count(None))
         put(PARTIAL, len(listing.partials))
         known = [t for t in partial_touched if t is not None]
         if known:

@@ -146,9 +146,10 @@ class GpuCollector(Collector):
             pid_runs = dict(self._pid_runs()) if self._pid_runs else {}
             families = {spec.name: spec.family() for spec in self.metrics}
             run_memory: dict[tuple[str, str, str], int | None] = {}
+            alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
             for dev in devices:
                 try:
-                    self._gather_device(dev, pid_runs, families, run_memory)
+                    self._gather_device(dev, pid_runs, families, run_memory, alive)
                 except pynvml.NVMLError as exc:
                     errors.append(f"GPU {dev.index} ({dev.uuid}): {exc}")
                     failed = True
@@ -166,6 +167,7 @@ class GpuCollector(Collector):
         pid_runs: Mapping[int, tuple[str, str]],
         families: dict[str, Any],
         run_memory: dict[tuple[str, str, str], int | None],
+        alive: dict[int, bool],
     ) -> None:
         mem = pynvml.nvmlDeviceGetMemoryInfo(dev.handle)
         used_by_pid: dict[int, int | None] = {}
@@ -199,7 +201,10 @@ class GpuCollector(Collector):
             families[PROCESS_MEMORY.name].add_metric(
                 [*labels, str(pid), owner[0] if owner else ""], used
             )
-            if psutil.pid_exists(pid):
+            exists = alive.get(pid)
+            if exists is None:
+                exists = alive[pid] = psutil.pid_exists(pid)
+            if exists:
                 attributed += used
         families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
         if unknown == 0:
