@@ -75,6 +75,10 @@ HEARTBEAT_REASONS = {
     "step-over-int64": "field 'step': expected an integer in 0..",
     "time-far-future": "field 'time': expected seconds since the epoch",
     "time-infinity": "field 'create_time': expected seconds since the epoch",
+    # found by the fuzz run: an integer too large for a float used to raise OverflowError
+    "time-huge-int": "field 'create_time': expected seconds since the epoch in 0..100000000000, "
+    "got a 1329-bit number",
+    "scalar-huge-int": "field 'scalars.loss': number out of range: a 1329-bit number",
     "time-nan": "field 'time': expected seconds since the epoch",
     "time-negative-infinity": "field 'started': expected seconds since the epoch",
     "top-level-list": "expected a JSON object, got a list",
@@ -305,6 +309,7 @@ MANIFEST_REASONS = {
     "written-infinity": "not a JSON record: Infinity is not a number",
     "written-nan": "not a JSON record: NaN is not a number",
     "written-negative": "written: expected a non-negative Unix time",
+    "written-huge-int": "written: expected a non-negative Unix time",
     "written-string": "written: expected a non-negative Unix time",
 }
 

@@ -369,8 +369,10 @@ class _Fields:
         def check(v: Any) -> str | None:
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 return f"expected seconds since the epoch, got {_kind(v)}"
-            if not (math.isfinite(v) and 0 <= v <= MAX_TIME):
-                return f"expected seconds since the epoch in 0..{MAX_TIME:.0f}, got {v!r}"
+            f = _as_float(v)
+            if f is None or not (math.isfinite(f) and 0 <= f <= MAX_TIME):
+                shown = _short_int(v) if isinstance(v, int) else repr(v)
+                return f"expected seconds since the epoch in 0..{MAX_TIME:.0f}, got {shown}"
             return None
 
         value = self.get(key, check, default=None if optional else _MISSING)
@@ -409,7 +411,10 @@ class _Fields:
                 raise self.fail(key, "expected names of letters, digits and '_' (at most 64)")
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise self.fail(f"{key}.{name}", f"expected a number, got {_kind(v)}")
-            out[name] = float(v)  # NaN and infinities are allowed: a NaN loss is news
+            f = _as_float(v)
+            if f is None:
+                raise self.fail(f"{key}.{name}", f"number out of range: {_short_int(int(v))}")
+            out[name] = f  # NaN and infinities are allowed: a NaN loss is news
         return out
 
     def mirrors(self, key: str) -> dict[str, str]:
@@ -495,6 +500,14 @@ def _text_problem(value: str) -> str | None:
     except UnicodeEncodeError:
         return "contains an unpaired surrogate (not encodable as UTF-8)"
     return None
+
+
+def _as_float(value: float) -> float | None:
+    """The number as a float, None for an integer too large for one (JSON allows any size)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _short_int(value: int) -> str:

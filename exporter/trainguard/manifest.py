@@ -146,7 +146,11 @@ def parse_record(data: bytes, *, name: str) -> Record:
     if sha is not None and (not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha)):
         raise ManifestError(f"sha256: expected 64 lowercase hex digits or null, got {sha!r:.80}")
     written = doc["written"]
-    if type(written) not in (int, float) or not math.isfinite(written) or written < 0:
+    # an integer of any size is valid JSON, but not every one converts to a float
+    if not (
+        (type(written) is int and 0 <= written < 2**53)
+        or (type(written) is float and math.isfinite(written) and written >= 0)
+    ):
         raise ManifestError(f"written: expected a non-negative Unix time, got {written!r:.40}")
     source = doc["source"]
     if source is not None and (not isinstance(source, str) or not 0 < len(source) <= 4096):
