@@ -25,8 +25,7 @@ RUN /opt/trainguard/bin/pip install --no-cache-dir . \
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="trainguard-exporter" \
-      org.opencontainers.image.description="Prometheus exporter for GPU training runs: silent deaths, stalls, ghost GPU memory, truncated checkpoints" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.description="Prometheus exporter for GPU training runs: silent deaths, stalls, ghost GPU memory, truncated checkpoints"
 COPY --from=build /opt/trainguard /opt/trainguard
 ENV PATH=/opt/trainguard/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
