@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +139,16 @@ class Exporter:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def poll(exp: Exporter, ok: Callable[[Samples], bool], timeout: float = 10.0) -> Samples:
+    """Scrape until ``ok`` holds (or ``timeout`` passes); return the last scrape."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = exp.scrape()
+        if ok(s) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.05)
 
 
 def value(samples: Samples, metric: str, /, **labels: str) -> float | None:

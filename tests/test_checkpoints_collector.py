@@ -7,12 +7,11 @@ import os
 import shutil
 import time
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from exporter_proc import Exporter, Samples, select, value
+from exporter_proc import Exporter, Samples, poll, select, value
 from trainguard.checkpoint import mirror, save
 from trainguard.collectors.checkpoints import CheckpointsCollector
 from trainguard.config import CheckpointSettings
@@ -334,15 +333,6 @@ def exporter_config(tmp_path: Path, p: Path, m: Path, grace: str = "1s") -> Path
         f"checkpoints: {{grace_period: {grace}, verify_rate: 100MiB}}\n"
     )
     return cfg
-
-
-def poll(exp: Exporter, ok: Callable[[Samples], bool], timeout: float = 10.0) -> Samples:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = exp.scrape()
-        if ok(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.1)
 
 
 def ck(s: Samples, name: str, location: str = "primary") -> float | None:

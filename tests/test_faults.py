@@ -16,25 +16,16 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exporter_proc import Exporter, Samples, select, value
+from exporter_proc import Exporter, Samples, poll, select, value
 from run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
 from trainguard import Run
 from trainguard.checkpoint import save
 from trainguard.heartbeat import read_heartbeat
-
-
-def poll(exp: Exporter, ok: Callable[[Samples], bool], timeout: float = 10.0) -> Samples:
-    deadline = time.monotonic() + timeout
-    while True:
-        s = exp.scrape()
-        if ok(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.05)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
