@@ -151,3 +151,26 @@ def test_the_worker_never_keeps_the_process_alive(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert time.monotonic() - start < 10
+
+
+def test_small_files_cost_their_size_not_a_whole_chunk(tmp_path: Path) -> None:
+    """Thousands of small checkpoints must not stay 'hash pending' for minutes: each read is
+    charged what it can return, so 500 files of 4 KiB cost 2 MiB of the rate."""
+    rate = 1024 * 1024  # 1 MiB/s: 500 whole-chunk charges would take half an hour
+    v = Verifier(rate)
+    try:
+        files = []
+        for i in range(500):
+            f = tmp_path / f"step_{i}.bin"
+            data = os.urandom(4096)
+            f.write_bytes(data)
+            files.append((f, hashlib.sha256(data).hexdigest()))
+        deadline = time.monotonic() + 20
+        pending = files
+        while pending and time.monotonic() < deadline:
+            pending = [(f, h) for f, h in pending if v.status(f, os.stat(f), h)[0] != "match"]
+            time.sleep(0.05)
+        assert pending == []
+        assert v.bytes_read == 500 * 4096
+    finally:
+        v.stop()

@@ -207,11 +207,20 @@ class Verifier:
             if file_key(os.fstat(fd)) != fkey:
                 return None
 
+            expected_size = fkey[2]
+            left = [expected_size]
+
             def throttle(n: int) -> None:
+                # charge what the read can return, not the buffer's size: a 4 KiB checkpoint
+                # costs 4 KiB of the rate, not a whole chunk (and the read that finds the end
+                # costs nothing); a file that grows while hashed is dropped below anyway
+                n = min(n, left[0])
+                left[0] -= n
                 bucket.take(n)
                 self.bytes_read += n
 
-            sha, size = sha256_fd(fd, before_read=throttle, chunk=READ_CHUNK)
+            chunk = max(64 * 1024, min(READ_CHUNK, expected_size + 1))
+            sha, size = sha256_fd(fd, before_read=throttle, chunk=chunk)
             if file_key(os.fstat(fd)) != fkey or size != fkey[2]:
                 return None  # written to while hashed: judge the new content later
         except OSError as exc:
