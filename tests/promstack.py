@@ -94,7 +94,31 @@ class Webhook:
         self.server.server_close()
 
 
-class Alertmanager:
+class _Server:
+    """A Debian-packaged server started on a free 127.0.0.1 port, logging to its workdir."""
+
+    port: int
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def _launch(self, workdir: Path, name: str, cmd: list[str], ready_path: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [*cmd, f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        _wait_http(self.url + ready_path, self.proc, self.log)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(15)
+
+
+class Alertmanager(_Server):
     def __init__(self, workdir: Path, webhook_url: str, group_wait: str = "1s") -> None:
         assert ALERTMANAGER, "prometheus-alertmanager is not installed"
         self.group_wait = group_wait
@@ -114,28 +138,20 @@ class Alertmanager:
                 }
             )
         )
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "alertmanager.log"
-        self.proc = subprocess.Popen(
+        self._launch(
+            workdir,
+            "alertmanager",
             [
                 ALERTMANAGER,
                 f"--config.file={cfg}",
                 f"--storage.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
                 "--cluster.listen-address=",  # no gossip: nothing leaves 127.0.0.1
             ],
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
+            "/-/ready",
         )
-        _wait_http(self.url + "/-/ready", self.proc, self.log)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
 
 
-class Prometheus:
+class Prometheus(_Server):
     def __init__(
         self,
         workdir: Path,
@@ -165,21 +181,17 @@ class Prometheus:
             }
         cfg = workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "prometheus.log"
-        self.proc = subprocess.Popen(
+        self._launch(
+            workdir,
+            "prometheus",
             [
                 PROMETHEUS,
                 f"--config.file={cfg}",
                 f"--storage.tsdb.path={workdir / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
                 "--web.enable-lifecycle",
             ],
-            stdout=self.log.open("wb"),
-            stderr=subprocess.STDOUT,
+            "/-/ready",
         )
-        _wait_http(self.url + "/-/ready", self.proc, self.log)
 
     def api(self, path: str, **params: str) -> Any:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
@@ -202,7 +214,3 @@ class Prometheus:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{expr!r} still empty after {timeout}s: {res}")
             time.sleep(0.25)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(15)
