@@ -391,3 +391,44 @@ def test_exporter_broken_locations(tmp_path: Path) -> None:
         log = exp.stop()
     assert f"checkpoints of run 'r', location 'backup' at {m}: " in log
     assert reason in log and "Traceback" not in log
+
+
+def test_unrecorded_checkpoints_are_complete_only_when_trusted(tmp_path: Path) -> None:
+    """A script that saves without trainguard.checkpoint leaves no records: its files can't be
+    checked, so they are never complete, unless the config trusts them; then a settled,
+    non-empty one is, and its mirror is still judged against it."""
+    trusted, untrusted = tmp_path / "trusted", tmp_path / "untrusted"
+    for d in (trusted, untrusted, trusted / "m"):
+        d.mkdir()
+    old = time.time() - 3600
+    for d in (trusted, untrusted):
+        for step in (100, 200):
+            f = d / f"step_{step}.pt"
+            f.write_bytes(os.urandom(50_000))
+            os.utime(f, (old, old))
+        (d / "step_300.pt").write_bytes(b"")  # settled but empty: never a checkpoint
+        os.utime(d / "step_300.pt", (old, old))
+        (d / "step_400.pt").write_bytes(b"still being written")  # inside the grace period
+    (trusted / "m" / "step_200.pt").write_bytes((trusted / "step_200.pt").read_bytes()[:30_000])
+    os.utime(trusted / "m" / "step_200.pt", (old, old))
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text(
+        "runs:\n"
+        f"  - name: plain\n    checkpoints: {{primary: {untrusted}}}\n"
+        f"  - name: legacy\n    checkpoints:\n      primary: {trusted}\n"
+        f"      mirrors: {{backup: {trusted / 'm'}}}\n"
+        "      trust_unrecorded: true\n"
+        "checkpoints: {grace_period: 5m}\n"
+    )
+    with Exporter(args=[f"--config.file={cfg}"], state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    plain = {"run": "plain", "location": "primary"}
+    legacy = {"run": "legacy", "location": "primary"}
+    backup = {"run": "legacy", "location": "backup"}
+    assert value(s, "trainguard_checkpoint_last_step", **plain) is None
+    assert value(s, "trainguard_checkpoint_unrecorded_files", **plain) == 4
+    assert value(s, "trainguard_checkpoint_last_step", **legacy) == 200
+    assert value(s, "trainguard_checkpoint_unrecorded_files", **legacy) == 4
+    # the mirror's copy of step 200 is judged against the settled primary file: truncated
+    assert value(s, "trainguard_checkpoint_truncated_files", **backup) == 1
+    assert value(s, "trainguard_checkpoint_last_step", **backup) is None

@@ -36,6 +36,7 @@ def test_example_config_is_valid() -> None:
     assert llama.pid_file == Path("/run/train.pid")
     assert llama.checkpoints is not None
     assert llama.checkpoints.mirrors == {"backup": Path("/mnt/d/ckpt")}
+    assert llama.checkpoints.trust_unrecorded is True
     assert cfg.process_counts[0].match.search("vmmemWSL")
     assert cfg.checkpoints.grace_period_seconds == 300
     assert cfg.checkpoints.verify_bytes_per_second == 200 * 1024**2

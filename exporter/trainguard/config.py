@@ -38,6 +38,9 @@ class CheckpointLocations:
     primary: Path | None = None
     mirrors: Mapping[str, Path] = field(default_factory=dict)
     pattern: str = DEFAULT_CHECKPOINT_PATTERN
+    #: a settled file with no record (its writer is not trainguard.checkpoint) counts as
+    #: complete; without this it is never complete, since its size cannot be checked
+    trust_unrecorded: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ def _kind(value: Any) -> str:
 
 
 def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
-    f = _Fields(source, where, value, ("primary", "mirrors", "pattern"))
+    f = _Fields(source, where, value, ("primary", "mirrors", "pattern", "trust_unrecorded"))
     mirrors: dict[str, Path] = {}
     raw_mirrors = f.get("mirrors")
     if raw_mirrors is not None:
@@ -231,7 +234,12 @@ def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
     primary = f.abspath("primary")
     if primary is None and not mirrors:
         f.fail(where, "expected at least 'primary' or 'mirrors'")
-    return CheckpointLocations(primary=primary, mirrors=mirrors, pattern=pattern)
+    trust = f.get("trust_unrecorded")
+    if trust is not None and not isinstance(trust, bool):
+        f.fail(f.path("trust_unrecorded"), f"expected true or false, got {_kind(trust)}")
+    return CheckpointLocations(
+        primary=primary, mirrors=mirrors, pattern=pattern, trust_unrecorded=bool(trust)
+    )
 
 
 def parse_config(data: Any, source: str) -> Config:

@@ -508,10 +508,12 @@ def judge(
     now_ns: int,
     grace_ns: int,
     primary: Listing | None = None,
+    trust_unrecorded: bool = False,
 ) -> list[Judged]:
     """Judge every file of a location. Its own record gives the expected size and hash; a
     mirror's file without a record falls back on the primary's record of the same name, or on
-    the primary file's size once that has settled."""
+    the primary file's size once that has settled. With ``trust_unrecorded``, a settled file
+    for which none of these gives a size is complete (its writer recorded nothing to check)."""
     by_name = {e.name: e for e in primary.files} if primary is not None else {}
     out = []
     for entry in listing.files:
@@ -540,7 +542,12 @@ def judge(
                 sha,
                 known,
                 is_settled,
-                known and size is not None and actual == size,
+                known
+                and (
+                    actual == size
+                    if size is not None
+                    else trust_unrecorded and is_settled and actual > 0
+                ),
                 is_settled and size is not None and actual < size,
                 is_settled and size is not None and actual > size,
             )

@@ -19,6 +19,7 @@ class CheckpointTarget:
     path: Path
     pattern: str = DEFAULT_CHECKPOINT_PATTERN
     refused: str | None = None  # why this location is not read (see runtable.announced_dir_problem)
+    trust_unrecorded: bool = False  # see CheckpointLocations.trust_unrecorded
 
 
 def config_targets(config: Config) -> list[CheckpointTarget]:
@@ -28,9 +29,17 @@ def config_targets(config: Config) -> list[CheckpointTarget]:
         if ck is None:
             continue
         if ck.primary is not None:
-            targets.append(CheckpointTarget(run.name, PRIMARY, ck.primary, ck.pattern))
+            targets.append(
+                CheckpointTarget(
+                    run.name, PRIMARY, ck.primary, ck.pattern, trust_unrecorded=ck.trust_unrecorded
+                )
+            )
         for name, path in sorted(ck.mirrors.items()):
-            targets.append(CheckpointTarget(run.name, name, path, ck.pattern))
+            targets.append(
+                CheckpointTarget(
+                    run.name, name, path, ck.pattern, trust_unrecorded=ck.trust_unrecorded
+                )
+            )
     return targets
 
 

@@ -78,7 +78,7 @@ HASH_PENDING = _spec(
 UNRECORDED = _spec(
     "unrecorded_files",
     "Files with no recorded size to judge them by (no manifest record, and for a mirror none on "
-    "the primary either): never counted as complete.",
+    "the primary either): complete only where the config trusts unrecorded files.",
 )
 UNKNOWN_MTIME = _spec(
     "unknown_mtime_files",
@@ -187,7 +187,13 @@ class CheckpointsCollector(Collector):
             if t.location == PRIMARY:
                 primaries[t.run] = listing
             primary = None if t.location == PRIMARY else primaries.get(t.run)
-            judged = judge(listing, now_ns=now_ns, grace_ns=grace_ns, primary=primary)
+            judged = judge(
+                listing,
+                now_ns=now_ns,
+                grace_ns=grace_ns,
+                primary=primary,
+                trust_unrecorded=t.trust_unrecorded,
+            )
             families[LOCATION_UP.name].add_metric(labels, 1)
             families[AVAIL.name].add_metric(labels, avail)
             self._publish(families, labels, listing, judged, now_ns, errors)
