@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -95,8 +96,6 @@ def resolve_state_dir(flag: str | None, config: Config) -> Path:
     """The flag, then ``$TRAINGUARD_STATE_DIR``, then the config file, then the per-user default."""
     if flag:
         return Path(flag).expanduser()
-    import os
-
     if os.environ.get(STATE_DIR_ENV) or config.state_dir is None:
         return default_state_dir()
     return config.state_dir
