@@ -8,6 +8,7 @@ import shutil
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,6 +164,19 @@ def test_hash_mismatch_found_in_the_background(setup: Setup) -> None:
     assert setup.v(s, "last_step", "backup") == 1  # known garbage is not complete
 
 
+def test_content_rewritten_under_its_old_mtime_is_hashed_again(setup: Setup) -> None:
+    save(os.urandom(100_000), setup.p / "step_1.pt")
+    setup.later(301)
+    s = setup.settle_hashes("primary")
+    assert setup.v(s, "hash_mismatch_files") == 0 and setup.v(s, "last_step") == 1
+    before = os.stat(setup.p / "step_1.pt")
+    with open(setup.p / "step_1.pt", "r+b") as f:
+        f.write(os.urandom(100_000))  # same size
+    os.utime(setup.p / "step_1.pt", ns=(before.st_atime_ns, before.st_mtime_ns))
+    s = setup.settle_hashes("primary")
+    assert setup.v(s, "hash_mismatch_files") == 1 and setup.v(s, "last_step") is None
+
+
 def test_partials_and_unknown_mtimes(setup: Setup) -> None:
     save(b"a" * 10, setup.p / "step_1.pt")
     part = setup.p / "step_2.pt.part"
@@ -269,14 +283,14 @@ def test_a_broken_location_fails_alone(setup: Setup, tmp_path: Path, kind: str) 
 
 def test_permission_denied_in_process(setup: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same path as chmod 000 for a non-root exporter, whoever runs the tests."""
-    real = os.scandir
+    real = os.open
 
-    def scandir(path: object = ".") -> object:
+    def open_(path: object, *args: Any, **kwargs: Any) -> int:
         if str(path) == str(setup.m):
             raise PermissionError(13, "Permission denied", str(path))
-        return real(path)  # type: ignore[arg-type]
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "open", open_)
     s, errors = setup.scrape()
     assert setup.v(s, "location_up", "backup") == 0 and setup.v(s, "location_up") == 1
     assert errors == [f"checkpoints of run 'r', location 'backup' at {setup.m}: Permission denied"]

@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,17 +334,69 @@ def _is_link_error(exc: OSError) -> bool:
 
 RecordKey = tuple[int, int, int, int]
 
+#: a directory whose stat stays the same is trusted to hold what it held once a full read has
+#: confirmed it at least this long (by our own clock) after that stat was first seen: longer
+#: than any filesystem's timestamp granularity (FAT's is 2 s), so that a change made within
+#: the clock tick of the stat we saw, which leaves that stat as it was, has happened before the
+#: confirming read. No file timestamp is compared with our clock, so skewed NFS clocks do not
+#: matter.
+SETTLE_SECONDS = 3.0
+#: a trusted directory is read in full again at least this often all the same: a record edited
+#: in place rather than replaced by a rename (which every trainguard writer does) changes no
+#: directory stat, nor does a server clock stepped back into the same tick
+REVALIDATE_SECONDS = 60.0
+
+
+class DirectoryWatch:
+    """Whether a directory may hold other entries than at its last full read. Creating,
+    renaming or removing an entry changes the directory's mtime and ctime, so an unchanged stat
+    means unchanged entries, once that stat has settled (see :data:`SETTLE_SECONDS`). What it
+    says nothing about is the content of the entries themselves."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._key: tuple[int, ...] | None = None
+        self._since = 0.0  # when the directory was first seen with _key
+        self._checked_at = 0.0
+        self._read_at = 0.0
+        self._trusted = False  # a full read confirmed _key after it settled
+
+    def unchanged(self, st: os.stat_result) -> bool:
+        """True when the directory, with this stat now, holds what the last full read saw.
+        When False, read it in full and then call :meth:`read_done`."""
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns)
+        now = self._checked_at = self._clock()
+        if key != self._key:
+            self._key, self._since, self._trusted = key, now, False
+            return False
+        if self._trusted and now - self._read_at < REVALIDATE_SECONDS:
+            return True
+        self._trusted = False
+        return False
+
+    def read_done(self) -> None:
+        """A full read that started after the last :meth:`unchanged` succeeded."""
+        self._read_at = self._checked_at
+        self._trusted = self._checked_at - self._since >= SETTLE_SECONDS
+
+    def forget(self) -> None:
+        self._key, self._trusted = None, False
+
 
 class RecordCache:
-    """The records of one directory, re-read only for record files whose inode, size, mtime or
-    ctime changed since the last read: the exporter lists the small ``.trainguard/`` directory
-    at every scrape but parses almost nothing."""
+    """The records of one directory. Every writer commits a record by a rename into
+    ``.trainguard/``, so while that directory is unchanged (:class:`DirectoryWatch`) its records
+    are not listed again; otherwise only record files whose inode, size, mtime or ctime changed
+    are re-read. The mapping returned is the same object for as long as the records are the
+    same."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
         self._cache: dict[str, tuple[RecordKey, Record]] = {}
+        self._records: Mapping[str, Record] = {}
+        self._watch = DirectoryWatch(clock)
 
-    def read(self) -> dict[str, Record]:
+    def read(self) -> Mapping[str, Record]:
         """All records of the directory; ManifestError or OSError when any is unreadable, or
         when the directory itself is missing or not a directory."""
         if not stat.S_ISDIR(os.stat(self.directory).st_mode):
@@ -353,12 +406,25 @@ class RecordCache:
             dfd = os.open(mdir, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
         except FileNotFoundError:
             self._cache.clear()
-            return {}
+            self._watch.forget()
+            if self._records:
+                self._records = {}
+            return self._records
         except OSError as exc:
             if _is_link_error(exc) or exc.errno == errno.ENOTDIR:
                 raise ManifestError(f"{mdir} is not a directory (a link or a file)") from None
             raise
+        try:
+            if not self._watch.unchanged(os.fstat(dfd)):
+                self._read_all(dfd, mdir)
+                self._watch.read_done()
+        finally:
+            os.close(dfd)
+        return self._records
+
+    def _read_all(self, dfd: int, mdir: Path) -> None:
         fresh: dict[str, tuple[RecordKey, Record]] = {}
+        reparsed = False
         try:
             for entry in _scandir(dfd, mdir):
                 fname = entry.name
@@ -386,14 +452,14 @@ class RecordCache:
                     fresh[name] = (key, parse_record(data, name=name))
                 except ManifestError as exc:
                     raise ManifestError(f"{where}: {exc}") from None
+                reparsed = True
         except OSError as exc:
             if _is_link_error(exc):
                 raise ManifestError(f"a record in {mdir} is a symbolic link") from None
             raise
-        finally:
-            os.close(dfd)
+        if reparsed or len(fresh) != len(self._cache):
+            self._records = {name: rec for name, (_, rec) in fresh.items()}
         self._cache = fresh
-        return {name: rec for name, (_, rec) in fresh.items()}
 
 
 def _record_opener(dfd: int, mdir: Path, fname: str) -> Callable[[], int]:
@@ -435,6 +501,8 @@ def list_directory(
     pattern: CheckpointPattern,
     records: Mapping[str, Record],
     memo: StepMemo | None = None,
+    *,
+    dir_fd: int | None = None,
 ) -> Listing:
     """The checkpoints of a directory. Only names matching the pattern are stat'ed, so a
     directory of 100 000 unrelated entries costs one listing. A matching name that is a
@@ -443,12 +511,13 @@ def list_directory(
 
     ``memo`` (the same dict at every listing of this directory with this pattern) keeps the
     steps parsed from the names that matched last time; it is replaced by this listing's, so
-    it only ever holds names that exist."""
+    it only ever holds names that exist. ``dir_fd``, an open descriptor of ``directory``, is
+    listed instead of the path."""
     files: list[Entry] = []
     partials: list[Entry] = []
     old = memo or {}
     seen: StepMemo = {}
-    with os.scandir(directory) as it:
+    with os.scandir(directory if dir_fd is None else dir_fd) as it:
         for entry in it:
             name = entry.name
             known = old.get(name)
@@ -467,19 +536,81 @@ def list_directory(
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # renamed or pruned since the listing (a .part just committed)
-            if stat.S_ISLNK(st.st_mode):
-                raise ManifestError(
-                    f"{directory / name} is a symbolic link; links are not followed"
-                )
-            if not stat.S_ISREG(st.st_mode):
-                if name in records:
-                    raise ManifestError(f"record for {directory / name} names a non-regular file")
+            if not _S_ISREG(st.st_mode):
+                _not_regular(directory, name, st, records)
                 continue
             (partials if partial else files).append(Entry(name, step, st))
     if memo is not None:
         memo.clear()
         memo.update(seen)
     return Listing(directory, tuple(files), tuple(partials), records)
+
+
+_S_ISREG = stat.S_ISREG
+
+
+def _not_regular(
+    directory: Path, name: str, st: os.stat_result, records: Mapping[str, Record]
+) -> None:
+    """A checkpoint's name on something that is not a regular file: an error when it is a link
+    or has a record, else (a directory named like a checkpoint) not a checkpoint at all."""
+    if stat.S_ISLNK(st.st_mode):
+        raise ManifestError(f"{directory / name} is a symbolic link; links are not followed")
+    if name in records:
+        raise ManifestError(f"record for {directory / name} names a non-regular file")
+
+
+class CheckpointDirectory:
+    """A checkpoint location as the exporter reads it at every scrape. While the directory is
+    unchanged (:class:`DirectoryWatch`) the names that matched at the last full listing are the
+    ones there, so each is stat'ed directly instead of listing the directory and parsing names
+    again; each file is still stat'ed at every scrape, since a checkpoint overwritten in place
+    changes no directory stat."""
+
+    def __init__(
+        self,
+        directory: Path,
+        pattern: CheckpointPattern,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.pattern = pattern
+        self._steps: StepMemo = {}
+        self._watch = DirectoryWatch(clock)
+
+    def list(self, records: Mapping[str, Record]) -> Listing:
+        if not _DIR_FD:
+            return list_directory(self.directory, self.pattern, records, self._steps)
+        fd = os.open(self.directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+        try:
+            if self._watch.unchanged(os.fstat(fd)):
+                listing = self._restat(fd, records)
+                if listing is not None:
+                    return listing
+                self._watch.forget()
+            listing = list_directory(self.directory, self.pattern, records, self._steps, dir_fd=fd)
+            self._watch.read_done()
+            return listing
+        finally:
+            os.close(fd)
+
+    def _restat(self, fd: int, records: Mapping[str, Record]) -> Listing | None:
+        """The last listing's names, stat'ed afresh; None when one has gone (the directory
+        changed after its stat was taken: list it)."""
+        files: list[Entry] = []
+        partials: list[Entry] = []
+        lstat = os.stat
+        for name, (step, partial) in self._steps.items():
+            try:
+                st = lstat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return None
+            if not _S_ISREG(st.st_mode):
+                _not_regular(self.directory, name, st, records)
+                continue
+            (partials if partial else files).append(Entry(name, step, st))
+        return Listing(self.directory, tuple(files), tuple(partials), records)
 
 
 def read_listing(directory: str | os.PathLike[str], pattern: CheckpointPattern) -> Listing:

@@ -1,7 +1,7 @@
 """Background SHA-256 verification of checkpoint files, so that a scrape never reads gigabytes:
 the scrape asks for a file's status and gets "pending" until a daemon thread has hashed it
 once, at a bounded read rate, and then the cached answer for as long as the file is unchanged
-(same device, inode, size and mtime)."""
+(same device, inode, size, mtime and ctime)."""
 
 from __future__ import annotations
 
@@ -19,15 +19,18 @@ from trainguard.manifest import FILE_FLAGS, sha256_fd
 
 log = logging.getLogger(__name__)
 
-#: (st_dev, st_ino, st_size, st_mtime_ns): a file with the same key is not re-hashed
-FileKey = tuple[int, int, int, int]
+#: (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns): a file with the same key is not
+#: re-hashed. The ctime is there for content rewritten in place with its old mtime put back
+#: (``rsync --inplace --times``, ``touch -r``): the kernel moves the ctime at every write and
+#: nobody can set it back.
+FileKey = tuple[int, int, int, int, int]
 Status = Literal["pending", "match", "mismatch", "error"]
 
 READ_CHUNK = 4 * 1024 * 1024
 
 
 def file_key(st: os.stat_result) -> FileKey:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class Stopped(Exception):
@@ -102,7 +105,11 @@ class Verifier:
         self._entries: dict[tuple[FileKey, str], _Entry] = {}
         self._queue: collections.deque[tuple[FileKey, str]] = collections.deque()
         self._thread: threading.Thread | None = None
+        self._swept_at = clock()
         self.bytes_read = 0
+        #: changes whenever a known file's status changes or a file is forgotten, so a scrape
+        #: can tell that the statuses it judged a location by are still the current ones
+        self.generation = 0
 
     def status(self, path: Path, st: os.stat_result, expected: str) -> tuple[Status, str]:
         """This file's verification status (and the error, for "error"); queues it when new."""
@@ -137,12 +144,20 @@ class Verifier:
         return out
 
     def sweep(self) -> None:
-        """Forget files not asked about for ``ttl`` seconds."""
-        cutoff = self._clock() - self._ttl
+        """Forget files not asked about for ``ttl`` seconds (looked for at most every tenth of
+        it, so that a scrape does not walk every known file)."""
+        now = self._clock()
+        if now - self._swept_at < self._ttl / 10:
+            return
+        self._swept_at = now
+        cutoff = now - self._ttl
         with self._lock:
-            for key in [k for k, e in self._entries.items() if e.last_seen < cutoff]:
+            stale = [k for k, e in self._entries.items() if e.last_seen < cutoff]
+            for key in stale:
                 del self._entries[key]
-            self._queue = collections.deque(k for k in self._queue if k in self._entries)
+            if stale:
+                self.generation += 1
+                self._queue = collections.deque(k for k in self._queue if k in self._entries)
 
     def __len__(self) -> int:
         with self._lock:
@@ -192,6 +207,7 @@ class Verifier:
                     del self._entries[key]
                 else:
                     entry.status, entry.detail = outcome
+                self.generation += 1
 
     def _verify(
         self, path: Path, key: tuple[FileKey, str], bucket: TokenBucket

@@ -9,22 +9,23 @@ import errno
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from trainguard.collector import Collector, MetricSpec
 from trainguard.config import CheckpointSettings
 from trainguard.manifest import (
+    CheckpointDirectory,
     CheckpointPattern,
     Judged,
     Listing,
     ManifestError,
+    Record,
     RecordCache,
-    StepMemo,
     judge,
-    list_directory,
     touched_ns,
 )
 from trainguard.targets import PRIMARY, CheckpointTarget
@@ -95,6 +96,7 @@ AVAIL = _spec(
     "filesystem_avail_bytes", "Space available to unprivileged users on the location's filesystem."
 )
 
+_FOREVER = 2**63 - 1
 Targets = Callable[[], Iterable[CheckpointTarget]]
 Families = GaugeMetricFamily | CounterMetricFamily
 
@@ -109,10 +111,47 @@ def _reason(exc: BaseException, path: Path) -> str:
     return str(exc)
 
 
+#: (name, inode, size, mtime, ctime) of each checkpoint file of a listing, in listing order
+Signature = tuple[tuple[str, int, int, int, int], ...]
+Row = tuple[str, list[str], float]  # (family name, labels, value)
+
+#: a location's verdict is recomputed from scratch at least this often (in seconds of our own
+#: clock) even when nothing it depends on changed, which also keeps the verifier's memory of
+#: its files fresh (its ttl is far longer)
+VERDICT_MAX_AGE = 60.0
+
+
+def _signature(listing: Listing) -> Signature:
+    return tuple(
+        (e.name, e.stat.st_ino, e.stat.st_size, e.stat.st_mtime_ns, e.stat.st_ctime_ns)
+        for e in listing.files
+    )
+
+
+class _Verdict(NamedTuple):
+    """A location's judged series and everything they were judged from: while none of it has
+    changed, the next scrape publishes the same rows instead of judging every file again."""
+
+    signature: Signature
+    records: Mapping[str, Record]
+    primary: tuple[Signature, Mapping[str, Record]] | None
+    trust_unrecorded: bool
+    grace_ns: int
+    verifier_generation: int
+    valid_until_ns: int  # the first time a file of the location (or its primary) settles
+    made_at: float  # our monotonic clock
+    rows: list[Row]
+    errors: list[str]
+    unknown_mtime: int
+
+
 class CheckpointsCollector(Collector):
     """Reads each location's directory (one listing, an lstat of matching names only) and its
-    manifest (re-parsing only records that changed) at every scrape; hashes are checked by a
-    background :class:`~trainguard.verifier.Verifier`, never inside a scrape."""
+    manifest (re-read only when the manifest directory changed) at every scrape. A location
+    whose files, records, primary and verifier answers are exactly as at the last scrape, and
+    in which no file has settled since, publishes the same verdict without judging every file
+    again. Hashes are checked by a background :class:`~trainguard.verifier.Verifier`, never
+    inside a scrape."""
 
     name = "checkpoints"
     metrics = (
@@ -141,15 +180,21 @@ class CheckpointsCollector(Collector):
         *,
         verifier: Verifier | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._targets = targets
         self._settings = settings
-        self._verifier = verifier or Verifier(settings.verify_bytes_per_second)
+        # not `verifier or ...`: a Verifier that knows no file yet has len() 0
+        self._verifier = (
+            verifier if verifier is not None else Verifier(settings.verify_bytes_per_second)
+        )
         self._clock_ns = clock_ns
+        self._monotonic = monotonic
         self._lock = threading.Lock()
         self._records: dict[Path, RecordCache] = {}
         self._patterns: dict[str, CheckpointPattern] = {}  # compiled once per pattern
-        self._steps: dict[tuple[Path, str], StepMemo] = {}  # names already parsed, per location
+        self._directories: dict[tuple[Path, str], CheckpointDirectory] = {}
+        self._verdicts: dict[tuple[str, str, Path, str], _Verdict] = {}
 
     def gather(self, errors: list[str]) -> Iterable[Metric]:
         with self._lock:
@@ -164,7 +209,8 @@ class CheckpointsCollector(Collector):
             unique.setdefault((t.run, t.location), t)
         # primaries first: a mirror without records is judged against its primary
         ordered = sorted(unique.values(), key=lambda t: (t.location != PRIMARY, t.run, t.location))
-        primaries: dict[str, Listing] = {}
+        primaries: dict[str, tuple[Listing, Signature, int]] = {}
+        verdicts: dict[tuple[str, str, Path, str], _Verdict] = {}
         for t in ordered:
             labels = [t.run, t.location]
             if t.refused is not None:
@@ -184,26 +230,33 @@ class CheckpointsCollector(Collector):
                 )
                 families[LOCATION_UP.name].add_metric(labels, 0)
                 continue
-            if t.location == PRIMARY:
-                primaries[t.run] = listing
+            signature = _signature(listing)
             primary = None if t.location == PRIMARY else primaries.get(t.run)
-            judged = judge(
-                listing,
-                now_ns=now_ns,
-                grace_ns=grace_ns,
-                primary=primary,
-                trust_unrecorded=t.trust_unrecorded,
-            )
+            at = (t.run, t.location, t.path, t.pattern)
+            verdict = self._verdicts.get(at)
+            if verdict is None or not self._still_valid(
+                verdict, signature, listing, primary, t.trust_unrecorded, grace_ns, now_ns
+            ):
+                verdict = self._judge(
+                    labels, listing, signature, primary, t.trust_unrecorded, grace_ns, now_ns
+                )
+            verdicts[at] = verdict
+            if t.location == PRIMARY:
+                primaries[t.run] = (listing, signature, verdict.valid_until_ns)
             families[LOCATION_UP.name].add_metric(labels, 1)
             families[AVAIL.name].add_metric(labels, avail)
-            self._publish(families, labels, listing, judged, now_ns, errors)
+            for family, row_labels, value in verdict.rows:
+                families[family].add_metric(row_labels, value)
+            errors.extend(verdict.errors)
+            self._publish_partials(families, labels, listing, verdict.unknown_mtime, now_ns)
+        self._verdicts = verdicts
         self._verifier.sweep()
         for stale in set(self._records) - {t.path for t in ordered if t.refused is None}:
             del self._records[stale]
         for pattern in set(self._patterns) - {t.pattern for t in ordered}:
             del self._patterns[pattern]
-        for where in set(self._steps) - {(t.path, t.pattern) for t in ordered}:
-            del self._steps[where]
+        for where in set(self._directories) - {(t.path, t.pattern) for t in ordered}:
+            del self._directories[where]
         return families.values()
 
     def _read(self, t: CheckpointTarget) -> Listing:
@@ -212,23 +265,93 @@ class CheckpointsCollector(Collector):
             pattern = self._patterns[t.pattern] = CheckpointPattern(t.pattern)
         cache = self._records.get(t.path)
         if cache is None:
-            cache = self._records[t.path] = RecordCache(t.path)
-        memo = self._steps.get((t.path, t.pattern))
-        if memo is None:
-            memo = self._steps[(t.path, t.pattern)] = {}
-        return list_directory(t.path, pattern, cache.read(), memo)
+            cache = self._records[t.path] = RecordCache(t.path, clock=self._monotonic)
+        directory = self._directories.get((t.path, t.pattern))
+        if directory is None:
+            directory = CheckpointDirectory(t.path, pattern, clock=self._monotonic)
+            self._directories[(t.path, t.pattern)] = directory
+        return directory.list(cache.read())
 
-    def _publish(
+    def _still_valid(
         self,
-        families: dict[str, Families],
+        verdict: _Verdict,
+        signature: Signature,
+        listing: Listing,
+        primary: tuple[Listing, Signature, int] | None,
+        trust_unrecorded: bool,
+        grace_ns: int,
+        now_ns: int,
+    ) -> bool:
+        return (
+            now_ns < verdict.valid_until_ns
+            and verdict.verifier_generation == self._verifier.generation
+            and verdict.records is listing.records
+            and verdict.signature == signature
+            and verdict.trust_unrecorded == trust_unrecorded
+            and verdict.grace_ns == grace_ns
+            and (
+                verdict.primary is None
+                if primary is None
+                else verdict.primary is not None
+                and verdict.primary[1] is primary[0].records
+                and verdict.primary[0] == primary[1]
+            )
+            and self._monotonic() - verdict.made_at < VERDICT_MAX_AGE
+        )
+
+    def _judge(
+        self,
+        labels: list[str],
+        listing: Listing,
+        signature: Signature,
+        primary: tuple[Listing, Signature, int] | None,
+        trust_unrecorded: bool,
+        grace_ns: int,
+        now_ns: int,
+    ) -> _Verdict:
+        generation = self._verifier.generation  # before asking: a later answer invalidates
+        judged = judge(
+            listing,
+            now_ns=now_ns,
+            grace_ns=grace_ns,
+            primary=None if primary is None else primary[0],
+            trust_unrecorded=trust_unrecorded,
+        )
+        # the verdict holds until the first unsettled file (here or on the primary) settles
+        unsettled = [j.entry.stat.st_mtime_ns for j in judged if j.mtime_known and not j.settled]
+        valid_until = min(unsettled) + grace_ns if unsettled else _FOREVER
+        if primary is not None:
+            valid_until = min(valid_until, primary[2])
+        rows: list[Row] = []
+        errors: list[str] = []
+        unknown = self._rows(rows, labels, listing, judged, errors)
+        return _Verdict(
+            signature=signature,
+            records=listing.records,
+            primary=None if primary is None else (primary[1], primary[0].records),
+            trust_unrecorded=trust_unrecorded,
+            grace_ns=grace_ns,
+            verifier_generation=generation,
+            valid_until_ns=valid_until,
+            made_at=self._monotonic(),
+            rows=rows,
+            errors=errors,
+            unknown_mtime=unknown,
+        )
+
+    def _rows(
+        self,
+        rows: list[Row],
         labels: list[str],
         listing: Listing,
         judged: list[Judged],
-        now_ns: int,
         errors: list[str],
-    ) -> None:
+    ) -> int:
+        """The location's series that depend on its files, into ``rows``; returns the number
+        of files whose mtime is unknown."""
+
         def put(spec: MetricSpec, value: float) -> None:
-            families[spec.name].add_metric(labels, value)
+            rows.append((spec.name, labels, value))
 
         verifier = self._verifier
         # never hash a file that may still be being written: only settled files are asked about
@@ -272,22 +395,32 @@ class CheckpointsCollector(Collector):
             put(LAST_TIMESTAMP, newest.entry.stat.st_mtime_ns / 1e9)
         put(FILES, len(judged))
         put(BYTES, total)
-        self._publish_sizes(families, labels, judged)
+        self._size_rows(rows, labels, judged)
         put(TRUNCATED, truncated)
         put(OVERSIZED, oversized)
         put(HASH_MISMATCH, mismatched)
         put(HASH_PENDING, pending)
         put(UNRECORDED, unrecorded)
+        return unknown
+
+    def _publish_partials(
+        self,
+        families: dict[str, Families],
+        labels: list[str],
+        listing: Listing,
+        unknown_files: int,
+        now_ns: int,
+    ) -> None:
+        """The ``.part`` series: judged afresh at every scrape (there are few, and their age
+        moves with the clock)."""
         partial_touched = [touched_ns(p.stat) for p in listing.partials]
-        put(UNKNOWN_MTIME, unknown + partial_touched.count(None))
-        put(PARTIAL, len(listing.partials))
+        families[UNKNOWN_MTIME.name].add_metric(labels, unknown_files + partial_touched.count(None))
+        families[PARTIAL.name].add_metric(labels, len(listing.partials))
         known = [t for t in partial_touched if t is not None]
         if known:
-            put(PARTIAL_AGE, max(0.0, (now_ns - min(known)) / 1e9))
+            families[PARTIAL_AGE.name].add_metric(labels, max(0.0, (now_ns - min(known)) / 1e9))
 
-    def _publish_sizes(
-        self, families: dict[str, Families], labels: list[str], judged: list[Judged]
-    ) -> None:
+    def _size_rows(self, rows: list[Row], labels: list[str], judged: list[Judged]) -> None:
         """Per-step series for the newest N steps only, so a directory of thousands of
         checkpoints does not become thousands of series. Several files of one step add up."""
         by_step: dict[int, list[Judged]] = {}
@@ -297,9 +430,9 @@ class CheckpointsCollector(Collector):
         for step in newest:
             files = by_step[step]
             step_labels = [*labels, str(step)]
-            families[SIZE.name].add_metric(step_labels, sum(j.entry.stat.st_size for j in files))
+            rows.append((SIZE.name, step_labels, sum(j.entry.stat.st_size for j in files)))
             expected = [j.expected_size for j in files]
             if all(e is not None for e in expected):
-                families[EXPECTED_SIZE.name].add_metric(
-                    step_labels, sum(e for e in expected if e is not None)
+                rows.append(
+                    (EXPECTED_SIZE.name, step_labels, sum(e for e in expected if e is not None))
                 )
