@@ -4,6 +4,7 @@ validation at start, then serve until SIGTERM/SIGINT."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -164,6 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    # Everything alive now (modules, config, collectors) lives as long as the process: move it
+    # out of the cyclic garbage collector's sight, so that a full collection, which a scrape's
+    # allocations trigger every few dozen scrapes, walks the caches rather than every object
+    # of every imported module (~10 ms at the target load, the bulk of the p99 scrape latency).
+    gc.collect()
+    gc.freeze()
     host, port = server.server_address[:2]
     log.info(
         "trainguard-exporter %s listening on %s port %d (%s%s), metrics at %s, state dir %s",
