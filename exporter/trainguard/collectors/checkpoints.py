@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from trainguard.collector import Collector, MetricSpec
 from trainguard.config import CheckpointSettings
@@ -96,6 +97,20 @@ AVAIL = _spec(
     "filesystem_avail_bytes", "Space available to unprivileged users on the location's filesystem."
 )
 
+#: the series judged from a location's files (the rest are read afresh at every scrape)
+_JUDGED = (
+    LAST_STEP,
+    LAST_TIMESTAMP,
+    FILES,
+    BYTES,
+    SIZE,
+    EXPECTED_SIZE,
+    TRUNCATED,
+    OVERSIZED,
+    HASH_MISMATCH,
+    HASH_PENDING,
+    UNRECORDED,
+)
 _FOREVER = 2**63 - 1
 Targets = Callable[[], Iterable[CheckpointTarget]]
 Families = GaugeMetricFamily | CounterMetricFamily
@@ -113,7 +128,8 @@ def _reason(exc: BaseException, path: Path) -> str:
 
 #: (name, inode, size, mtime, ctime) of each checkpoint file of a listing, in listing order
 Signature = tuple[tuple[str, int, int, int, int], ...]
-Row = tuple[str, list[str], float]  # (family name, labels, value)
+#: a location's judged samples by family name, kept to be published again as they are
+Rows = dict[str, list[Sample]]
 
 #: a location's verdict is recomputed from scratch at least this often (in seconds of our own
 #: clock) even when nothing it depends on changed, which also keeps the verifier's memory of
@@ -130,7 +146,7 @@ def _signature(listing: Listing) -> Signature:
 
 class _Verdict(NamedTuple):
     """A location's judged series and everything they were judged from: while none of it has
-    changed, the next scrape publishes the same rows instead of judging every file again."""
+    changed, the next scrape publishes the same samples instead of judging every file again."""
 
     signature: Signature
     records: Mapping[str, Record]
@@ -140,7 +156,7 @@ class _Verdict(NamedTuple):
     verifier_generation: int
     valid_until_ns: int  # the first time a file of the location (or its primary) settles
     made_at: float  # our monotonic clock
-    rows: list[Row]
+    rows: Rows
     errors: list[str]
     unknown_mtime: int
 
@@ -245,8 +261,8 @@ class CheckpointsCollector(Collector):
                 primaries[t.run] = (listing, signature, verdict.valid_until_ns)
             families[LOCATION_UP.name].add_metric(labels, 1)
             families[AVAIL.name].add_metric(labels, avail)
-            for family, row_labels, value in verdict.rows:
-                families[family].add_metric(row_labels, value)
+            for family, samples in verdict.rows.items():
+                families[family].samples.extend(samples)
             errors.extend(verdict.errors)
             self._publish_partials(families, labels, listing, verdict.unknown_mtime, now_ns)
         self._verdicts = verdicts
@@ -322,9 +338,9 @@ class CheckpointsCollector(Collector):
         valid_until = min(unsettled) + grace_ns if unsettled else _FOREVER
         if primary is not None:
             valid_until = min(valid_until, primary[2])
-        rows: list[Row] = []
+        scratch = {spec.name: spec.family() for spec in _JUDGED}
         errors: list[str] = []
-        unknown = self._rows(rows, labels, listing, judged, errors)
+        unknown = self._rows(scratch, labels, listing, judged, errors)
         return _Verdict(
             signature=signature,
             records=listing.records,
@@ -334,14 +350,14 @@ class CheckpointsCollector(Collector):
             verifier_generation=generation,
             valid_until_ns=valid_until,
             made_at=self._monotonic(),
-            rows=rows,
+            rows={name: family.samples for name, family in scratch.items() if family.samples},
             errors=errors,
             unknown_mtime=unknown,
         )
 
     def _rows(
         self,
-        rows: list[Row],
+        rows: dict[str, Families],
         labels: list[str],
         listing: Listing,
         judged: list[Judged],
@@ -351,7 +367,7 @@ class CheckpointsCollector(Collector):
         of files whose mtime is unknown."""
 
         def put(spec: MetricSpec, value: float) -> None:
-            rows.append((spec.name, labels, value))
+            rows[spec.name].add_metric(labels, value)
 
         verifier = self._verifier
         # never hash a file that may still be being written: only settled files are asked about
@@ -420,7 +436,9 @@ class CheckpointsCollector(Collector):
         if known:
             families[PARTIAL_AGE.name].add_metric(labels, max(0.0, (now_ns - min(known)) / 1e9))
 
-    def _size_rows(self, rows: list[Row], labels: list[str], judged: list[Judged]) -> None:
+    def _size_rows(
+        self, rows: dict[str, Families], labels: list[str], judged: list[Judged]
+    ) -> None:
         """Per-step series for the newest N steps only, so a directory of thousands of
         checkpoints does not become thousands of series. Several files of one step add up."""
         by_step: dict[int, list[Judged]] = {}
@@ -430,9 +448,9 @@ class CheckpointsCollector(Collector):
         for step in newest:
             files = by_step[step]
             step_labels = [*labels, str(step)]
-            rows.append((SIZE.name, step_labels, sum(j.entry.stat.st_size for j in files)))
+            rows[SIZE.name].add_metric(step_labels, sum(j.entry.stat.st_size for j in files))
             expected = [j.expected_size for j in files]
             if all(e is not None for e in expected):
-                rows.append(
-                    (EXPECTED_SIZE.name, step_labels, sum(e for e in expected if e is not None))
+                rows[EXPECTED_SIZE.name].add_metric(
+                    step_labels, sum(e for e in expected if e is not None)
                 )
