@@ -2,8 +2,9 @@
 runs, checkpoint files), at the combined target point, and side by side with nvitop-exporter
 on the same test NVML state, inside a network namespace that has only loopback.
 
-    python bench/bench_scrape.py [--quick] [--rounds 3] [--scrapes 200]
+    python bench/bench_scrape.py [--quick | --target-only] [--rounds 3] [--scrapes 200]
                                  [--nvitop-python PATH] [--profile] [--json OUT]
+                                 [--baseline REV]
 
 Re-executes itself under ``unshare -n`` (needs root or user namespaces) so that nothing,
 nvitop-exporter's start-up address probe included, can leave 127.0.0.1. nvitop-exporter lives
@@ -64,7 +65,12 @@ from trainguard.heartbeat import (  # noqa: E402
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.manifest import MANIFEST_DIR, Record, record_path  # noqa: E402
+from trainguard.manifest import (  # noqa: E402
+    MANIFEST_DIR,
+    SETTLE_SECONDS,
+    Record,
+    record_path,
+)
 
 GIB = 1 << 30
 LIVE_POOL = 128  # sleep processes: the pids GPU processes and live runs carry
@@ -249,7 +255,10 @@ _PENDING = re.compile(rb"^trainguard_checkpoint_hash_pending_files\{[^}]*\} (\S+
 
 def settle(url: str, timeout: float = 60) -> None:
     """Scrape until every collector succeeds and the verifier has hashed every file (its
-    background work must not be counted as scrape cost)."""
+    background work must not be counted as scrape cost), then wait until the checkpoint
+    directories' stats have settled (``SETTLE_SECONDS``), as on an exporter that has been
+    running for a while: in the first seconds after a directory changes it is listed in full
+    at every scrape (that cost is measured separately, see RESULTS.md)."""
     deadline = time.monotonic() + timeout
     body = b""
     while time.monotonic() < deadline:
@@ -257,7 +266,8 @@ def settle(url: str, timeout: float = 60) -> None:
         ok = all(float(v) == 1 for _, v in _SUCCESS.findall(body))
         pending = sum(float(v) for v in _PENDING.findall(body))
         if ok and pending == 0:
-            time.sleep(0.2)
+            time.sleep(SETTLE_SECONDS + 0.5)
+            get(url)  # the read that confirms the settled stats
             return
         time.sleep(0.2)
     raise RuntimeError(f"exporter never settled; last scrape:\n{body.decode()[-3000:]}")
@@ -425,6 +435,72 @@ def median_of(rounds: list[dict[str, float]]) -> dict[str, float]:
     return {k: statistics.median(r[k] for r in rounds if k in r) for k in keys}
 
 
+def export_baseline(rev: str, dest: Path) -> Path:
+    """This repository's exporter package as of ``rev`` (``git archive``), for a side-by-side
+    before/after in one run; returns the directory to put on PYTHONPATH."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, "exporter"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "exporter"
+
+
+def with_source(env: dict[str, str], src: Path) -> dict[str, str]:
+    return {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(src), *env["PYTHONPATH"].split(os.pathsep)[1:]]),
+    }
+
+
+def bench_before_after(
+    args: argparse.Namespace, envs: dict[Config, dict[str, str]], baseline: Path
+) -> dict[Config, dict[str, dict[str, float]]]:
+    """This checkout ("after") and the baseline revision ("before") on the same fixtures,
+    alternating which goes first, configurations shuffled each round."""
+    results: dict[Config, dict[str, list[dict[str, float]]]] = {
+        c: {"before": [], "after": []} for c in envs
+    }
+    rng = random.Random(11)
+    for rnd in range(args.rounds):
+        order = list(envs)
+        rng.shuffle(order)
+        for cfg in order:
+            pair = [("after", envs[cfg]), ("before", with_source(envs[cfg], baseline))]
+            if rng.random() < 0.5:
+                pair.reverse()
+            for who, env in pair:
+                with ours(env) as exp:
+                    settle(exp.url)
+                    r = measure_http(exp.url, exp.proc.pid, args.scrapes)
+                    r["load1"] = os.getloadavg()[0]
+                results[cfg][who].append(r)
+                rounded = {k: round(v, 2) for k, v in r.items()}
+                print(f"round {rnd + 1} {cfg.key} {who}: {json.dumps(rounded)}", flush=True)
+    return {c: {w: median_of(rs) for w, rs in d.items()} for c, d in results.items()}
+
+
+def before_after_table(res: dict[Config, dict[str, dict[str, float]]]) -> str:
+    lines = [
+        "| config (GPUs/procs/runs/ckpts) | p50 ms before → after | p99 ms before → after | "
+        "CPU ms/scrape before → after | checkpoints ms before → after | RSS MB before → after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in sorted(res, key=lambda c: c.key):
+        b, a = res[c]["before"], res[c]["after"]
+        gain = b["cpu_ms_per_scrape"] / a["cpu_ms_per_scrape"]
+        lines.append(
+            f"| {c.gpus}/{c.procs}/{c.runs}/{c.ckpts} | {fmt(b['p50_ms'])} → {fmt(a['p50_ms'])} | "
+            f"{fmt(b['p99_ms'])} → {fmt(a['p99_ms'])} | {fmt(b['cpu_ms_per_scrape'])} → "
+            f"{fmt(a['cpu_ms_per_scrape'])} ({gain:.1f}x) | "
+            f"{fmt(b.get('checkpoints_ms', 0))} → {fmt(a.get('checkpoints_ms', 0))} | "
+            f"{b['rss_mb']:.0f} → {a['rss_mb']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def bench_ours(
     args: argparse.Namespace, envs: dict[Config, dict[str, str]]
 ) -> dict[Config, dict[str, float]]:
@@ -572,6 +648,13 @@ def main() -> None:
     p.add_argument("--scrapes", type=int, default=200, help="timed scrapes per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     p.add_argument("--quick", action="store_true", help="fewer configurations, 1 round")
+    p.add_argument("--target-only", action="store_true", help="only the combined target point")
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="instead of the grid, this checkout against the exporter at git revision REV, "
+        "side by side (the same configurations)",
+    )
     p.add_argument("--profile", action="store_true", help="also profile the target point")
     p.add_argument("--only", choices=["ours", "nvitop", "profile"], help="run one part")
     p.add_argument("--json", type=Path, help="write the medians here")
@@ -595,12 +678,19 @@ def main() -> None:
                 f"# {cpu}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}, "
                 f"load {os.getloadavg()}, {args.rounds} rounds x {args.scrapes} scrapes"
             )
-            envs = {c: build_fixture(tmp / c.key, c, live_pids, dead) for c in configs(args.quick)}
             target = Config(**TARGET)
-            if args.only in (None, "ours"):
+            wanted = [target] if args.target_only else configs(args.quick)
+            envs = {c: build_fixture(tmp / c.key, c, live_pids, dead) for c in wanted}
+            if args.baseline:
+                src = export_baseline(args.baseline, tmp / "baseline")
+                ba = bench_before_after(args, envs, src)
+                print(f"\n### before ({args.baseline}) / after (this checkout)\n")
+                print(before_after_table(ba))
+                report["before_after"] = {c.key: r for c, r in ba.items()}
+            elif args.only in (None, "ours"):
                 res = bench_ours(args, envs)
                 idle = bench_idle(envs[target], 10.0)
-                for dim in GRID:
+                for dim in [] if args.target_only else GRID:
                     print(f"\n### {DIM_TITLE[dim]}\n")
                     print(dimension_table(dim, res))
                 t = res[target]
