@@ -380,6 +380,50 @@ for _ in range(n):
 print(json.dumps({{"collect_ms": 1000 * (time.perf_counter() - t) / n}}))
 """
 
+COLD = """
+import gc, json, os, time
+from pathlib import Path
+from prometheus_client import generate_latest
+from trainguard import manifest
+from trainguard.cli import build_collectors, build_registry
+from trainguard.collectors.checkpoints import CheckpointsCollector
+from trainguard.config import load_config
+config = load_config(os.environ["BENCH_CONFIG"])
+collectors = build_collectors(config, Path(os.environ["BENCH_STATE_DIR"]))
+registry = build_registry(collectors)
+(checkpoints,) = [c for c in collectors if isinstance(c, CheckpointsCollector)]
+gc.collect()
+gc.freeze()
+for _ in range(5):
+    generate_latest(registry)
+time.sleep(manifest.SETTLE_SECONDS + 1)  # hashes done, directory stats settled
+generate_latest(registry)
+n = {n}
+
+def per_scrape(before=lambda: None):
+    t = time.perf_counter()
+    for _ in range(n):
+        before()
+        generate_latest(registry)
+    return round(1000 * (time.perf_counter() - t) / n, 2)
+
+out = {{"steady_ms": per_scrape()}}
+# every directory changed since the last scrape: listed in full (what the first seconds after
+# a checkpoint is written cost, for the one location written to)
+def dirs_changed():
+    for cache in [*checkpoints._records.values(), *checkpoints._directories.values()]:
+        cache._watch.forget()
+
+out["dirs_changed_ms"] = per_scrape(dirs_changed)
+# and every file changed too: every location judged file by file (the cost before the caches)
+def all_changed():
+    dirs_changed()
+    checkpoints._verdicts.clear()
+
+out["all_changed_ms"] = per_scrape(all_changed)
+print(json.dumps(out))
+"""
+
 PROFILE = """
 import os, time
 from pathlib import Path
@@ -656,6 +700,11 @@ def main() -> None:
         "side by side (the same configurations)",
     )
     p.add_argument("--profile", action="store_true", help="also profile the target point")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time the target point in-process with every directory (and file) changed",
+    )
     p.add_argument("--only", choices=["ours", "nvitop", "profile"], help="run one part")
     p.add_argument("--json", type=Path, help="write the medians here")
     p.add_argument("--no-isolation", action="store_true", help="(for debugging only)")
@@ -712,6 +761,12 @@ def main() -> None:
                 print("\n### nvitop-exporter, GPU part\n")
                 print(nvitop_table(nres))
                 report["nvitop"] = {c.key: r for c, r in nres.items()}
+            if args.cold:
+                cold = json.loads(
+                    in_process(sys.executable, COLD.format(n=100), envs[target]).splitlines()[-1]
+                )
+                print(f"\ntarget point in-process, ms per scrape: {json.dumps(cold)}")
+                report["cold"] = cold
             if args.profile or args.only == "profile":
                 print(in_process(sys.executable, PROFILE.format(n=100), envs[target]))
             if args.json:
