@@ -1,7 +1,7 @@
 """The state dir is written by others: the exporter does not follow links out of it, bounds
 what it reads, keeps command lines, environment and file contents out of the exposition, and
-does not watch a checkpoint directory a heartbeat announces unless the heartbeat's owner owns
-it (locations in the config file are always watched)."""
+does not watch a checkpoint directory or log file a heartbeat announces unless the heartbeat's
+owner owns it (those in the config file are always watched)."""
 
 from __future__ import annotations
 
@@ -171,3 +171,46 @@ def test_announced_checkpoint_dirs_must_belong_to_the_heartbeat_owner(tmp_path: 
     assert len(lines) == 1, log
     assert f"run 'user-foreign', location 'm' at {foreign_dir}" in lines[0]
     assert f"heartbeat owned by uid {OTHER}, but the directory is owned by uid 0" in lines[0]
+
+
+@needs_root
+def test_announced_log_files_must_belong_to_the_heartbeat_owner(tmp_path: Path) -> None:
+    """Else anyone who can write the state dir reads the mtime of any file the exporter can
+    stat (here one in a directory only root may enter) off a metric."""
+    state = tmp_path / "state"
+    state.mkdir()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    secret = private / "secret.log"
+    secret.write_text("root's\n")
+    own_log = tmp_path / "own.log"
+    own_log.write_text("user's\n")
+    os.chown(own_log, OTHER, OTHER)
+    link = tmp_path / "link.log"  # the user's own link to root's file: the target is judged
+    link.symlink_to(secret)
+    os.lchown(link, OTHER, OTHER)
+
+    def announce(run: str, owner: int, log_file: Path) -> None:
+        path = put(state, own_heartbeat(run, log_file=str(log_file)))
+        os.chown(path, owner, owner)
+
+    announce("user-own", OTHER, own_log)
+    announce("user-secret", OTHER, secret)
+    announce("user-link", OTHER, link)
+    announce("by-root", 0, secret)
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+        log = exp.stop()
+
+    def modified(run: str) -> float | None:
+        return value(s, "trainguard_run_log_modified_timestamp_seconds", run=run)
+
+    assert modified("user-own") == pytest.approx(own_log.stat().st_mtime)
+    assert modified("user-secret") is None and modified("user-link") is None
+    assert modified("by-root") == pytest.approx(secret.stat().st_mtime)
+    assert value(s, "trainguard_collector_success", collector="runs") == 0
+    lines = [ln for ln in log.splitlines() if "not watched" in ln]
+    assert len(lines) == 2, log
+    for run, path in (("user-link", link), ("user-secret", secret)):
+        (line,) = [ln for ln in lines if f"run {run!r}: log file {path}: not watched" in ln]
+        assert f"heartbeat owned by uid {OTHER}, but the file is owned by uid 0" in line

@@ -54,6 +54,9 @@ class LogFile:
     run: str
     path: Path
     report_errors: bool  # configured, or the run is alive: a missing log is news
+    #: uid that owns the heartbeat that announced it (it must own the file too, see
+    #: :func:`announced_file_problem`); None for a log file from the config file
+    owner: int | None = None
 
 
 @dataclass(frozen=True)
@@ -298,19 +301,15 @@ class RunTable:
         for row in rows:
             by_run.setdefault(row.run, []).append(row)
         for run, run_rows in by_run.items():
-            path: str | Path | None = configured.get(run)
-            if path is None:
-                path = next(
-                    (
-                        r.heartbeat.log_file
-                        for r in run_rows
-                        if r.heartbeat and r.heartbeat.log_file
-                    ),
-                    None,
-                )
+            alive = any(r.up for r in run_rows)
+            path = configured.get(run)
             if path is not None:
-                alive = any(r.up for r in run_rows)
-                yield LogFile(run, Path(path), run in configured or alive)
+                yield LogFile(run, Path(path), True)
+                continue
+            for r in run_rows:
+                if r.heartbeat is not None and r.heartbeat.log_file:
+                    yield LogFile(run, Path(r.heartbeat.log_file), alive, r.owner)
+                    break
 
 
 def announced_dir_problem(path: Path, owner: int | None) -> str | None:
@@ -331,6 +330,18 @@ def announced_dir_problem(path: Path, owner: int | None) -> str | None:
     return (
         f"not watched: announced in a heartbeat owned by uid {owner}, but the directory is "
         f"owned by uid {dir_owner}; declare the location in the config file to watch it"
+    )
+
+
+def announced_file_problem(st: os.stat_result, owner: int | None) -> str | None:
+    """The same rule as :func:`announced_dir_problem` for a file (a run's log) announced in a
+    heartbeat, given the file's stat: without it, anyone who can write the state directory
+    could read the modification time of any file the exporter can stat off a metric."""
+    if owner is None or owner == 0 or not hasattr(os, "getuid") or st.st_uid == owner:
+        return None
+    return (
+        f"not watched: announced in a heartbeat owned by uid {owner}, but the file is owned by "
+        f"uid {st.st_uid}; declare the run's log_file in the config file to watch it"
     )
 
 

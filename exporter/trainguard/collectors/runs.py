@@ -13,7 +13,7 @@ from prometheus_client.core import Metric
 
 from trainguard.collector import Collector, MetricSpec
 from trainguard.heartbeat import Death, Heartbeat
-from trainguard.runtable import RunRow, RunTable, RunView
+from trainguard.runtable import RunRow, RunTable, RunView, announced_file_problem
 
 RR = ("run", "rank")
 RUN_INFO = MetricSpec(
@@ -241,7 +241,7 @@ class RunsCollector(Collector):
     def _logs(self, fam: dict[str, Any], view: RunView, errors: list[str]) -> None:
         for log in view.log_files:
             try:
-                mtime_ns = os.stat(log.path).st_mtime_ns
+                st = os.stat(log.path)
             except OSError as exc:
                 if log.report_errors:
                     errors.append(
@@ -249,6 +249,11 @@ class RunsCollector(Collector):
                         f"{exc.strerror or exc}; its age is unknown"
                     )
                 continue
+            refused = announced_file_problem(st, log.owner)
+            if refused is not None:
+                errors.append(f"run {log.run!r}: log file {log.path}: {refused}")
+                continue
+            mtime_ns = st.st_mtime_ns
             if mtime_ns <= 0:
                 # seen on NFS: an mtime of 0 is "unknown", never "very old"
                 if log.report_errors:
