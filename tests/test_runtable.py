@@ -60,11 +60,12 @@ def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None
         "t",
     )
     targets = RunTable(config, state).checkpoint_targets()
+    me = os.geteuid()  # owns the heartbeat files: an announced location must be this uid's
     assert targets == [
         CheckpointTarget("both", "primary", Path("/cfg/ckpt"), "ck_{step}"),
         CheckpointTarget("cfg-only", "usb", Path("/cfg/usb")),
-        CheckpointTarget("both", "nas", Path("/hb/nas")),
-        CheckpointTarget("hb-only", "primary", Path("/hb/only")),
+        CheckpointTarget("both", "nas", Path("/hb/nas"), owner=me),
+        CheckpointTarget("hb-only", "primary", Path("/hb/only"), owner=me),
     ]
 
 

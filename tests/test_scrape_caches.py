@@ -152,9 +152,10 @@ def test_checkpoint_directory_stats_known_names_without_listing(
         (tmp_path / f"step_{step}.pt").write_bytes(b"x" * 100)
     (tmp_path / "step_3.pt.part").write_bytes(b"y")
     d = CheckpointDirectory(tmp_path, CheckpointPattern(), clock=clock)
-    d.list({})
+    recs = RecordCache(tmp_path, clock=clock)
+    d.read(recs)
     clock.now += SETTLE_SECONDS
-    d.list({})  # confirms the directory's stat
+    d.read(recs)  # confirms the directory's stat
     listings: list[object] = []
     real = os.scandir
 
@@ -165,24 +166,24 @@ def test_checkpoint_directory_stats_known_names_without_listing(
     monkeypatch.setattr(os, "scandir", scandir)
     # a checkpoint cut in place changes no directory stat: seen through its own stat
     os.truncate(tmp_path / "step_2.pt", 40)
-    listing = d.list({})
+    listing = d.read(recs)
     assert listings == []
     assert {e.name: e.stat.st_size for e in listing.files} == {"step_1.pt": 100, "step_2.pt": 40}
     assert [e.name for e in listing.partials] == ["step_3.pt.part"]
     # a new file changes the directory: listed in full
     time.sleep(TICK)
     (tmp_path / "step_4.pt").write_bytes(b"z")
-    assert sorted(e.name for e in d.list({}).files) == ["step_1.pt", "step_2.pt", "step_4.pt"]
+    assert sorted(e.name for e in d.read(recs).files) == ["step_1.pt", "step_2.pt", "step_4.pt"]
     assert len(listings) == 1
     # a known name swapped for a link is refused, whichever way it is found
     clock.now += SETTLE_SECONDS
-    d.list({})
+    d.read(recs)
     assert len(listings) == 2
     time.sleep(TICK)
     os.unlink(tmp_path / "step_1.pt")
     os.symlink("/etc/hostname", tmp_path / "step_1.pt")
     with pytest.raises(manifest.ManifestError, match="symbolic link"):
-        d.list({})
+        d.read(recs)
 
 
 def test_a_mirror_is_judged_again_when_its_primary_settles(
@@ -217,6 +218,30 @@ def test_a_mirror_is_judged_again_when_its_primary_settles(
     now[0] += (GRACE + 1) * 10**9
     s, _ = samples_of(collector)
     assert backup(s, "unrecorded_files") == 0 and backup(s, "last_step") == 1
+
+
+def test_the_directory_checked_is_the_directory_read(tmp_path: Path) -> None:
+    """The owner check sees the stat of the open directory, and records and checkpoints are
+    read through that same descriptor: swapping the path right after the check (for a link to,
+    or a directory of, someone else's checkpoints) changes nothing that scrape."""
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for d, size in ((mine, 10), (theirs, 99)):
+        d.mkdir()
+        save(b"x" * size, d / "step_1.pt")
+    location = tmp_path / "loc"
+    os.rename(mine, location)
+    checked: list[int] = []
+
+    def check_then_swap(st: os.stat_result) -> None:
+        checked.append(st.st_ino)
+        os.rename(location, tmp_path / "moved")
+        os.symlink(theirs, location)
+
+    d = CheckpointDirectory(location, CheckpointPattern())
+    listing = d.read(RecordCache(location), check_then_swap)
+    assert checked == [os.stat(tmp_path / "moved").st_ino]
+    assert [(e.name, e.stat.st_size) for e in listing.files] == [("step_1.pt", 10)]
+    assert listing.records["step_1.pt"].size == 10
 
 
 # -- the cached collector answers exactly what an uncached one does ----------------------------

@@ -396,14 +396,21 @@ class RecordCache:
         self._records: Mapping[str, Record] = {}
         self._watch = DirectoryWatch(clock)
 
-    def read(self) -> Mapping[str, Record]:
-        """All records of the directory; ManifestError or OSError when any is unreadable, or
-        when the directory itself is missing or not a directory."""
-        if not stat.S_ISDIR(os.stat(self.directory).st_mode):
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.directory))
+    def read(self, dir_fd: int | None = None) -> Mapping[str, Record]:
+        """All records of the directory (``dir_fd``: already opened, so that the records read
+        are those of the directory the caller checked); ManifestError or OSError when any is
+        unreadable, or when the directory itself is missing or not a directory."""
         mdir = self.directory / MANIFEST_DIR
+        flags = os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC
         try:
-            dfd = os.open(mdir, os.O_RDONLY | _O_DIRECTORY | _O_NOFOLLOW | _O_CLOEXEC)
+            if dir_fd is None:
+                if not stat.S_ISDIR(os.stat(self.directory).st_mode):
+                    raise NotADirectoryError(
+                        errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(self.directory)
+                    )
+                dfd = os.open(mdir, flags)
+            else:
+                dfd = os.open(MANIFEST_DIR, flags, dir_fd=dir_fd)
         except FileNotFoundError:
             self._cache.clear()
             self._watch.forget()
@@ -579,17 +586,29 @@ class CheckpointDirectory:
         self._steps: StepMemo = {}
         self._watch = DirectoryWatch(clock)
 
-    def list(self, records: Mapping[str, Record]) -> Listing:
-        if not _DIR_FD:
-            return list_directory(self.directory, self.pattern, records, self._steps)
+    def read(
+        self, records: RecordCache, check: Callable[[os.stat_result], None] | None = None
+    ) -> Listing:
+        """The records (from ``records``, the cache of this directory) and checkpoints, all
+        read through one open descriptor of the directory after ``check`` has seen its stat
+        (and not raised): a directory swapped for another after the check is not read."""
+        if not _DIR_FD:  # no openat (Windows): by path
+            st = os.stat(self.directory)
+            if check is not None:
+                check(st)
+            return list_directory(self.directory, self.pattern, records.read(), self._steps)
         fd = os.open(self.directory, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
         try:
-            if self._watch.unchanged(os.fstat(fd)):
-                listing = self._restat(fd, records)
+            st = os.fstat(fd)
+            if check is not None:
+                check(st)
+            recs = records.read(dir_fd=fd)
+            if self._watch.unchanged(st):
+                listing = self._restat(fd, recs)
                 if listing is not None:
                     return listing
                 self._watch.forget()
-            listing = list_directory(self.directory, self.pattern, records, self._steps, dir_fd=fd)
+            listing = list_directory(self.directory, self.pattern, recs, self._steps, dir_fd=fd)
             self._watch.read_done()
             return listing
         finally:

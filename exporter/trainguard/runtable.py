@@ -55,7 +55,7 @@ class LogFile:
     path: Path
     report_errors: bool  # configured, or the run is alive: a missing log is news
     #: uid that owns the heartbeat that announced it (it must own the file too, see
-    #: :func:`announced_file_problem`); None for a log file from the config file
+    #: :func:`~trainguard.targets.ownership_problem`); None for a log file from the config file
     owner: int | None = None
 
 
@@ -107,8 +107,7 @@ class RunTable:
             places = [(PRIMARY, hb.checkpoint_dir)] if hb.checkpoint_dir else []
             places += sorted(hb.mirrors.items())
             for location, path in places:
-                refused = announced_dir_problem(Path(path), row.owner)
-                announced.append(CheckpointTarget(row.run, location, Path(path), refused=refused))
+                announced.append(CheckpointTarget(row.run, location, Path(path), owner=row.owner))
         return merge_targets(config_targets(self.config), announced)
 
     # -- the table ------------------------------------------------------------------------
@@ -310,39 +309,6 @@ class RunTable:
                 if r.heartbeat is not None and r.heartbeat.log_file:
                     yield LogFile(run, Path(r.heartbeat.log_file), alive, r.owner)
                     break
-
-
-def announced_dir_problem(path: Path, owner: int | None) -> str | None:
-    """Why a checkpoint directory announced in a heartbeat owned by uid ``owner`` is not
-    watched, or None when it is. Whoever can write the state directory can announce any path,
-    and the exporter (often root) would then list it, stat its files and hash them: a
-    directory is watched only when the heartbeat's owner owns it too, or the heartbeat is
-    root's. Locations in the config file are always watched. A path that cannot be stat'ed is
-    passed on, for the collector to report why it cannot be read."""
-    if owner is None or owner == 0 or not hasattr(os, "getuid"):
-        return None  # not from a heartbeat, written by root, or no uids (Windows)
-    try:
-        dir_owner = os.stat(path).st_uid
-    except OSError:
-        return None
-    if dir_owner == owner:
-        return None
-    return (
-        f"not watched: announced in a heartbeat owned by uid {owner}, but the directory is "
-        f"owned by uid {dir_owner}; declare the location in the config file to watch it"
-    )
-
-
-def announced_file_problem(st: os.stat_result, owner: int | None) -> str | None:
-    """The same rule as :func:`announced_dir_problem` for a file (a run's log) announced in a
-    heartbeat, given the file's stat: without it, anyone who can write the state directory
-    could read the modification time of any file the exporter can stat off a metric."""
-    if owner is None or owner == 0 or not hasattr(os, "getuid") or st.st_uid == owner:
-        return None
-    return (
-        f"not watched: announced in a heartbeat owned by uid {owner}, but the file is owned by "
-        f"uid {st.st_uid}; declare the run's log_file in the config file to watch it"
-    )
 
 
 def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:

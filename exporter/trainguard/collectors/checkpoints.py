@@ -6,6 +6,7 @@ orphaned ``.part`` files and free space. One location that cannot be read fails 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 import threading
 import time
@@ -29,7 +30,7 @@ from trainguard.manifest import (
     judge,
     touched_ns,
 )
-from trainguard.targets import PRIMARY, CheckpointTarget
+from trainguard.targets import PRIMARY, CheckpointTarget, ownership_problem
 from trainguard.verifier import Verifier
 
 _LOC = ("run", "location")
@@ -114,6 +115,10 @@ _JUDGED = (
 _FOREVER = 2**63 - 1
 Targets = Callable[[], Iterable[CheckpointTarget]]
 Families = GaugeMetricFamily | CounterMetricFamily
+
+
+class NotWatched(Exception):
+    """A location announced in a heartbeat whose owner does not own the directory."""
 
 
 def _reason(exc: BaseException, path: Path) -> str:
@@ -229,17 +234,10 @@ class CheckpointsCollector(Collector):
         verdicts: dict[tuple[str, str, Path, str], _Verdict] = {}
         for t in ordered:
             labels = [t.run, t.location]
-            if t.refused is not None:
-                errors.append(
-                    f"checkpoints of run {t.run!r}, location {t.location!r} at {t.path}: "
-                    f"{t.refused}"
-                )
-                families[LOCATION_UP.name].add_metric(labels, 0)
-                continue
             try:
                 listing = self._read(t)
                 avail = shutil.disk_usage(t.path).free
-            except (OSError, ManifestError, ValueError) as exc:
+            except (OSError, ManifestError, ValueError, NotWatched) as exc:
                 errors.append(
                     f"checkpoints of run {t.run!r}, location {t.location!r} at {t.path}: "
                     f"{_reason(exc, t.path)}"
@@ -267,7 +265,7 @@ class CheckpointsCollector(Collector):
             self._publish_partials(families, labels, listing, verdict.unknown_mtime, now_ns)
         self._verdicts = verdicts
         self._verifier.sweep()
-        for stale in set(self._records) - {t.path for t in ordered if t.refused is None}:
+        for stale in set(self._records) - {t.path for t in ordered}:
             del self._records[stale]
         for pattern in set(self._patterns) - {t.pattern for t in ordered}:
             del self._patterns[pattern]
@@ -286,7 +284,13 @@ class CheckpointsCollector(Collector):
         if directory is None:
             directory = CheckpointDirectory(t.path, pattern, clock=self._monotonic)
             self._directories[(t.path, t.pattern)] = directory
-        return directory.list(cache.read())
+
+        def check(st: os.stat_result) -> None:
+            problem = ownership_problem(st, t.owner, "directory")
+            if problem is not None:
+                raise NotWatched(problem)
+
+        return directory.read(cache, check)
 
     def _still_valid(
         self,

@@ -13,7 +13,8 @@ from prometheus_client.core import Metric
 
 from trainguard.collector import Collector, MetricSpec
 from trainguard.heartbeat import Death, Heartbeat
-from trainguard.runtable import RunRow, RunTable, RunView, announced_file_problem
+from trainguard.runtable import RunRow, RunTable, RunView
+from trainguard.targets import ownership_problem
 
 RR = ("run", "rank")
 RUN_INFO = MetricSpec(
@@ -249,7 +250,7 @@ class RunsCollector(Collector):
                         f"{exc.strerror or exc}; its age is unknown"
                     )
                 continue
-            refused = announced_file_problem(st, log.owner)
+            refused = ownership_problem(st, log.owner, "file")
             if refused is not None:
                 errors.append(f"run {log.run!r}: log file {log.path}: {refused}")
                 continue
