@@ -1,3 +1,4 @@
+import gzip
 import subprocess
 import sys
 import urllib.error
@@ -82,3 +83,34 @@ def test_bad_listen_address(tmp_path) -> None:
     r = run_cli("--web.listen-address=nonsense", f"--state.dir={tmp_path}")
     assert r.returncode == 2
     assert "--web.listen-address 'nonsense'" in r.stderr
+
+
+#: what Prometheus 2.42 sends at every scrape (captured from the Debian package)
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+def test_text_format_gzipped_for_clients_that_ask(tmp_path) -> None:
+    """Prometheus prefers OpenMetrics; it gets the text format, like node_exporter's default."""
+    with Exporter(state_dir=tmp_path) as exp:
+        url = exp.url + "/metrics"
+        for accept in (PROMETHEUS_ACCEPT, "text/plain", "application/openmetrics-text"):
+            req = urllib.request.Request(
+                url, headers={"Accept": accept, "Accept-Encoding": "deflate, gzip;q=0.9"}
+            )
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert r.headers["Content-Encoding"] == "gzip"
+                assert r.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+                raw = r.read()
+            # the header's XFL byte says how hard it was compressed: 4 "fastest" (our level
+            # 1: a tenth of the CPU), not prometheus_client's 2 "maximum" (level 9)
+            assert raw[8] == 4
+            body = gzip.decompress(raw)
+            assert b"trainguard_exporter_build_info" in body
+            assert b"# EOF" not in body
+        # no gzip unless asked for
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.headers["Content-Encoding"] is None
+            assert b"trainguard_exporter_build_info" in r.read()
