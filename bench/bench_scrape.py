@@ -33,6 +33,7 @@ pyinstrument and prints the profile.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -243,9 +244,21 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
     raise RuntimeError(f"{url} never answered")
 
 
+#: what Prometheus 2.42 sends at every scrape: OpenMetrics preferred, gzip accepted (both
+#: exporters then encode OpenMetrics and compress; the client's decompression is timed too)
+SCRAPE_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
 def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return bytes(r.read())
+    with urllib.request.urlopen(
+        urllib.request.Request(url, headers=SCRAPE_HEADERS), timeout=30
+    ) as r:
+        body = bytes(r.read())
+        return gzip.decompress(body) if r.headers["Content-Encoding"] == "gzip" else body
 
 
 _DURATION = re.compile(rb'^trainguard_collector_duration_seconds\{collector="(\w+)"\} (\S+)$', re.M)
