@@ -58,6 +58,11 @@ _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written"
 _MAX_INT = 2**63 - 1
 
 
+class NotMounted(Exception):
+    """A checkpoint location seen as a mount point is now a plain directory: its volume was
+    unmounted."""
+
+
 class ManifestError(Exception):
     """A manifest record or checkpoint directory entry that cannot be trusted (malformed, too
     big, a link, or naming something outside its directory)."""
@@ -585,6 +590,7 @@ class CheckpointDirectory:
         self.pattern = pattern
         self._steps: StepMemo = {}
         self._watch = DirectoryWatch(clock)
+        self._mounted_dev: int | None = None  # the device it was seen mounted from, if any
 
     def read(
         self, records: RecordCache, check: Callable[[os.stat_result], None] | None = None
@@ -602,6 +608,7 @@ class CheckpointDirectory:
             st = os.fstat(fd)
             if check is not None:
                 check(st)
+            self._check_mounted(st, os.stat("..", dir_fd=fd))
             recs = records.read(dir_fd=fd)
             if self._watch.unchanged(st):
                 listing = self._restat(fd, recs)
@@ -613,6 +620,20 @@ class CheckpointDirectory:
             return listing
         finally:
             os.close(fd)
+
+    def _check_mounted(self, st: os.stat_result, parent: os.stat_result) -> None:
+        """A location that is a volume's mount point shows, once the volume is unmounted, the
+        empty directory underneath: "no checkpoints" where the truth is "cannot see them".
+        Having seen it on another device than its parent, a later stat on its parent's device
+        is an error, not an empty location."""
+        if st.st_dev != parent.st_dev:
+            self._mounted_dev = st.st_dev
+        elif self._mounted_dev is not None:
+            raise NotMounted(
+                f"not mounted: the directory was a mount point (device {self._mounted_dev}) and "
+                "is now on its parent's filesystem, so the checkpoints on that volume cannot be "
+                "seen; mount it again (or restart the exporter if the volume is gone for good)"
+            )
 
     def _restat(self, fd: int, records: Mapping[str, Record]) -> Listing | None:
         """The last listing's names, stat'ed afresh; None when one has gone (the directory

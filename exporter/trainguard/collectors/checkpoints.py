@@ -25,6 +25,7 @@ from trainguard.manifest import (
     Judged,
     Listing,
     ManifestError,
+    NotMounted,
     Record,
     RecordCache,
     judge,
@@ -237,7 +238,7 @@ class CheckpointsCollector(Collector):
             try:
                 listing = self._read(t)
                 avail = shutil.disk_usage(t.path).free
-            except (OSError, ManifestError, ValueError, NotWatched) as exc:
+            except (OSError, ManifestError, NotMounted, ValueError, NotWatched) as exc:
                 errors.append(
                     f"checkpoints of run {t.run!r}, location {t.location!r} at {t.path}: "
                     f"{_reason(exc, t.path)}"
