@@ -198,7 +198,7 @@ def test_checkpoint_volume_unmounted_and_mounted_again(tmp_path: Path) -> None:
     """The checkpoint directory lives on a volume (a real tmpfs) that goes away: the location
     reports location_up 0 with the reason, once in the log, while another location still
     answers; mounted again, it is read again at the next scrape. A location that is the mount
-    point itself shows what the filesystem then shows: an empty directory."""
+    point itself is "not mounted" (location_up 0), not the empty directory left underneath."""
     vol = tmp_path / "vol"
     other = tmp_path / "other"
     other.mkdir()
@@ -235,19 +235,23 @@ def test_checkpoint_volume_unmounted_and_mounted_again(tmp_path: Path) -> None:
             assert ck(gone, "location_up", run="other") == 1
             assert ck(gone, "last_step", run="other") == 4
             assert value(gone, "trainguard_collector_success", collector="checkpoints") == 0
-            # the bare mount point: an empty directory, no newest step (never a stale one)
-            assert ck(gone, "location_up", location="mountpoint") == 1
-            assert ck(gone, "files", location="mountpoint") == 0
+            # the bare mount point is an empty directory: "cannot see", not "nothing there"
+            assert ck(gone, "location_up", location="mountpoint") == 0
+            assert ck(gone, "files", location="mountpoint") is None
             assert ck(gone, "last_step", location="mountpoint") is None
             with tmpfs(vol, "1m"):
                 ckpt.mkdir()
                 save(b"x" * 10, ckpt / "step_3.pt")
                 back = exp.scrape()
                 assert ck(back, "location_up") == 1 and ck(back, "last_step") == 3
+                assert ck(back, "location_up", location="mountpoint") == 1
+                assert ck(back, "files", location="mountpoint") == 0
                 assert value(back, "trainguard_collector_success", collector="checkpoints") == 1
                 log = exp.stop()
     lines = [ln for ln in log.splitlines() if f"location 'primary' at {ckpt}" in ln]
     assert len(lines) == 1, log
     assert "No such file or directory" in lines[0]
+    (line,) = [ln for ln in log.splitlines() if f"location 'mountpoint' at {vol}" in ln]
+    assert "not mounted" in line
     assert "collector checkpoints recovered" in log
     assert "Traceback" not in log
