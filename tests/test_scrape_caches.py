@@ -368,25 +368,21 @@ def test_cached_answers_equal_uncached_ones(
     clock_ns = [time.time_ns()]
     mono = Clock()
     locs = Locations(tmp_path_factory.mktemp("caches"), clock_ns, mono)
-    config = CheckpointSettings(grace_period_seconds=GRACE)
-    cached = CheckpointsCollector(
-        locs.targets,
-        config,
-        verifier=stopped_verifier,
-        clock_ns=lambda: clock_ns[0],
-        monotonic=mono,
-    )
-    for op, step in [("save", 1), *ops, ("later", 1), ("later", 1)]:
-        locs.apply(op, step)
-        got = samples_of(cached)
-        fresh = CheckpointsCollector(
+
+    def collector() -> CheckpointsCollector:
+        return CheckpointsCollector(
             locs.targets,
-            config,
+            CheckpointSettings(grace_period_seconds=GRACE),
             verifier=stopped_verifier,
             clock_ns=lambda: clock_ns[0],
             monotonic=mono,
         )
-        want = samples_of(fresh)
+
+    cached = collector()
+    for op, step in [("save", 1), *ops, ("later", 1), ("later", 1)]:
+        locs.apply(op, step)
+        got = samples_of(cached)
+        want = samples_of(collector())  # knows nothing: reads and judges everything
         diff = {
             k: (got[0].get(k), want[0].get(k))
             for k in set(got[0]) | set(want[0])

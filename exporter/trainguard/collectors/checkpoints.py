@@ -178,17 +178,7 @@ class CheckpointsCollector(Collector):
     name = "checkpoints"
     metrics = (
         LOCATION_UP,
-        LAST_STEP,
-        LAST_TIMESTAMP,
-        FILES,
-        BYTES,
-        SIZE,
-        EXPECTED_SIZE,
-        TRUNCATED,
-        OVERSIZED,
-        HASH_MISMATCH,
-        HASH_PENDING,
-        UNRECORDED,
+        *_JUDGED,
         UNKNOWN_MTIME,
         PARTIAL,
         PARTIAL_AGE,
