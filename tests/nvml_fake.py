@@ -250,6 +250,7 @@ class FakeNvmlState:
     gpus: list[FakeGpu] = field(default_factory=list)
     processes: list[FakeProcess] = field(default_factory=list)
     failures: list[tuple[str, str, int | None]] = field(default_factory=list)
+    hangs: list[tuple[str, int]] = field(default_factory=list)
 
     def add_gpu(
         self,
@@ -306,6 +307,11 @@ class FakeNvmlState:
         device or (gpu=None) on all devices and for system-level calls."""
         self.failures.append((symbol, _check_error(error), gpu))
 
+    def hang(self, symbol: str, seconds: float) -> None:
+        """Make every call of ``symbol`` sleep ``seconds`` holding the library's lock (so every
+        other call waits too), like a driver stuck on a GPU in a bad state."""
+        self.hangs.append((symbol, round(seconds * 1000)))
+
     def render(self) -> str:
         """The state file's text."""
         lines = ["# written by tests/nvml_fake.py", f"driver {_escape(self.driver_version)}"]
@@ -320,6 +326,8 @@ class FakeNvmlState:
             lines.append(proc.line())
         for symbol, error, gpu in self.failures:
             lines.append(f"fail {symbol} {error}" + ("" if gpu is None else f" gpu={gpu}"))
+        for symbol, ms in self.hangs:
+            lines.append(f"hang {symbol} {ms}")
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:

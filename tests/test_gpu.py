@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from exporter_proc import Exporter, select, value
+from exporter_proc import Exporter, poll, select, value
 from nvml_fake import FakeNvmlState
 
 GIB = 1 << 30
@@ -206,3 +207,47 @@ def test_gpu_lost_mid_scrape_publishes_nothing_partial(
         assert (
             value(s, "trainguard_gpu_memory_unattributed_bytes", gpu="0", uuid=g0_uuid()) == 5 * GIB
         )
+
+
+def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    """NVML stops answering (a driver stuck on a GPU in a bad state; here every memory query
+    sleeps 5 s holding the library's lock). The scrape answers after --collector.timeout
+    without the GPU collector; the next one answers at once instead of queueing behind the
+    stuck call; once the call returns, the GPUs are back. (Bounds are loose: they tell "waited
+    for the timeout" from "waited for the hang".)"""
+    state = two_gpus(live_pids, dead_pid())
+    path = state.write(tmp_path / "nvml.state")
+    log_path = tmp_path / "exporter.log"
+    with Exporter(
+        args=["--collector.timeout=1"],
+        env=state.env(path),
+        state_dir=tmp_path / "s",
+        log_path=log_path,
+    ) as exp:
+        assert value(exp.scrape(), "trainguard_collector_success", collector="gpu") == 1
+        for symbol in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"):
+            state.hang(symbol, 5)
+        state.write(path)
+        t0 = time.monotonic()
+        hung = exp.scrape()
+        first = time.monotonic() - t0
+        again = exp.scrape()
+        second = time.monotonic() - t0 - first
+        assert 0.9 < first < 4, first
+        assert second < 2, second
+        for s in (hung, again):
+            assert value(s, "trainguard_collector_success", collector="gpu") == 0
+            assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) is None
+            assert value(s, "trainguard_collector_success", collector="runs") == 1
+            assert value(s, "trainguard_collector_success", collector="checkpoints") == 1
+        state.hangs.clear()
+        state.write(path)
+        back = poll(
+            exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 1, 20
+        )
+        assert value(back, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == 10 * GIB
+        log = exp.stop()
+    assert log.count("collector gpu: did not finish within 1 s") == 1, log
+    assert "collector gpu recovered" in log

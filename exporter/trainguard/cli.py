@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
-from trainguard.collector import Collector, ExporterCollector
+from trainguard.collector import DEFAULT_COLLECTOR_TIMEOUT, Collector, ExporterCollector
 from trainguard.collectors.checkpoints import CheckpointsCollector
 from trainguard.collectors.gpu import GpuCollector
 from trainguard.collectors.processes import ProcessesCollector
 from trainguard.collectors.runs import RunsCollector
-from trainguard.config import Config, ConfigError, load_config
+from trainguard.config import Config, ConfigError, load_config, parse_duration
 from trainguard.paths import STATE_DIR_ENV, default_state_dir
 from trainguard.runtable import RunTable
 from trainguard.web import make_app, make_http_server
@@ -83,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
         "the config file's state_dir, or a per-user state directory)",
     )
     p.add_argument(
+        "--collector.timeout",
+        dest="collector_timeout",
+        default=DEFAULT_COLLECTOR_TIMEOUT,
+        type=_timeout,
+        metavar="DURATION",
+        help="a collector that takes longer (a hung GPU driver or network filesystem) is "
+        "reported failed and the scrape answers without it; keep it below Prometheus's "
+        "scrape_timeout (default: %(default)ss)",
+    )
+    p.add_argument(
         "--log.level",
         dest="log_level",
         default="info",
@@ -91,6 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"trainguard-exporter {__version__}")
     return p
+
+
+def _timeout(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expected a positive duration such as '5s' or '2.5', got {value!r}"
+        )
+    return seconds
 
 
 def resolve_state_dir(flag: str | None, config: Config) -> Path:
@@ -116,9 +141,11 @@ def build_collectors(config: Config, state_dir: Path) -> list[Collector]:
     return collectors
 
 
-def build_registry(collectors: Sequence[Collector]) -> CollectorRegistry:
+def build_registry(
+    collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExporterCollector(collectors))
+    registry.register(ExporterCollector(collectors, timeout))
     ProcessCollector(registry=registry)
     return registry
 
@@ -149,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     state_dir = resolve_state_dir(args.state_dir, config)
     collectors = build_collectors(config, state_dir)
-    app = make_app(build_registry(collectors), args.telemetry_path, web)
+    app = make_app(build_registry(collectors, args.collector_timeout), args.telemetry_path, web)
     try:
         server = make_http_server(args.listen_address, app, web.ssl_context)
     except (OSError, ValueError) as exc:

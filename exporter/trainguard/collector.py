@@ -62,14 +62,19 @@ COLLECTOR_DURATION = MetricSpec(
 )
 FRAMEWORK_METRICS = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION)
 
+#: a collector that has not finished in this many seconds is reported failed, so that the
+#: scrape still answers within Prometheus's default 10 s scrape timeout
+DEFAULT_COLLECTOR_TIMEOUT = 5.0
+
 
 _scrape = threading.local()
 
 
 def current_scrape() -> object | None:
-    """A token unique to the scrape this thread is collecting, None outside a scrape: lets
-    state shared by several collectors (the run table) be read once per scrape, so that they
-    all see the same snapshot."""
+    """A token unique to the scrape this thread is collecting for (collectors run on threads
+    of their own, each given the token of the scrape that started it), None outside a scrape:
+    lets state shared by several collectors (the run table) be read once per scrape, so that
+    they all see the same snapshot."""
     return getattr(_scrape, "token", None)
 
 
@@ -99,8 +104,11 @@ class ExporterCollector(_PromCollector):
     """The one prometheus_client collector registered: runs each trainguard collector,
     isolates its failures and adds the framework's own metrics."""
 
-    def __init__(self, collectors: Sequence[Collector]) -> None:
-        self._collectors = tuple(collectors)
+    def __init__(
+        self, collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
+    ) -> None:
+        self._runners = tuple(_Runner(c) for c in collectors)
+        self._timeout = timeout
         self._last_errors: dict[str, tuple[str, ...]] = {}
         self._log_lock = threading.Lock()
 
@@ -112,25 +120,16 @@ class ExporterCollector(_PromCollector):
         gathered: list[Metric] = [build]
         # every collector runs before the first family is handed out, so the scrape's token
         # is set and cleared here, never left behind by a generator that is not finished
-        _scrape.token = object()
-        try:
-            for collector in self._collectors:
-                start = time.perf_counter()
-                errors: list[str] = []
-                try:
-                    families = list(collector.gather(errors))
-                except CollectorError as exc:
-                    families, errors = [], [str(exc)]
-                except Exception as exc:  # a collector bug must not fail the scrape
-                    log.debug("collector %s raised", collector.name, exc_info=True)
-                    families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
-                elapsed = time.perf_counter() - start
-                self._log_change(collector.name, errors)
-                gathered.extend(families)
-                success.add_metric([collector.name], 0 if errors else 1)
-                duration.add_metric([collector.name], elapsed)
-        finally:
-            _scrape.token = None
+        token = object()
+        for runner in self._runners:
+            name = runner.collector.name
+            start = time.perf_counter()
+            families, errors = runner.run(token, self._timeout)
+            elapsed = time.perf_counter() - start
+            self._log_change(name, errors)
+            gathered.extend(families)
+            success.add_metric([name], 0 if errors else 1)
+            duration.add_metric([name], elapsed)
         yield from gathered
         yield success
         yield duration
@@ -157,6 +156,79 @@ class ExporterCollector(_PromCollector):
                 len(new) - MAX_LOGGED_ERRORS,
                 len(current),
             )
+
+
+def _gather(collector: Collector) -> tuple[list[Metric], list[str]]:
+    errors: list[str] = []
+    try:
+        families = list(collector.gather(errors))
+    except CollectorError as exc:
+        families, errors = [], [str(exc)]
+    except Exception as exc:  # a collector bug must not fail the scrape
+        log.debug("collector %s raised", collector.name, exc_info=True)
+        families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
+    return families, errors
+
+
+class _Runner:
+    """Runs one collector on a thread of its own and waits at most the timeout for it: a
+    call that hangs (a GPU driver stuck on a lost GPU, a stat on a network filesystem whose
+    server went away) costs one scrape the timeout, not the whole scrape, and while it still
+    hangs later scrapes report the collector failed at once instead of queueing behind it.
+    When the call returns, the next scrape runs the collector again. Scrapes that arrive
+    while a run is in progress share its result rather than queueing runs of their own."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._pending: tuple[int, object] | None = None  # (run number, scrape token) to start
+        self._started = 0  # runs started
+        self._finished = 0  # number of the last run that returned
+        self._result: tuple[list[Metric], list[str]] = ([], [])
+        self._running = False
+        self._abandoned = False  # a scrape gave up waiting for the run in progress
+
+    def run(self, token: object, timeout: float) -> tuple[list[Metric], list[str]]:
+        with self._cond:
+            if not self._abandoned:
+                if not self._running:
+                    if self._thread is None:
+                        self._thread = threading.Thread(
+                            target=self._loop, name=f"trainguard-{self.collector.name}", daemon=True
+                        )
+                        self._thread.start()
+                    self._started += 1
+                    self._pending = (self._started, token)
+                    self._running = True
+                    self._cond.notify_all()
+                run = self._started
+                if self._cond.wait_for(lambda: self._finished >= run, timeout):
+                    return self._result
+                self._abandoned = True
+        return [], [
+            f"did not finish within {timeout:g} s: a call is hanging (a GPU driver, or a "
+            "network filesystem that stopped answering?); the collector is skipped until it "
+            "returns"
+        ]
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                assert self._pending is not None
+                run, token = self._pending
+                self._pending = None
+            _scrape.token = token  # the token of the scrape that started the run
+            result: tuple[list[Metric], list[str]] = ([], ["interrupted"])
+            try:
+                result = _gather(self.collector)
+            finally:
+                _scrape.token = None
+                with self._cond:
+                    self._result, self._finished = result, run
+                    self._running = self._abandoned = False
+                    self._cond.notify_all()
 
 
 def printable(message: str) -> str:

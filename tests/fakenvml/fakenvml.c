@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define STATE_ENV "TRAINGUARD_FAKE_NVML_STATE"
 #define LOG_ENV "TRAINGUARD_FAKE_NVML_LOG"
@@ -189,6 +190,13 @@ struct fail {
     nvmlReturn_t error;
 };
 
+/* `hang SYMBOL MS`: the call sleeps MS milliseconds holding the library's lock,
+ * like a driver stuck on a GPU in a bad state (every other call waits too). */
+struct hang {
+    char symbol[SYM_MAX];
+    unsigned int ms;
+};
+
 struct state {
     char driver[STR_MAX];
     char nvml[STR_MAX]; /* empty: derived from driver */
@@ -200,6 +208,8 @@ struct state {
     struct proc *procs;
     size_t nfails;
     struct fail fails[MAX_FAILS];
+    size_t nhangs;
+    struct hang hangs[MAX_FAILS];
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -454,6 +464,24 @@ bad:
     return -1;
 }
 
+static int parse_hang(struct state *st, char **tok, int ntok, const char *path, unsigned lineno) {
+    struct hang *h;
+    if (ntok != 3)
+        PARSE_FAIL("hang SYMBOL MILLISECONDS", path, lineno);
+    if (st->nhangs >= MAX_FAILS)
+        PARSE_FAIL("more than %d hang lines", path, lineno, MAX_FAILS);
+    h = &st->hangs[st->nhangs];
+    if (strlen(tok[1]) >= sizeof(h->symbol))
+        PARSE_FAIL("symbol name too long", path, lineno);
+    strcpy(h->symbol, tok[1]);
+    if (parse_uint(tok[2], &h->ms, 0))
+        PARSE_FAIL("hang: expected milliseconds", path, lineno);
+    st->nhangs++;
+    return 0;
+bad:
+    return -1;
+}
+
 /* Read the state file into g_state. Returns NVML_SUCCESS,
  * NVML_ERROR_DRIVER_NOT_LOADED (no env/file) or NVML_ERROR_UNKNOWN (bad file). */
 static nvmlReturn_t load_state(void) {
@@ -518,6 +546,9 @@ static nvmlReturn_t load_state(void) {
         } else if (!strcmp(tok[0], "fail")) {
             if (parse_fail(st, tok, ntok, path, lineno))
                 rc = NVML_ERROR_UNKNOWN;
+        } else if (!strcmp(tok[0], "hang")) {
+            if (parse_hang(st, tok, ntok, path, lineno))
+                rc = NVML_ERROR_UNKNOWN;
         } else {
             warn("%s:%u: unknown line '%s' (or wrong number of fields)", path, lineno, tok[0]);
             rc = NVML_ERROR_UNKNOWN;
@@ -572,6 +603,13 @@ static void log_call(const char *symbol, nvmlReturn_t rc) {
 
 static nvmlReturn_t injected(const char *symbol, int gpu) {
     size_t i;
+    for (i = 0; gpu < 0 && i < g_state.nhangs; i++) {
+        if (!strcmp(g_state.hangs[i].symbol, symbol)) {
+            struct timespec ts = {g_state.hangs[i].ms / 1000, (g_state.hangs[i].ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) && errno == EINTR)
+                ;
+        }
+    }
     for (i = 0; i < g_state.nfails; i++) {
         const struct fail *f = &g_state.fails[i];
         if ((f->gpu < 0 || f->gpu == gpu) && !strcmp(f->symbol, symbol))
