@@ -45,7 +45,7 @@ class Setup:
         self.verifier = Verifier(1e9)
         self.extra: list[CheckpointTarget] = []
         self.collector = CheckpointsCollector(
-            lambda: [
+            lambda _scrape: [
                 CheckpointTarget(RUN, "primary", self.p),
                 CheckpointTarget(RUN, "backup", self.m),
                 *self.extra,

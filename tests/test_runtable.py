@@ -126,3 +126,33 @@ def test_one_crash_of_many_ranks_is_one_death_named_by_the_specific_cause() -> N
     assert last_death(records) == records[2]
     assert last_death([]) is None
     assert last_death(records[:2]) == records[1]
+
+
+def test_one_scrape_reads_the_state_dir_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """The runs, GPU and checkpoint collectors all use the run table: one scrape lists the
+    state directory once (and so checks each pid once), and all three see that snapshot."""
+    from prometheus_client import generate_latest
+
+    from trainguard.cli import build_collectors, build_registry
+    from trainguard.config import Config
+
+    state = tmp_path / "state"
+    state.mkdir()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    put(state, own_heartbeat("r", checkpoint_dir=str(ckpt)))
+    registry = build_registry(build_collectors(Config(), state))
+    listings: list[str] = []
+    real = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if str(path) == str(state):
+            listings.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    for scrapes in (1, 2):
+        text = generate_latest(registry).decode()
+        assert len(listings) == scrapes
+    assert 'trainguard_checkpoint_location_up{location="primary",run="r"} 1.0' in text
+    assert 'trainguard_run_process_up{rank="0",run="r"} 1.0' in text

@@ -199,7 +199,7 @@ def test_a_mirror_is_judged_again_when_its_primary_settles(
     old = now[0] - 2 * GRACE * 10**9
     os.utime(tmp_path / "m" / "step_1.pt", ns=(old, old))  # the copy settled, the primary not
     collector = CheckpointsCollector(
-        lambda: [
+        lambda _scrape: [
             CheckpointTarget("r", "primary", tmp_path / "p"),
             CheckpointTarget("r", "backup", tmp_path / "m"),
         ],
@@ -283,7 +283,7 @@ class Locations:
         self.clock_ns = clock_ns
         self.mono = mono
 
-    def targets(self) -> list[CheckpointTarget]:
+    def targets(self, _scrape: object = None) -> list[CheckpointTarget]:
         return [
             CheckpointTarget("r", "primary", self.p),
             CheckpointTarget("r", "backup", self.m),

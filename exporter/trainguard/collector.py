@@ -8,9 +8,9 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector
@@ -67,15 +67,26 @@ FRAMEWORK_METRICS = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION)
 DEFAULT_COLLECTOR_TIMEOUT = 5.0
 
 
-_scrape = threading.local()
+T = TypeVar("T")
 
 
-def current_scrape() -> object | None:
-    """A token unique to the scrape this thread is collecting for (collectors run on threads
-    of their own, each given the token of the scrape that started it), None outside a scrape:
-    lets state shared by several collectors (the run table) be read once per scrape, so that
-    they all see the same snapshot."""
-    return getattr(_scrape, "token", None)
+class Scrape:
+    """One scrape, handed to every collector's :meth:`Collector.gather`: what several
+    collectors read from one shared source (the run table) is read once per scrape through
+    :meth:`once`, so that they all see the same snapshot and the state directory is not listed
+    and every pid checked again for each of them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # collectors run on threads of their own
+        self._memo: dict[object, Any] = {}
+
+    def once(self, key: object, read: Callable[[], T]) -> T:
+        """``read()``'s result, read at the first call with this key in this scrape."""
+        with self._lock:
+            if key not in self._memo:
+                self._memo[key] = read()
+            result: T = self._memo[key]
+            return result
 
 
 class CollectorError(Exception):
@@ -91,8 +102,9 @@ class Collector(abc.ABC):
     metrics: tuple[MetricSpec, ...] = ()
 
     @abc.abstractmethod
-    def gather(self, errors: list[str]) -> Iterable[Metric]:
-        """Yield this scrape's metric families.
+    def gather(self, errors: list[str], scrape: Scrape | None = None) -> Iterable[Metric]:
+        """Yield this scrape's metric families (``scrape``: what this scrape shares with the
+        other collectors; None reads everything afresh).
 
         A part that fails (one GPU, one heartbeat file, one checkpoint location) appends a
         one-line reason to ``errors`` and the rest is still yielded; raising fails the whole
@@ -118,13 +130,11 @@ class ExporterCollector(_PromCollector):
         success = COLLECTOR_SUCCESS.family()
         duration = COLLECTOR_DURATION.family()
         gathered: list[Metric] = [build]
-        # every collector runs before the first family is handed out, so the scrape's token
-        # is set and cleared here, never left behind by a generator that is not finished
-        token = object()
+        scrape = Scrape()
         for runner in self._runners:
             name = runner.collector.name
             start = time.perf_counter()
-            families, errors = runner.run(token, self._timeout)
+            families, errors = runner.run(scrape, self._timeout)
             elapsed = time.perf_counter() - start
             self._log_change(name, errors)
             gathered.extend(families)
@@ -158,10 +168,10 @@ class ExporterCollector(_PromCollector):
             )
 
 
-def _gather(collector: Collector) -> tuple[list[Metric], list[str]]:
+def _gather(collector: Collector, scrape: Scrape) -> tuple[list[Metric], list[str]]:
     errors: list[str] = []
     try:
-        families = list(collector.gather(errors))
+        families = list(collector.gather(errors, scrape))
     except CollectorError as exc:
         families, errors = [], [str(exc)]
     except Exception as exc:  # a collector bug must not fail the scrape
@@ -182,14 +192,14 @@ class _Runner:
         self.collector = collector
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._pending: tuple[int, object] | None = None  # (run number, scrape token) to start
+        self._pending: tuple[int, Scrape] | None = None  # (run number, its scrape) to start
         self._started = 0  # runs started
         self._finished = 0  # number of the last run that returned
         self._result: tuple[list[Metric], list[str]] = ([], [])
         self._running = False
         self._abandoned = False  # a scrape gave up waiting for the run in progress
 
-    def run(self, token: object, timeout: float) -> tuple[list[Metric], list[str]]:
+    def run(self, scrape: Scrape, timeout: float) -> tuple[list[Metric], list[str]]:
         with self._cond:
             if not self._abandoned:
                 if not self._running:
@@ -199,7 +209,7 @@ class _Runner:
                         )
                         self._thread.start()
                     self._started += 1
-                    self._pending = (self._started, token)
+                    self._pending = (self._started, scrape)
                     self._running = True
                     self._cond.notify_all()
                 run = self._started
@@ -217,14 +227,12 @@ class _Runner:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
                 assert self._pending is not None
-                run, token = self._pending
+                run, scrape = self._pending
                 self._pending = None
-            _scrape.token = token  # the token of the scrape that started the run
             result: tuple[list[Metric], list[str]] = ([], ["interrupted"])
             try:
-                result = _gather(self.collector)
+                result = _gather(self.collector, scrape)
             finally:
-                _scrape.token = None
                 with self._cond:
                     self._result, self._finished = result, run
                     self._running = self._abandoned = False

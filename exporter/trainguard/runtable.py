@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from trainguard import procinfo
-from trainguard.collector import current_scrape
+from trainguard.collector import Scrape
 from trainguard.config import Config, RunConfig
 from trainguard.heartbeat import SUFFIX, Heartbeat, HeartbeatError, read_heartbeat
 from trainguard.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
@@ -82,24 +82,23 @@ class RunTable:
         self._pid_ns = procinfo.pid_namespace()
         self._host = socket.gethostname()
         self._own_pid = os.getpid()
-        self._scrape_view: tuple[object, RunView] | None = None
 
     # -- what other collectors use ------------------------------------------------------
 
-    def pid_runs(self) -> dict[int, tuple[str, str]]:
+    def pid_runs(self, scrape: Scrape | None = None) -> dict[int, tuple[str, str]]:
         """pid -> (run, rank) for runs whose process is alive now (a reused pid is not)."""
         out: dict[int, tuple[str, str]] = {}
-        for row in self.view().rows:
+        for row in self.view(scrape).rows:
             if row.up:
                 for pid in row.pids:
                     out.setdefault(pid, (row.run, row.rank))
         return out
 
-    def checkpoint_targets(self) -> list[CheckpointTarget]:
+    def checkpoint_targets(self, scrape: Scrape | None = None) -> list[CheckpointTarget]:
         """Checkpoint locations: the config file's first, then those announced in heartbeats
         (lowest rank first) of runs still in the table."""
         announced: list[CheckpointTarget] = []
-        rows = sorted(self.view().rows, key=lambda r: (r.run, int(r.rank)))
+        rows = sorted(self.view(scrape).rows, key=lambda r: (r.run, int(r.rank)))
         for row in rows:
             hb = row.heartbeat
             if hb is None:
@@ -112,19 +111,16 @@ class RunTable:
 
     # -- the table ------------------------------------------------------------------------
 
-    def view(self) -> RunView:
-        """The table now; within one scrape (see :func:`trainguard.collector.current_scrape`)
-        the runs, GPU and checkpoint collectors share one view instead of each listing the
-        state directory and checking every pid again."""
-        scrape = current_scrape()
+    def view(self, scrape: Scrape | None = None) -> RunView:
+        """The table now; within one scrape the runs, GPU and checkpoint collectors share one
+        view instead of each listing the state directory and checking every pid again."""
+        if scrape is None:
+            return self._locked_view()
+        return scrape.once(self, self._locked_view)
+
+    def _locked_view(self) -> RunView:
         with self._lock:
-            if scrape is not None and self._scrape_view is not None:
-                token, cached = self._scrape_view
-                if token is scrape:
-                    return cached
-            view = self._view()
-            self._scrape_view = None if scrape is None else (scrape, view)
-            return view
+            return self._view()
 
     def _view(self) -> RunView:
         errors: list[str] = []

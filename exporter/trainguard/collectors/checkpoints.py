@@ -17,7 +17,7 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from trainguard.collector import Collector, MetricSpec
+from trainguard.collector import Collector, MetricSpec, Scrape
 from trainguard.config import CheckpointSettings
 from trainguard.manifest import (
     CheckpointDirectory,
@@ -114,7 +114,8 @@ _JUDGED = (
     UNRECORDED,
 )
 _FOREVER = 2**63 - 1
-Targets = Callable[[], Iterable[CheckpointTarget]]
+#: the locations to read in a scrape (given that scrape, or None outside one)
+Targets = Callable[[Scrape | None], Iterable[CheckpointTarget]]
 Families = GaugeMetricFamily | CounterMetricFamily
 
 
@@ -208,16 +209,16 @@ class CheckpointsCollector(Collector):
         self._directories: dict[tuple[Path, str], CheckpointDirectory] = {}
         self._verdicts: dict[tuple[str, str, Path, str], _Verdict] = {}
 
-    def gather(self, errors: list[str]) -> Iterable[Metric]:
+    def gather(self, errors: list[str], scrape: Scrape | None = None) -> Iterable[Metric]:
         with self._lock:
-            return self._gather(errors)
+            return self._gather(errors, scrape)
 
-    def _gather(self, errors: list[str]) -> Iterable[Metric]:
+    def _gather(self, errors: list[str], scrape: Scrape | None) -> Iterable[Metric]:
         families = {spec.name: spec.family() for spec in self.metrics}
         now_ns = self._clock_ns()
         grace_ns = int(self._settings.grace_period_seconds * 1e9)
         unique: dict[tuple[str, str], CheckpointTarget] = {}
-        for t in self._targets():
+        for t in self._targets(scrape):
             unique.setdefault((t.run, t.location), t)
         # primaries first: a mirror without records is judged against its primary
         ordered = sorted(unique.values(), key=lambda t: (t.location != PRIMARY, t.run, t.location))

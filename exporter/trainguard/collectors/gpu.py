@@ -14,12 +14,12 @@ import psutil
 import pynvml
 from prometheus_client.core import Metric
 
-from trainguard.collector import Collector, CollectorError, MetricSpec
+from trainguard.collector import Collector, CollectorError, MetricSpec, Scrape
 
 log = logging.getLogger(__name__)
 
 #: pid -> (run, rank) for the processes of runs that are alive now
-PidRuns = Callable[[], Mapping[int, tuple[str, str]]]
+PidRuns = Callable[[Scrape | None], Mapping[int, tuple[str, str]]]
 
 GPU_INFO = MetricSpec(
     "trainguard_gpu_info",
@@ -136,14 +136,14 @@ class GpuCollector(Collector):
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
-    def gather(self, errors: list[str]) -> Iterable[Metric]:
+    def gather(self, errors: list[str], scrape: Scrape | None = None) -> Iterable[Metric]:
         with self._lock:
             failed = False
             if self._devices is None:
                 self._devices = self._start(errors)
                 failed = bool(errors)
             devices = self._devices
-            pid_runs = dict(self._pid_runs()) if self._pid_runs else {}
+            pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
             families = {spec.name: spec.family() for spec in self.metrics}
             run_memory: dict[tuple[str, str, str], int | None] = {}
             alive: dict[int, bool] = {}  # a process on several GPUs is looked up once

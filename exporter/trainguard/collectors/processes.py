@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import psutil
 from prometheus_client.core import Metric
 
-from trainguard.collector import Collector, MetricSpec
+from trainguard.collector import Collector, MetricSpec, Scrape
 from trainguard.config import ProcessCount
 
 PROCESS_COUNT = MetricSpec(
@@ -26,7 +26,7 @@ class ProcessesCollector(Collector):
     def __init__(self, counts: Sequence[ProcessCount]) -> None:
         self._counts = tuple(counts)
 
-    def gather(self, errors: list[str]) -> Iterable[Metric]:
+    def gather(self, errors: list[str], scrape: Scrape | None = None) -> Iterable[Metric]:
         family = PROCESS_COUNT.family()
         if not self._counts:
             return [family]

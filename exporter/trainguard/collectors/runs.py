@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from trainguard.collector import Collector, MetricSpec
+from trainguard.collector import Collector, MetricSpec, Scrape
 from trainguard.heartbeat import Death, Heartbeat
 from trainguard.runtable import RunRow, RunTable, RunView
 from trainguard.targets import ownership_problem
@@ -182,8 +182,8 @@ class RunsCollector(Collector):
     def __init__(self, table: RunTable) -> None:
         self._table = table
 
-    def gather(self, errors: list[str]) -> Iterable[Metric]:
-        view = self._table.view()
+    def gather(self, errors: list[str], scrape: Scrape | None = None) -> Iterable[Metric]:
+        view = self._table.view(scrape)
         errors.extend(view.errors)
         fam: dict[str, Any] = {spec.name: spec.family() for spec in self.metrics}
         for row in view.rows:
