@@ -156,3 +156,22 @@ def test_one_scrape_reads_the_state_dir_once(tmp_path: Path, monkeypatch: Any) -
         assert len(listings) == scrapes
     assert 'trainguard_checkpoint_location_up{location="primary",run="r"} 1.0' in text
     assert 'trainguard_run_process_up{rank="0",run="r"} 1.0' in text
+
+
+def test_over_the_file_cap_the_newest_heartbeats_are_read(tmp_path: Path) -> None:
+    """A state dir holding more heartbeat files than the cap (a long sweep's leftovers, or
+    junk): the live runs, whose reporters rewrite their files every few seconds, are the ones
+    read, whatever the directory order."""
+    from trainguard.config import Config
+
+    state = tmp_path / "state"
+    state.mkdir()
+    old = time.time() - 3600
+    for i in range(50):
+        path = put(state, own_heartbeat(f"old-{i}"))
+        os.utime(path, (old, old))
+    put(state, own_heartbeat("live-a"))
+    put(state, own_heartbeat("live-b"))
+    view = RunTable(Config(), state, max_files=2).view()
+    assert {row.run for row in view.rows} == {"live-a", "live-b"}
+    assert any("only the 2 most recently written are read" in e for e in view.errors)

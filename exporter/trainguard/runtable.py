@@ -11,6 +11,7 @@ exists but cannot be listed is.
 
 from __future__ import annotations
 
+import heapq
 import os
 import socket
 import stat
@@ -162,23 +163,24 @@ class RunTable:
         heartbeats: list[tuple[Heartbeat, int]] = []  # with the uid owning the file
         bad = 0
         with it:
-            for entry in it:
-                if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
-                    continue
-                if len(seen) >= self._max_files:
-                    errors.insert(
-                        first,
-                        f"state dir {self.state_dir}: more than {self._max_files} heartbeat "
-                        "files; the rest are not read",
-                    )
-                    break
-                seen.add(entry.name)
-                result = self._read(entry)
-                if isinstance(result, HeartbeatError):
-                    bad += 1
-                    errors.append(str(result))
-                else:  # read through entry.stat() just before: cached, no new syscall
-                    heartbeats.append((result, entry.stat(follow_symlinks=False).st_uid))
+            entries = [e for e in it if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+        if len(entries) > self._max_files:
+            # live reporters rewrite their file every few seconds: keeping the newest keeps
+            # them, whatever else (a long sweep's leftovers, junk) fills the directory
+            errors.insert(
+                first,
+                f"state dir {self.state_dir}: more than {self._max_files} heartbeat files; "
+                f"only the {self._max_files} most recently written are read",
+            )
+            entries = heapq.nlargest(self._max_files, entries, key=_mtime_ns)
+        for entry in entries:
+            seen.add(entry.name)
+            result = self._read(entry)
+            if isinstance(result, HeartbeatError):
+                bad += 1
+                errors.append(str(result))
+            else:  # read through entry.stat() just before: cached, no new syscall
+                heartbeats.append((result, entry.stat(follow_symlinks=False).st_uid))
         for name in set(self._cache) - seen:
             del self._cache[name]
         return heartbeats, len(heartbeats), bad
@@ -305,6 +307,13 @@ class RunTable:
                 if r.heartbeat is not None and r.heartbeat.log_file:
                     yield LogFile(run, Path(r.heartbeat.log_file), alive, r.owner)
                     break
+
+
+def _mtime_ns(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return -1  # gone or unreadable: last
 
 
 def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:
