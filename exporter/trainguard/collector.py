@@ -203,7 +203,7 @@ class _Runner:
         with self._cond:
             if not self._abandoned:
                 if not self._running:
-                    if self._thread is None:
+                    if self._thread is None or not self._thread.is_alive():
                         self._thread = threading.Thread(
                             target=self._loop, name=f"trainguard-{self.collector.name}", daemon=True
                         )
