@@ -151,16 +151,24 @@ def _signature(listing: Listing) -> Signature:
     )
 
 
+class _Inputs(NamedTuple):
+    """Everything a location's verdict is judged from but the clock. Compared as one tuple,
+    whose comparison takes an element identical to its counterpart (the records mapping a
+    RecordCache returns again while unchanged) as equal at once."""
+
+    signature: Signature
+    records: Mapping[str, Record]
+    primary: tuple[Signature, Mapping[str, Record]] | None  # its signature and records
+    trust_unrecorded: bool
+    grace_ns: int
+    verifier_generation: int
+
+
 class _Verdict(NamedTuple):
     """A location's judged series and everything they were judged from: while none of it has
     changed, the next scrape publishes the same samples instead of judging every file again."""
 
-    signature: Signature
-    records: Mapping[str, Record]
-    primary: tuple[Signature, Mapping[str, Record]] | None
-    trust_unrecorded: bool
-    grace_ns: int
-    verifier_generation: int
+    inputs: _Inputs
     valid_until_ns: int  # the first time a file of the location (or its primary) settles
     made_at: float  # our monotonic clock
     rows: Rows
@@ -238,14 +246,23 @@ class CheckpointsCollector(Collector):
                 continue
             signature = _signature(listing)
             primary = None if t.location == PRIMARY else primaries.get(t.run)
+            inputs = _Inputs(
+                signature,
+                listing.records,
+                None if primary is None else (primary[1], primary[0].records),
+                t.trust_unrecorded,
+                grace_ns,
+                self._verifier.generation,  # before asking it: a later answer invalidates
+            )
             at = (t.run, t.location, t.path, t.pattern)
             verdict = self._verdicts.get(at)
-            if verdict is None or not self._still_valid(
-                verdict, signature, listing, primary, t.trust_unrecorded, grace_ns, now_ns
+            if (
+                verdict is None
+                or verdict.inputs != inputs
+                or now_ns >= verdict.valid_until_ns
+                or self._monotonic() - verdict.made_at >= VERDICT_MAX_AGE
             ):
-                verdict = self._judge(
-                    labels, listing, signature, primary, t.trust_unrecorded, grace_ns, now_ns
-                )
+                verdict = self._judge(labels, listing, primary, inputs, now_ns)
             verdicts[at] = verdict
             if t.location == PRIMARY:
                 primaries[t.run] = (listing, signature, verdict.valid_until_ns)
@@ -284,50 +301,21 @@ class CheckpointsCollector(Collector):
 
         return directory.read(cache, check)
 
-    def _still_valid(
-        self,
-        verdict: _Verdict,
-        signature: Signature,
-        listing: Listing,
-        primary: tuple[Listing, Signature, int] | None,
-        trust_unrecorded: bool,
-        grace_ns: int,
-        now_ns: int,
-    ) -> bool:
-        return (
-            now_ns < verdict.valid_until_ns
-            and verdict.verifier_generation == self._verifier.generation
-            and verdict.records is listing.records
-            and verdict.signature == signature
-            and verdict.trust_unrecorded == trust_unrecorded
-            and verdict.grace_ns == grace_ns
-            and (
-                verdict.primary is None
-                if primary is None
-                else verdict.primary is not None
-                and verdict.primary[1] is primary[0].records
-                and verdict.primary[0] == primary[1]
-            )
-            and self._monotonic() - verdict.made_at < VERDICT_MAX_AGE
-        )
-
     def _judge(
         self,
         labels: list[str],
         listing: Listing,
-        signature: Signature,
         primary: tuple[Listing, Signature, int] | None,
-        trust_unrecorded: bool,
-        grace_ns: int,
+        inputs: _Inputs,
         now_ns: int,
     ) -> _Verdict:
-        generation = self._verifier.generation  # before asking: a later answer invalidates
+        grace_ns = inputs.grace_ns
         judged = judge(
             listing,
             now_ns=now_ns,
             grace_ns=grace_ns,
             primary=None if primary is None else primary[0],
-            trust_unrecorded=trust_unrecorded,
+            trust_unrecorded=inputs.trust_unrecorded,
         )
         # the verdict holds until the first unsettled file (here or on the primary) settles
         unsettled = [j.entry.stat.st_mtime_ns for j in judged if j.mtime_known and not j.settled]
@@ -338,12 +326,7 @@ class CheckpointsCollector(Collector):
         errors: list[str] = []
         unknown = self._rows(scratch, labels, listing, judged, errors)
         return _Verdict(
-            signature=signature,
-            records=listing.records,
-            primary=None if primary is None else (primary[1], primary[0].records),
-            trust_unrecorded=trust_unrecorded,
-            grace_ns=grace_ns,
-            verifier_generation=generation,
+            inputs=inputs,
             valid_until_ns=valid_until,
             made_at=self._monotonic(),
             rows={name: family.samples for name, family in scratch.items() if family.samples},
