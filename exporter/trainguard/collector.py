@@ -194,15 +194,15 @@ class _Runner:
         self._thread: threading.Thread | None = None
         self._pending: tuple[int, Scrape] | None = None  # (run number, its scrape) to start
         self._started = 0  # runs started
-        self._finished = 0  # number of the last run that returned
+        self._finished = 0  # number of the last run that returned: runs are one at a time, so
+        # one is in progress while _finished < _started
         self._result: tuple[list[Metric], list[str]] = ([], [])
-        self._running = False
         self._abandoned = False  # a scrape gave up waiting for the run in progress
 
     def run(self, scrape: Scrape, timeout: float) -> tuple[list[Metric], list[str]]:
         with self._cond:
             if not self._abandoned:
-                if not self._running:
+                if self._finished == self._started:
                     if self._thread is None or not self._thread.is_alive():
                         self._thread = threading.Thread(
                             target=self._loop, name=f"trainguard-{self.collector.name}", daemon=True
@@ -210,7 +210,6 @@ class _Runner:
                         self._thread.start()
                     self._started += 1
                     self._pending = (self._started, scrape)
-                    self._running = True
                     self._cond.notify_all()
                 run = self._started
                 if self._cond.wait_for(lambda: self._finished >= run, timeout):
@@ -235,7 +234,7 @@ class _Runner:
             finally:
                 with self._cond:
                     self._result, self._finished = result, run
-                    self._running = self._abandoned = False
+                    self._abandoned = False
                     self._cond.notify_all()
 
 
