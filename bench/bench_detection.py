@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
-from e2e_stack import Stack  # noqa: E402
+from helpers.e2e_stack import Stack  # noqa: E402
 
 
 def seconds(duration: str) -> float:

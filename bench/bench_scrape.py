@@ -13,11 +13,12 @@ with ``python -m venv v && v/bin/pip install nvitop-exporter``); without it that
 
 What is real and what is not: NVML is the test library (tests/fakenvml), which re-reads its
 state file at every query, so NVML calls cost more than a driver's would, for both exporters.
-Everything else is real: heartbeat files written with ``trainguard.heartbeat.write_heartbeat``
-carrying the pid and create time of live ``sleep`` processes (and, for every fifth run, of a
-pid that no longer exists), checkpoint files with manifest records written with
-``trainguard.manifest`` (a primary and a ``backup`` mirror per run, aged past the grace period
-with ``os.utime``, one orphaned ``.part`` per primary and one truncated file per mirror), and
+Everything else is real: heartbeat files written with
+``trainguard.shared.heartbeat.write_heartbeat`` carrying the pid and create time of live
+``sleep`` processes (and, for every fifth run, of a pid that no longer exists), checkpoint files
+with manifest records written with ``trainguard.shared.manifest`` (a primary and a ``backup``
+mirror per run, aged past the grace period with ``os.utime``, one orphaned ``.part`` per primary
+and one truncated file per mirror), and
 the exporter started as ``python -m trainguard`` and scraped over HTTP on 127.0.0.1.
 
 Reports, per configuration (medians over ``--rounds`` rounds, configurations interleaved in a
@@ -57,21 +58,17 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
-from exporter_proc import child_env, free_port  # noqa: E402
-from nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
-from trainguard import procinfo  # noqa: E402
-from trainguard.heartbeat import (  # noqa: E402
+from helpers.exporter_proc import child_env, free_port  # noqa: E402
+from helpers.nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
+from trainguard.exporter.dirwatch import SETTLE_SECONDS  # noqa: E402
+from trainguard.shared import procinfo  # noqa: E402
+from trainguard.shared.heartbeat import (  # noqa: E402
     AllocatorStats,
     Heartbeat,
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.manifest import (  # noqa: E402
-    MANIFEST_DIR,
-    SETTLE_SECONDS,
-    Record,
-    record_path,
-)
+from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path  # noqa: E402
 
 GIB = 1 << 30
 LIVE_POOL = 128  # sleep processes: the pids GPU processes and live runs carry
@@ -365,15 +362,16 @@ def nvitop(python: str, env: dict[str, str]) -> Running:
 
 OURS_COLLECT = """
 import json, time
-from trainguard.collectors.gpu import GpuCollector
+from trainguard.exporter.collectors.gpu import GpuCollector
+from trainguard.exporter.scrape import Scrape
 c = GpuCollector()
-errors = []
-list(c.gather(errors))
-assert not errors, errors
+scrape = Scrape()
+list(c.gather(scrape))
+assert not scrape.errors, scrape.errors
 n = {n}
 t = time.perf_counter()
 for _ in range(n):
-    list(c.gather(errors))
+    list(c.gather(Scrape()))
 print(json.dumps({{"collect_ms": 1000 * (time.perf_counter() - t) / n}}))
 """
 
@@ -397,10 +395,10 @@ COLD = """
 import gc, json, os, time
 from pathlib import Path
 from prometheus_client import generate_latest
-from trainguard import manifest
-from trainguard.cli import build_collectors, build_registry
-from trainguard.collectors.checkpoints import CheckpointsCollector
-from trainguard.config import load_config
+from trainguard.shared import manifest
+from trainguard.exporter.cli import build_collectors, build_registry
+from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
+from trainguard.exporter.config import load_config
 config = load_config(os.environ["BENCH_CONFIG"])
 collectors = build_collectors(config, Path(os.environ["BENCH_STATE_DIR"]))
 registry = build_registry(collectors)
@@ -442,8 +440,8 @@ import os, time
 from pathlib import Path
 from prometheus_client import generate_latest
 from pyinstrument import Profiler
-from trainguard.cli import build_collectors, build_registry
-from trainguard.config import load_config
+from trainguard.exporter.cli import build_collectors, build_registry
+from trainguard.exporter.config import load_config
 config = load_config(os.environ["BENCH_CONFIG"])
 registry = build_registry(build_collectors(config, Path(os.environ["BENCH_STATE_DIR"])))
 for _ in range(5):

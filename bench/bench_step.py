@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from trainguard.reporter import Run
+from trainguard.run.reporter import Run
 
 
 @contextmanager

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
+
+from alerts import build, kinds, thresholds
+from alerts.rules import GROUPS, Alert
+from alerts.rules.common import PLACEHOLDER
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
@@ -46,20 +48,6 @@ needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
     reason="promtool not installed (Debian/Ubuntu: apt-get install prometheus); CI installs it",
 )
-
-
-def load_build() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trainguard_alerts_build", ALERTS / "build.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture(scope="module")
-def build() -> ModuleType:
-    return load_build()
 
 
 @pytest.fixture(scope="module")
@@ -98,27 +86,55 @@ def test_promtool_unit_tests() -> None:
 # ------------------------------------------------------------------------------- generator
 
 
-def test_committed_rules_match_generator(build: ModuleType) -> None:
+def test_committed_rules_match_generator() -> None:
     assert RULES.read_text(encoding="utf-8") == build.render(), (
         "alerts/trainguard.rules.yml is stale: run python alerts/build.py"
     )
 
 
-def test_generated_yaml_round_trips(build: ModuleType, groups: list[dict[str, Any]]) -> None:
+def test_generated_yaml_round_trips(groups: list[dict[str, Any]]) -> None:
     # The folded YAML style must not change a single character of exprs and templates.
-    expected = build._fill_all(build.rule_groups(), build.resolve())
-    assert groups == expected
+    assert groups == build.rule_groups()
 
 
-def test_build_check_mode(tmp_path: Path, build: ModuleType) -> None:
+def test_build_check_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rules.yml"
     assert build.main(["-o", str(out)]) == 0
     assert build.main(["-o", str(out), "--check"]) == 0
     out.write_text(out.read_text(encoding="utf-8") + "# edited\n", encoding="utf-8")
+    capsys.readouterr()
+    assert build.main(["-o", str(out), "--check"]) == 1
+    assert f"is stale: run python alerts/build.py -o {out}" in capsys.readouterr().err
+    out.unlink()
+    assert build.main(["-o", str(out), "--check"]) == 1
+    assert not out.exists(), "--check must not write"
+
+
+def test_check_compares_with_the_given_overrides(tmp_path: Path) -> None:
+    out = tmp_path / "rules.yml"
+    assert build.main(["--set", "stall=1h", "-o", str(out)]) == 0
+    assert build.main(["--set", "stall=1h", "-o", str(out), "--check"]) == 0
     assert build.main(["-o", str(out), "--check"]) == 1
 
 
-def test_overrides_change_only_what_they_name(build: ModuleType) -> None:
+def test_output_dash_writes_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert build.main(["-o", "-"]) == 0
+    assert capsys.readouterr().out == RULES.read_text(encoding="utf-8")
+    assert build.main(["-o", "-", "--check"]) == 2
+
+
+def test_script_runs_from_any_directory(tmp_path: Path) -> None:
+    script = [sys.executable, str(ALERTS / "build.py")]
+    run = subprocess.run(
+        [*script, "-o", "-"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == RULES.read_text(encoding="utf-8")
+    check = subprocess.run([*script, "--check"], cwd=tmp_path, capture_output=True, check=False)
+    assert check.returncode == 0, check.stderr
+
+
+def test_overrides_change_only_what_they_name() -> None:
     text = build.render({"stall": "1h", "ghost_floor": "4GiB", "job_selector": 'job="gpu"'})
     assert "time() - (trainguard_run_heartbeat_timestamp_seconds > 0) > 3600" in text
     assert "changes(trainguard_run_step[1h])" in text
@@ -135,28 +151,119 @@ def test_overrides_change_only_what_they_name(build: ModuleType) -> None:
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
 
-def test_overrides_from_config_file(tmp_path: Path, build: ModuleType) -> None:
+def test_overrides_from_config_file(tmp_path: Path) -> None:
     config = tmp_path / "thresholds.yml"
-    config.write_text("stall: 45m\nrepeated_death_steps: 200\n", encoding="utf-8")
+    config.write_text("stall: 45m\nrepeated_death_steps: 200\nlog_stale: 3600\n", encoding="utf-8")
     out = tmp_path / "rules.yml"
     assert build.main(["--config", str(config), "-o", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
     assert "changes(trainguard_run_step[45m])" in text
     assert ") <= 200" in text
+    assert "(threshold 1h)" in text  # plain seconds are shown as a PromQL duration
+    # --set wins over --config.
+    assert build.main(["--config", str(config), "--set", "stall=2h", "-o", str(out)]) == 0
+    assert "changes(trainguard_run_step[2h])" in out.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
     "overrides",
-    [{"no_such_threshold": 1}, {"stall": "soon"}, {"ghost_floor": "lots"}, {"ghost_ratio": 0}],
+    [
+        {"no_such_threshold": 1},
+        {"stall": "soon"},
+        {"stall": True},
+        {"ghost_floor": "lots"},
+        {"ghost_ratio": 0},
+        {"job_selector": ""},
+        {"runbook_base": "https://example.com/runbook.md#x"},
+    ],
 )
-def test_bad_overrides_are_errors(build: ModuleType, overrides: dict[str, Any]) -> None:
+def test_bad_overrides_are_errors(overrides: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         build.render(overrides)
 
 
-def test_bad_override_exit_status(build: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
-    assert build.main(["--set", "stall=soon", "-o", "-"]) == 2
-    assert "not a duration" in capsys.readouterr().err
+# One or more bad values of each kind: exit 2, and the message names the threshold and its kind.
+BAD_VALUES = [
+    ("stall", "soon", "duration"),
+    ("checkpoint_stale", "0", "duration"),
+    ("ghost_ratio", "lots", "number"),
+    ("repeated_death_steps", "-5", "number"),
+    ("ghost_floor", "2 gigs", "bytes"),
+    ("job_selector", "job=trainguard", "selector"),
+    ("runbook_base", "runbook.md", "url"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "kind"), BAD_VALUES)
+def test_bad_set_value_exit_status(
+    name: str, value: str, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert build.main(["--set", f"{name}={value}", "-o", "-"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"threshold {name} ({kind})" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+
+
+def test_bad_value_cases_cover_every_kind() -> None:
+    assert {kind for _, _, kind in BAD_VALUES} == {kind.name for kind in kinds.KINDS}
+
+
+def test_bad_config_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert build.main(["--config", str(tmp_path / "missing.yml"), "-o", "-"]) == 2
+    not_a_mapping = tmp_path / "list.yml"
+    not_a_mapping.write_text("- stall\n", encoding="utf-8")
+    assert build.main(["--config", str(not_a_mapping), "-o", "-"]) == 2
+    broken = tmp_path / "broken.yml"
+    broken.write_text("stall: [\n", encoding="utf-8")
+    assert build.main(["--config", str(broken), "-o", "-"]) == 2
+    assert build.main(["--set", "stall", "-o", "-"]) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_list_prints_every_threshold_as_a_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert build.main(["--list", "--set", "stall=1h"]) == 0
+    text = capsys.readouterr().out
+    listed = yaml.safe_load(text)
+    assert list(listed) == [t.name for t in thresholds.THRESHOLDS]
+    assert listed["stall"] == "1h" and listed["ghost_floor"] == "2GiB"
+    for t in thresholds.THRESHOLDS:
+        assert t.doc.split()[0] in text, t.name
+    # The listing is a valid --config: feeding it back gives the same rules.
+    config = tmp_path / "listed.yml"
+    config.write_text(text, encoding="utf-8")
+    assert build.render(thresholds.load_config(config)) == build.render({"stall": "1h"})
+
+
+def test_every_placeholder_is_known_and_every_threshold_used() -> None:
+    texts = ["${runbook_base}"]  # runbook_url is built by the renderer
+    snippets: set[str] = set()
+    for group in GROUPS:
+        snippets |= set(group.snippets)
+        texts += group.snippets.values()
+        for rule in group.rules:
+            texts.append(rule.expr)
+            if isinstance(rule, Alert):
+                texts += [rule.for_ or "", rule.summary, rule.description]
+    used = {name for text in texts for name in PLACEHOLDER.findall(text)}
+    placeholders = set(thresholds.resolve())
+    assert not snippets & placeholders, "snippet names shadow thresholds"
+    assert used <= placeholders | snippets, f"unknown: {sorted(used - placeholders - snippets)}"
+    unused = [
+        t.name for t in thresholds.THRESHOLDS if not used & {t.name, f"{t.name}_s", f"{t.name}_h"}
+    ]
+    assert not unused, f"thresholds no rule uses: {unused}"
+
+
+def test_rule_modules_use_one_template_syntax() -> None:
+    # Go templates and PromQL are written literally: no f-string escaping, no [[x]] placeholders.
+    for path in sorted((ALERTS / "rules").glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for old in ("{{{{", "}}}}", "[["):
+            assert old not in source, f"{path.name}: {old}"
+        assert not re.search(r"(?<!\w)f[\"']", source), f"{path.name}: f-string"
 
 
 # ------------------------------------------------------------------------------- rules
@@ -265,7 +372,7 @@ def test_unit_test_files_evaluate_recording_rules_first(groups: list[dict[str, A
         )
 
 
-def test_readme_documents_every_threshold(build: ModuleType) -> None:
+def test_readme_documents_every_threshold() -> None:
     readme = (ALERTS / "README.md").read_text(encoding="utf-8")
-    missing = [key for key in build.DEFAULTS if f"`{key}`" not in readme]
+    missing = [t.name for t in thresholds.THRESHOLDS if f"`{t.name}`" not in readme]
     assert not missing, f"alerts/README.md does not mention: {missing}"

@@ -21,12 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter_proc import Exporter, Samples, select, value
-from run_child import own_heartbeat, put
+from helpers.exporter_proc import Exporter, Samples, select, value
+from helpers.run_child import own_heartbeat, put
 from trainguard.checkpoint import save
-from trainguard.collector import printable
-from trainguard.heartbeat import heartbeat_filename
-from trainguard.manifest import MANIFEST_DIR, Record, record_path
+from trainguard.exporter.collector import printable
+from trainguard.shared.heartbeat import heartbeat_filename
+from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 
 DATA = Path(__file__).parent / "data"
 HEARTBEATS = DATA / "heartbeats"

@@ -2,7 +2,7 @@
 (and at random moments from outside), after which no final-named file may be partial,
 ``latest()`` must name the last complete step, and the real exporter must agree with it.
 
-How the kill points cover the phases: tests/ckpt_child.py wraps the ``os`` functions the
+How the kill points cover the phases: tests/helpers/ckpt_child.py wraps the ``os`` functions the
 library calls (open, write, ftruncate, fsync, replace, unlink, mkdir, close, copy_file_range)
 and kills itself right before the k-th one, for every k of a dry run's trace, and in the middle
 of every data write or copy (half of it done). The trace labels each operation with what it
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_child import payload
-from exporter_proc import Exporter, child_env, value
+from helpers.ckpt_child import payload
+from helpers.exporter_proc import Exporter, child_env, value
 from trainguard.checkpoint import latest, mirror, prune, save
-from trainguard.manifest import MANIFEST_DIR, record_path
+from trainguard.shared.manifest import MANIFEST_DIR, record_path
 
-CHILD = Path(__file__).with_name("ckpt_child.py")
+CHILD = Path(__file__).parent / "helpers" / "ckpt_child.py"
 RUN = "fi"
 
 SAVE_PHASES = {

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter_proc import child_env
-from trainguard import checkpoint
-from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save
-from trainguard.manifest import MANIFEST_DIR, Record, read_record, record_path, write_record
+from helpers.exporter_proc import child_env
+from trainguard.checkpoint import CheckpointError, copier, latest, mirror, prune, save
+from trainguard.shared.manifest import MANIFEST_DIR, Record, read_record, record_path, write_record
 
 
 def sha(data: bytes) -> str:
@@ -162,7 +161,7 @@ def test_mirror_falls_back_when_the_kernel_cannot_copy(
 
     for name in broken.split("+"):
         monkeypatch.setattr(os, name, exdev)
-    monkeypatch.setattr(checkpoint, "COPY_CHUNK", 1 << 20)
+    monkeypatch.setattr(copier, "COPY_CHUNK", 1 << 20)
     p, m = tmp_path / "p", tmp_path / "m"
     p.mkdir()
     m.mkdir()

@@ -12,24 +12,25 @@ from typing import Any
 
 import pytest
 
-from exporter_proc import Exporter, Samples, poll, select, value
+from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from trainguard.checkpoint import mirror, save
-from trainguard.collectors.checkpoints import CheckpointsCollector
-from trainguard.config import CheckpointSettings
-from trainguard.manifest import MANIFEST_DIR, Record, record_path
-from trainguard.targets import CheckpointTarget
-from trainguard.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
+from trainguard.exporter.config import CheckpointSettings
+from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.verifier import Verifier
+from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 
 RUN = "r"
 
 
 def samples_of(collector: CheckpointsCollector) -> tuple[Samples, list[str]]:
-    errors: list[str] = []
+    scrape = Scrape()
     out: Samples = {}
-    for family in collector.gather(errors):
+    for family in collector.gather(scrape):
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out, errors
+    return out, scrape.errors
 
 
 class Setup:

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from exporter_proc import Exporter, child_env, value
+from helpers.exporter_proc import Exporter, child_env, value
 from trainguard import __version__
 
 
@@ -33,8 +33,28 @@ def test_version_and_help() -> None:
         "--config.file",
         "--state.dir",
         "--log.level",
+        "--collector.gpu",
+        "--no-collector.gpu",
+        "--no-collector.checkpoints",
     ):
         assert flag in r.stdout
+
+
+def test_collectors_can_be_switched_off(tmp_path) -> None:
+    """node_exporter-style --no-collector.NAME: the collector is not run at all (no
+    collector_success series, none of its metrics), the others still are."""
+    args = ["--no-collector.gpu", "--no-collector.processes"]
+    with Exporter(args=args, state_dir=tmp_path) as exp:
+        s = exp.scrape()
+        log = exp.stop()
+    collectors = {dict(lbl)["collector"] for (n, lbl) in s if n == "trainguard_collector_success"}
+    assert collectors == {"runs", "checkpoints"}
+    assert not [n for (n, _) in s if n.startswith(("trainguard_gpu_", "trainguard_process_count"))]
+    assert "collectors runs,checkpoints" in log
+    # and on again explicitly: the default
+    with Exporter(args=["--collector.gpu"], state_dir=tmp_path) as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_duration_seconds", collector="gpu") is not None
 
 
 def test_starts_without_nvml_or_config(tmp_path) -> None:

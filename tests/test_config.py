@@ -7,7 +7,13 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.config import ConfigError, load_config, parse_config, parse_duration, parse_size
+from trainguard.exporter.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_size,
+)
 
 DATA = Path(__file__).parent / "data" / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))

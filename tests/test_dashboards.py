@@ -3,7 +3,7 @@
 The PromQL check uses the real ``promtool`` (Debian package ``prometheus``): every panel and
 variable query becomes a recording rule in a temporary rule file and ``promtool check rules``
 parses it. Running the queries against a Prometheus fed by the real exporter is a separate test
-built on :func:`grafana.queries.iter_queries`.
+(``tests/test_dashboards_live.py``) built on :func:`helpers.dashboard_queries.iter_queries`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from grafana import generate
+from helpers import dashboard_queries as queries
 
-from grafana import generate, queries  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 UIDS = {
     "trainguard-runs": "Training runs",
@@ -32,7 +31,7 @@ UIDS = {
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
-# The metric contract (shared/design.md). Metrics with a `run` label must be filtered on $run.
+# The metric contract (docs/metrics.md). Metrics with a `run` label must be filtered on $run.
 METRICS_WITHOUT_RUN = {
     "trainguard_exporter_build_info",
     "trainguard_collector_success",
@@ -79,6 +78,11 @@ METRICS_WITH_RUN = {
 BYTE_UNITS = {"bytes", "decbytes", "percentunit"}  # a ratio of two byte counts is a percentage
 TIME_UNITS = {"s", "ms", "dtdurations", "dateTimeAsIso"}
 
+# Every alert of the rules file, read here independently of the generator: the dashboards'
+# "Firing trainguard alerts" table must show exactly these.
+RULES = yaml.safe_load((REPO / "alerts" / "trainguard.rules.yml").read_text(encoding="utf-8"))
+RULE_ALERTS = sorted({r["alert"] for g in RULES["groups"] for r in g["rules"] if "alert" in r})
+
 # metric name, then optional {matchers}; PromQL keywords and functions never start with these
 _SELECTOR_RE = re.compile(r"\b(trainguard_\w+|ALERTS|up)\b(\{[^}]*\})?")
 
@@ -94,7 +98,7 @@ def committed() -> dict[str, dict[str, Any]]:
 
 
 def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(queries._walk_panels(dashboard["panels"]))
+    return list(queries.walk_panels(dashboard["panels"]))
 
 
 def _query_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,12 +128,49 @@ def test_committed_json_matches_generator(generated: dict[str, dict[str, Any]]) 
         assert text == generate.render(dashboard), f"{name} is stale: python grafana/generate.py"
 
 
-def test_generate_check_mode(tmp_path: Path) -> None:
-    assert generate.main(["--out", str(tmp_path)]) == 0
-    assert generate.main(["--check", "--out", str(tmp_path)]) == 0
+def test_generate_check_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert generate.main(["-o", str(tmp_path)]) == 0
+    assert generate.main(["--check", "--output", str(tmp_path)]) == 0
     victim = next(tmp_path.glob("*.json"))
     victim.write_text("{}\n", encoding="utf-8")
-    assert generate.main(["--check", "--out", str(tmp_path)]) == 1
+    capsys.readouterr()
+    assert generate.main(["--check", "-o", str(tmp_path)]) == 1
+    assert victim.read_text(encoding="utf-8") == "{}\n"  # --check writes nothing
+    assert f"{victim} is stale: run python grafana/generate.py" in capsys.readouterr().err
+
+
+def test_generate_rejects_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert generate.main(["-o", "-"]) == 2  # three files do not go to one stream
+    assert capsys.readouterr().err.startswith("grafana/generate.py: error: ")
+
+
+def test_generate_runs_as_a_script_from_anywhere(tmp_path: Path) -> None:
+    script = REPO / "grafana" / "generate.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_alert_names_come_from_the_rules_file(tmp_path: Path) -> None:
+    assert generate.alert_names() == RULE_ALERTS
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        "groups:\n- name: g\n  rules:\n  - alert: B\n    expr: up\n  - record: r\n"
+        "    expr: up\n  - alert: A\n    expr: up\n  - alert: B\n    expr: up\n",
+        encoding="utf-8",
+    )
+    assert generate.alert_names(rules) == ["A", "B"]
+    rules.write_text("groups: []\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no alerting rules"):
+        generate.alert_names(rules)
+    rules.write_text("groups:\n- name: g\n  rules:\n  - alert: 'A|B'\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a plain identifier"):
+        generate.build_dashboards(rules)
 
 
 # --- (b) structure ----------------------------------------------------------------------------
@@ -229,15 +270,9 @@ def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
     by_uid = {d["uid"]: {p["title"]: p for p in _query_panels(d)} for d in committed.values()}
     runs = by_uid["trainguard-runs"]
     alerts = runs["Firing trainguard alerts"]["targets"][0]["expr"]
-    for name in (
-        "TrainguardExporterDown",
-        "DuplicateHostProcess",
-        "StepsAtRisk",
-        "RepeatedDeathNearSameStep",
-        "GPUGhostMemory",
-        "CheckpointTruncated",
-    ):
-        alternatives = alerts.split('alertname=~"')[1].split('"')[0]
+    alternatives = alerts.split('alertname=~"')[1].split('"')[0]
+    assert alternatives.split("|") == RULE_ALERTS  # every alert of the rules, and only those
+    for name in RULE_ALERTS:
         assert re.fullmatch(alternatives, name), name
     assert runs["Run state per rank"]["type"] == "state-timeline"
     gpu = by_uid["trainguard-gpu-memory"]

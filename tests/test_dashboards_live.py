@@ -12,12 +12,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from e2e_stack import GIB, Stack
-from exporter_proc import child_env
-from grafana.queries import iter_queries
-from promstack import ALERTMANAGER, PROMETHEUS
-from run_child import own_heartbeat, put
-from trainguard.reporter import allocator_stats
+from helpers.dashboard_queries import iter_queries
+from helpers.e2e_stack import GIB, Stack
+from helpers.exporter_proc import child_env
+from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.run_child import own_heartbeat, put
+from trainguard.run.allocator import allocator_stats
 
 pytestmark = pytest.mark.skipif(
     not (PROMETHEUS and ALERTMANAGER),

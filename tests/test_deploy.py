@@ -22,16 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
+from deploy.kubernetes import build_prometheusrule
+
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
 KUBERNETES_VERSION = "1.33.0"
 RULES_FILE = REPO / "alerts" / "trainguard.rules.yml"
-
-if str(K8S) not in sys.path:
-    sys.path.insert(0, str(K8S))
-
-import build_prometheusrule  # noqa: E402
 
 
 def _tool(name: str, hint: str) -> str:
@@ -333,10 +330,42 @@ def test_build_prometheusrule_wraps_groups_unchanged(tmp_path: Path) -> None:
     _validate_operator_kind(doc)
 
     out = tmp_path / "prometheusrule.yaml"
-    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out)]) == 0
-    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out), "--check"]) == 0
+    assert build_prometheusrule.main(["--rules", str(rules), "--output", str(out)]) == 0
+    assert build_prometheusrule.main(["--rules", str(rules), "-o", str(out), "--check"]) == 0
     out.write_text(text.replace("critical", "warning"), encoding="utf-8")
-    assert build_prometheusrule.main(["--rules", str(rules), "--out", str(out), "--check"]) == 1
+    assert build_prometheusrule.main(["--rules", str(rules), "-o", str(out), "--check"]) == 1
+
+
+def test_build_prometheusrule_cli(tmp_path: Path) -> None:
+    script = [sys.executable, str(K8S / "build_prometheusrule.py")]
+    # Runs from any directory; "-o -" writes the manifest to stdout.
+    run = subprocess.run(
+        [*script, "-o", "-"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == build_prometheusrule.render(RULES_FILE)
+    check = subprocess.run(
+        [*script, "--check"], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stderr
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text("# old\n", encoding="utf-8")
+    check = subprocess.run(
+        [*script, "-o", str(stale), "--check"], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 1
+    assert "run python deploy/kubernetes/build_prometheusrule.py -o" in check.stderr
+    assert stale.read_text(encoding="utf-8") == "# old\n"
+    # Bad input: exit 2 with one line naming the problem.
+    bad = tmp_path / "bad.yml"
+    bad.write_text("rules: []\n", encoding="utf-8")
+    for rules in (bad, tmp_path / "missing.yml"):
+        result = subprocess.run(
+            [*script, "--rules", str(rules), "-o", "-"], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("deploy/kubernetes/build_prometheusrule.py: error: ")
+        assert str(rules) in result.stderr
 
 
 def test_build_prometheusrule_rejects_non_rule_files(tmp_path: Path) -> None:

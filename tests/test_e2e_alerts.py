@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e_stack import Stack
-from promstack import ALERTMANAGER, PROMETHEUS
+from helpers.e2e_stack import Stack
+from helpers.promstack import ALERTMANAGER, PROMETHEUS
 
 pytestmark = pytest.mark.skipif(
     not (PROMETHEUS and ALERTMANAGER),

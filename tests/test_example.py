@@ -6,9 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporter_proc import REPO, child_env
+from helpers.exporter_proc import REPO, child_env
 from trainguard import checkpoint
-from trainguard.heartbeat import heartbeat_filename, read_heartbeat
+from trainguard.shared.heartbeat import heartbeat_filename, read_heartbeat
 
 
 def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from nvml_fake import (
+from helpers.nvml_fake import (
     LIB_NAME,
     SOURCE_DIR,
     FakeNvmlState,

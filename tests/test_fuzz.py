@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from trainguard.heartbeat import HeartbeatError, parse_heartbeat_bytes
-from trainguard.manifest import ManifestError, parse_record
+from trainguard.shared.heartbeat import HeartbeatError, parse_heartbeat_bytes
+from trainguard.shared.manifest import ManifestError, parse_record
 
 FUZZ = Path(__file__).parent / "fuzz"
 DATA = Path(__file__).parent / "data"

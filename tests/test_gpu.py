@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter_proc import Exporter, poll, select, value
-from nvml_fake import FakeNvmlState
+from helpers.exporter_proc import Exporter, poll, select, value
+from helpers.nvml_fake import FakeNvmlState
 
 GIB = 1 << 30
 

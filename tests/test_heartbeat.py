@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainguard.heartbeat import (
+from trainguard.shared.heartbeat import (
     CAUSES,
     MAX_BYTES,
     AllocatorStats,

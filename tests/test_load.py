@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psutil
 
-from exporter_proc import Exporter, value
-from nvml_fake import FakeNvmlState
+from helpers.exporter_proc import Exporter, value
+from helpers.nvml_fake import FakeNvmlState
 
 SCRAPERS = 50
 SCRAPES = 10_000

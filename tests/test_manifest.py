@@ -11,20 +11,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard import manifest
-from trainguard.manifest import (
+from trainguard.exporter.dirwatch import RecordCache
+from trainguard.shared import manifest
+from trainguard.shared.listing import list_directory, read_listing
+from trainguard.shared.manifest import (
     MANIFEST_DIR,
-    CheckpointPattern,
     ManifestError,
     Record,
-    RecordCache,
-    list_directory,
     parse_record,
-    read_listing,
     read_record,
     record_path,
     write_record,
 )
+from trainguard.shared.pattern import CheckpointPattern
 
 SHA = "ab" * 32
 

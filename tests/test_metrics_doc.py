@@ -4,17 +4,17 @@ import importlib
 import pkgutil
 import re
 
-import trainguard.collectors
-from exporter_proc import REPO
-from trainguard.collector import FRAMEWORK_METRICS, Collector, MetricSpec
+import trainguard.exporter.collectors
+from helpers.exporter_proc import REPO
+from trainguard.exporter.collector import FRAMEWORK_METRICS, Collector, MetricSpec
 
 ROW = re.compile(r"^\|\s*`(trainguard_[a-z0-9_]+)`\s*\|\s*(\w+)\s*\|([^|]*)\|")
 
 
 def code_metrics() -> dict[str, MetricSpec]:
     specs = {m.name: m for m in FRAMEWORK_METRICS}
-    for mod in pkgutil.iter_modules(trainguard.collectors.__path__):
-        module = importlib.import_module(f"trainguard.collectors.{mod.name}")
+    for mod in pkgutil.iter_modules(trainguard.exporter.collectors.__path__):
+        module = importlib.import_module(f"trainguard.exporter.collectors.{mod.name}")
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, Collector) and obj is not Collector:
                 for spec in obj.metrics:

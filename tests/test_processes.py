@@ -3,7 +3,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from exporter_proc import Exporter, value
+from helpers.exporter_proc import Exporter, value
 
 
 def test_counts_processes_by_name_pattern(tmp_path: Path) -> None:

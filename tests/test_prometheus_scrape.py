@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from exporter_proc import Exporter
-from promstack import Prometheus
+from helpers.exporter_proc import Exporter
+from helpers.promstack import Prometheus
 
 
 def test_prometheus_scrapes_exporter(tmp_path: Path) -> None:

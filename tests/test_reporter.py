@@ -20,11 +20,13 @@ import pytest
 import torch
 
 import trainguard
-from exporter_proc import child_env
-from run_child import CHILD, wait_heartbeat
-from trainguard import procinfo, reporter
-from trainguard.heartbeat import Death, Heartbeat, read_heartbeat, write_heartbeat
-from trainguard.reporter import Run, allocator_stats
+from helpers.exporter_proc import child_env
+from helpers.run_child import CHILD, wait_heartbeat
+from trainguard.run import oom, reporter
+from trainguard.run.allocator import allocator_stats
+from trainguard.run.reporter import Run
+from trainguard.shared import procinfo
+from trainguard.shared.heartbeat import Death, Heartbeat, read_heartbeat, write_heartbeat
 
 # key names exactly as torch.cuda.memory_stats() returns them (see its docstring)
 REAL_STATS = {
@@ -455,11 +457,11 @@ def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch
         torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b"snapshot")
     )
     run = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
-    assert recorded == [{"max_entries": reporter.OOM_HISTORY_ENTRIES}]
+    assert recorded == [{"max_entries": oom.OOM_HISTORY_ENTRIES}]
     for _ in range(2):
         with pytest.raises(torch.cuda.OutOfMemoryError), run.capture_oom():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    with pytest.raises(ValueError), run.oom_guard():
+    with pytest.raises(ValueError), run.capture_oom():
         raise ValueError("not an oom: no snapshot")
     run.close()
     stem = run.path.name.removesuffix(".heartbeat.json")

@@ -16,12 +16,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from exporter_proc import Exporter, Samples, select
-from nvml_fake import FakeNvmlState
-from run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
-from trainguard import procinfo
-from trainguard.heartbeat import Death
-from trainguard.reporter import allocator_stats
+from helpers.exporter_proc import Exporter, Samples, select
+from helpers.nvml_fake import FakeNvmlState
+from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from trainguard.run.allocator import allocator_stats
+from trainguard.shared import procinfo
+from trainguard.shared.heartbeat import Death
 
 
 def sample(samples: Samples, metric: str, **labels: str) -> float | None:

@@ -12,12 +12,12 @@ from typing import Any
 
 import psutil
 
-from run_child import own_heartbeat, put
-from trainguard.collectors.runs import last_death
-from trainguard.config import parse_config
-from trainguard.heartbeat import Death
-from trainguard.runtable import RunTable
-from trainguard.targets import CheckpointTarget
+from helpers.run_child import own_heartbeat, put
+from trainguard.exporter.collectors.runs import last_death
+from trainguard.exporter.config import parse_config
+from trainguard.exporter.runtable import RunTable
+from trainguard.exporter.targets import CheckpointTarget
+from trainguard.shared.heartbeat import Death
 
 
 def test_pid_runs_lists_only_live_processes(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None
 
 
 def test_unchanged_files_are_not_read_again(tmp_path: Path, monkeypatch: Any) -> None:
-    from trainguard import runtable
+    from trainguard.exporter import runtable
 
     reads: list[str] = []
     real = runtable.read_heartbeat
@@ -133,8 +133,8 @@ def test_one_scrape_reads_the_state_dir_once(tmp_path: Path, monkeypatch: Any) -
     state directory once (and so checks each pid once), and all three see that snapshot."""
     from prometheus_client import generate_latest
 
-    from trainguard.cli import build_collectors, build_registry
-    from trainguard.config import Config
+    from trainguard.exporter.cli import build_collectors, build_registry
+    from trainguard.exporter.config import Config
 
     state = tmp_path / "state"
     state.mkdir()
@@ -162,7 +162,7 @@ def test_over_the_file_cap_the_newest_heartbeats_are_read(tmp_path: Path) -> Non
     """A state dir holding more heartbeat files than the cap (a long sweep's leftovers, or
     junk): the live runs, whose reporters rewrite their files every few seconds, are the ones
     read, whatever the directory order."""
-    from trainguard.config import Config
+    from trainguard.exporter.config import Config
 
     state = tmp_path / "state"
     state.mkdir()

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from exporter_proc import Exporter, select, value
-from run_child import own_heartbeat, put
+from helpers.exporter_proc import Exporter, select, value
+from helpers.run_child import own_heartbeat, put
 from trainguard.checkpoint import save
-from trainguard.heartbeat import heartbeat_filename, write_heartbeat
+from trainguard.shared.heartbeat import heartbeat_filename, write_heartbeat
 
 SECRET = "hunter2-AKIA5ECRETT0KEN"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter_proc import child_env
-from trainguard.verifier import Status, TokenBucket, Verifier
+from helpers.exporter_proc import child_env
+from trainguard.exporter.verifier import Status, TokenBucket, Verifier
 
 
 class FakeClock:
@@ -140,7 +140,8 @@ def test_the_worker_never_keeps_the_process_alive(tmp_path: Path) -> None:
     f = tmp_path / "big.bin"
     f.write_bytes(os.urandom(4 * 1024 * 1024))
     code = (
-        "import os, sys; from pathlib import Path; from trainguard.verifier import Verifier\n"
+        "import os, sys; from pathlib import Path\n"
+        "from trainguard.exporter.verifier import Verifier\n"
         f"p = Path({str(f)!r}); v = Verifier(1024)\n"  # 1 KiB/s: hours for this file
         "v.status(p, os.stat(p), '0' * 64)\n"
         "print('leaving', flush=True)\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from exporter_proc import Exporter, child_env
+from helpers.exporter_proc import Exporter, child_env
 
 
 def openssl(*args: str | Path) -> None:

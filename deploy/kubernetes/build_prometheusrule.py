@@ -2,6 +2,7 @@
 
     python deploy/kubernetes/build_prometheusrule.py          # write it
     python deploy/kubernetes/build_prometheusrule.py --check  # exit 1 if it is out of date
+    python deploy/kubernetes/build_prometheusrule.py --rules my.rules.yml -o -   # to stdout
 
 The PrometheusRule (Prometheus Operator) carries the same ``groups`` as
 ``alerts/trainguard.rules.yml``, unchanged, so the alerts are the same with or without the
@@ -18,7 +19,13 @@ from typing import Any
 
 import yaml
 
+if __package__ in (None, ""):  # run as a script: make `alerts` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
+
 REPO = Path(__file__).resolve().parents[2]
+PROGRAM = "deploy/kubernetes/build_prometheusrule.py"
 RULES_FILE = REPO / "alerts" / "trainguard.rules.yml"
 OUTPUT = Path(__file__).resolve().parent / "prometheusrule.yaml"
 
@@ -42,7 +49,10 @@ _Dumper.add_representer(str, _str_representer)
 
 def load_groups(rules_file: Path) -> list[dict[str, Any]]:
     """The ``groups`` of a Prometheus rule file, checked for the shape the operator needs."""
-    data = yaml.safe_load(rules_file.read_text(encoding="utf-8"))
+    try:
+        data = yaml.safe_load(rules_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{rules_file}: not YAML: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict) or not isinstance(data.get("groups"), list):
         raise ValueError(f"{rules_file}: not a Prometheus rule file (no top-level 'groups' list)")
     extra = sorted(set(data) - {"groups"})
@@ -98,24 +108,29 @@ def render(rules_file: Path = RULES_FILE) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rules", type=Path, default=RULES_FILE, help="rule file to wrap")
-    parser.add_argument("--out", type=Path, default=OUTPUT, help="manifest to write")
-    parser.add_argument("--check", action="store_true", help="exit 1 if --out is out of date")
+    """Command line; exit status 0, 1 (``--check``: stale) or 2 (bad input)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--rules", type=Path, default=RULES_FILE, help="rule file to wrap (default: %(default)s)"
+    )
+    add_output_arguments(parser, OUTPUT)
     args = parser.parse_args(argv)
 
-    if not args.rules.exists():
-        print(f"{args.rules}: no such rule file", file=sys.stderr)
-        return 2
-    text = render(args.rules)
-    if args.check:
-        if not args.out.exists() or args.out.read_text(encoding="utf-8") != text:
-            print(f"{args.out} is out of date: run {Path(__file__).name}", file=sys.stderr)
-            return 1
+    try:
+        text = render(args.rules)
+    except FileNotFoundError:
+        return fail(PROGRAM, f"{args.rules}: no such rule file")
+    except (ValueError, OSError) as exc:
+        return fail(PROGRAM, str(exc))
+    if args.output == "-":
+        if args.check:
+            return fail(PROGRAM, "--check compares with a file: give -o FILE, not -o -")
+        sys.stdout.write(text)
         return 0
-    args.out.write_text(text, encoding="utf-8")
-    print(f"wrote {args.out}")
-    return 0
+    return write_or_check(
+        {Path(args.output): text}, check=args.check, command=regenerate_command(PROGRAM, argv)
+    )
 
 
 if __name__ == "__main__":

@@ -1,3 +1,3 @@
-from trainguard.cli import main
+from trainguard.exporter.cli import main
 
 raise SystemExit(main())

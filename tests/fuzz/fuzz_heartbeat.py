@@ -14,7 +14,7 @@ import _common  # noqa: F401  (sys.path for this checkout)
 import atheris
 
 with atheris.instrument_imports():
-    from trainguard.heartbeat import (
+    from trainguard.shared.heartbeat import (
         HeartbeatError,
         parse_heartbeat,
         parse_heartbeat_bytes,

@@ -11,7 +11,8 @@ import _common  # noqa: F401  (sys.path for this checkout)
 import atheris
 
 with atheris.instrument_imports():
-    from trainguard.manifest import CheckpointPattern, ManifestError, is_plain_name, parse_record
+    from trainguard.shared.manifest import ManifestError, parse_record
+    from trainguard.shared.pattern import CheckpointPattern, is_plain_name
 
 NAME = "step_1.pt"
 PATTERN = CheckpointPattern()

@@ -1,0 +1,22 @@
+"""The rule groups of ``alerts/trainguard.rules.yml``, one module each, in file order.
+
+Recording rules come first: promtool tests evaluate groups in this order (``group_eval_order``)
+so that the alerts see the recording rules of the same step.
+"""
+
+from __future__ import annotations
+
+from alerts.rules import allocator, checkpoints, deaths, exporter, gpu, recording, runs
+from alerts.rules.common import Alert, Group, Record
+
+GROUPS: tuple[Group, ...] = (
+    recording.GROUP,
+    runs.GROUP,
+    checkpoints.GROUP,
+    gpu.GROUP,
+    allocator.GROUP,
+    deaths.GROUP,
+    exporter.GROUP,
+)
+
+__all__ = ["GROUPS", "Alert", "Group", "Record"]

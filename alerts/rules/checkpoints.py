@@ -1,0 +1,136 @@
+"""Can the run be resumed, and from where? CheckpointStale, CheckpointTruncated,
+CheckpointHashMismatch, CheckpointPartialOrphaned, CheckpointVolumeFillingUp, StepsAtRisk."""
+
+from __future__ import annotations
+
+from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_bytes, query_value
+
+LOC_SEL = "job=%q,instance=%q,run=%q,location=%q"
+LOC_ARGS = "$labels.job $labels.instance $labels.run $labels.location"
+
+SNIPPETS = {
+    # "step 800 holds 50%, step 900 holds 10%": the truncated checkpoints at the location.
+    "truncated_steps": (
+        "{{ range $i, $s := printf `trainguard_checkpoint_size_bytes{" + LOC_SEL + "} / "
+        "trainguard_checkpoint_expected_size_bytes < 1` "
+        + LOC_ARGS
+        + ' | query | sortByLabel "step" }}{{ if $i }}, {{ end }}step {{ $s.Labels.step }} '
+        "holds {{ $s.Value | humanizePercentage }}{{ end }}"
+    ),
+    "cadence": query_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS),
+    "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
+    "avg_size": query_bytes(
+        "trainguard_checkpoint_bytes{" + LOC_SEL + "} / trainguard_checkpoint_files", LOC_ARGS
+    ),
+}
+
+GROUP = Group(
+    "trainguard-checkpoints",
+    snippets=SNIPPETS,
+    rules=(
+        Alert(
+            "CheckpointStale",
+            "warning",
+            expr="""
+            (time() - (trainguard_checkpoint_last_timestamp_seconds > 0)) > ${checkpoint_stale_s}
+            and on (job, instance, run) run:trainguard_run_active_ranks:count
+            and on (job, instance, run)
+              run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
+            """,
+            for_="5m",
+            summary="""
+            No new checkpoint of run {{ $labels.run }} at {{ $labels.location }} for
+            {{ $value | humanizeDuration }}.
+            """,
+            description="""
+            The newest complete checkpoint of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} is {{ $value | humanizeDuration }}
+            old (threshold ${checkpoint_stale}) while the run has been alive for at least that
+            long. Everything trained since then is lost if the run dies now.
+            """,
+        ),
+        Alert(
+            "CheckpointTruncated",
+            "critical",
+            expr="trainguard_checkpoint_truncated_files > 0",
+            for_="${checkpoint_damage_for}",
+            summary="Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
+            description="""
+            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} are smaller than the size
+            recorded when they were written (${truncated_steps}). They load and then produce
+            garbage; do not resume from them.
+            """,
+        ),
+        Alert(
+            "CheckpointHashMismatch",
+            "critical",
+            expr="trainguard_checkpoint_hash_mismatch_files > 0",
+            for_="${checkpoint_damage_for}",
+            summary="Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
+            description="""
+            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} no longer match the sha256
+            recorded when they were written. Do not resume from them.
+            """,
+        ),
+        Alert(
+            "CheckpointPartialOrphaned",
+            "warning",
+            expr="trainguard_checkpoint_oldest_partial_age_seconds > ${partial_orphaned_s}",
+            for_="5m",
+            summary="""
+            Orphaned partial checkpoint of run {{ $labels.run }} at {{ $labels.location }}.
+            """,
+            description="""
+            A .part file of run {{ $labels.run }} at location {{ $labels.location }} on
+            {{ $labels.instance }} has not been written to for {{ $value | humanizeDuration }}
+            (threshold ${partial_orphaned}): a save or copy died half-way. It takes space and
+            the checkpoint it was meant to become does not exist.
+            """,
+        ),
+        Alert(
+            "CheckpointVolumeFillingUp",
+            "warning",
+            expr="""
+            predict_linear(
+              trainguard_checkpoint_filesystem_avail_bytes[${volume_fill_window}],
+              ${volume_fill_horizon_s}
+            ) < 0
+            and
+            trainguard_checkpoint_filesystem_avail_bytes
+              < ${volume_fill_min_checkpoints}
+                * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
+            """,
+            for_="${volume_fill_for}",
+            summary="""
+            Checkpoint volume of run {{ $labels.run }} at {{ $labels.location }} is filling up.
+            """,
+            description="""
+            The volume holding checkpoints of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} has ${avail} free and, at
+            the rate of the last ${volume_fill_window}, is full within
+            ${volume_fill_horizon}; that is fewer than ${volume_fill_min_checkpoints}
+            checkpoints of the average size (${avg_size}).
+            """,
+        ),
+        Alert(
+            "StepsAtRisk",
+            "warning",
+            expr="""
+            run:trainguard_run_steps_since_checkpoint:max
+              > ${steps_at_risk_factor} * run:trainguard_checkpoint_step_cadence:avg
+            and on (job, instance, run) run:trainguard_run_active_ranks:count
+            """,
+            for_="${steps_at_risk_for}",
+            summary="""
+            Run {{ $labels.run }} is {{ $value }} steps past its newest complete checkpoint.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} is {{ $value }} steps
+            past its newest complete primary checkpoint, more than ${steps_at_risk_factor}x its
+            usual ${cadence} steps between checkpoints. If it dies now, those steps are lost.
+            """,
+        ),
+    ),
+)

@@ -1,0 +1,88 @@
+"""What every rule module uses: the rule types, the placeholder syntax, and Go-template snippets
+that print a query's value inside an annotation.
+
+Placeholders are ``${name}``: a threshold (``alerts/thresholds.py``) or a snippet of the
+rule's group. The syntax cannot meet Prometheus' own templates (``{{ $labels.run }}``: a ``$``
+is never followed by ``{`` there) nor PromQL (``[5m]``, ``{job="x"}``), so both are written
+literally, as Prometheus reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+
+
+def fill(template: str, table: Mapping[str, str]) -> str:
+    """Replace ``${name}`` placeholders in one pass (inserted text is not scanned again); an
+    unknown name is an error, not a silent blank."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in table:
+            raise KeyError("unknown placeholder ${" + name + "}")
+        return table[name]
+
+    return PLACEHOLDER.sub(sub, template)
+
+
+@dataclass(frozen=True)
+class Record:
+    """A recording rule; ``expr`` may be an indented block."""
+
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Alert:
+    """An alerting rule. ``summary`` and ``description`` may span lines here: they become one
+    line each. ``runbook_url`` is derived from ``name``."""
+
+    name: str
+    severity: str
+    expr: str
+    summary: str
+    description: str
+    for_: str | None = None
+
+
+@dataclass(frozen=True)
+class Group:
+    """A rule group; ``snippets`` are extra ``${name}`` placeholders of its annotations."""
+
+    name: str
+    rules: tuple[Record | Alert, ...]
+    snippets: Mapping[str, str] = field(default_factory=dict)
+
+
+# Go-template pieces. %q quotes a label value as a PromQL string inside printf.
+RUN_SEL = "job=%q,instance=%q,run=%q"
+RUN_ARGS = "$labels.job $labels.instance $labels.run"
+RANK_SEL = "job=%q,instance=%q,run=%q,rank=%q"
+RANK_ARGS = "$labels.job $labels.instance $labels.run $labels.rank"
+INT = 'printf "%.0f"'
+
+_QUERY_VALUE = (
+    "{{ with printf `${query}` ${args} | query }}"
+    "{{ . | first | value | ${fmt} }}${suffix}{{ else }}${unknown}{{ end }}"
+)
+
+
+def query_value(
+    query: str, args: str, fmt: str = INT, unknown: str = "unknown", suffix: str = ""
+) -> str:
+    """Template text printing the first sample of ``query`` (``printf`` with ``args``) through
+    the pipeline tail ``fmt``, or ``unknown`` when the query returns nothing."""
+    return fill(
+        _QUERY_VALUE,
+        {"query": query, "args": args, "fmt": fmt, "suffix": suffix, "unknown": unknown},
+    )
+
+
+def query_bytes(query: str, args: str) -> str:
+    """Template text printing the first sample of a query as 1.5GiB, or "unknown"."""
+    return query_value(query, args, "humanize1024", suffix="B")

@@ -1,0 +1,97 @@
+"""Is VRAM held by something that no longer trains? GPUGhostMemory, GPUUnattributedMemory,
+DuplicateHostProcess."""
+
+from __future__ import annotations
+
+from alerts.rules.common import RANK_ARGS, RANK_SEL, Alert, Group, query_bytes, query_value
+
+GPU_SEL = "job=%q,instance=%q,gpu=%q,uuid=%q"
+GPU_ARGS = "$labels.job $labels.instance $labels.gpu $labels.uuid"
+
+SNIPPETS = {
+    "driver": query_bytes(
+        "run_rank:trainguard_run_gpu_memory_used_bytes:sum{" + RANK_SEL + "}", RANK_ARGS
+    ),
+    "reserved": query_bytes(
+        "run_rank:trainguard_run_allocator_reserved_bytes:sum{" + RANK_SEL + "}", RANK_ARGS
+    ),
+    "ratio": query_value(
+        "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio{" + RANK_SEL + "}",
+        RANK_ARGS,
+        'printf "%.2f"',
+    ),
+    # " (NVIDIA H100 80GB HBM3)", or nothing when the GPU's info is missing.
+    "gpu_name": (
+        "{{ with printf `trainguard_gpu_info{" + GPU_SEL + "}` " + GPU_ARGS + " | query }}"
+        ' ({{ . | first | label "name" }}){{ end }}'
+    ),
+    "gpu_total": query_bytes("trainguard_gpu_memory_total_bytes{" + GPU_SEL + "}", GPU_ARGS),
+}
+
+GROUP = Group(
+    "trainguard-gpu",
+    snippets=SNIPPETS,
+    rules=(
+        Alert(
+            "GPUGhostMemory",
+            "warning",
+            expr="""
+            min_over_time(
+              run_rank:trainguard_run_gpu_memory_ghost_bytes:sum[${ghost_window}]
+            ) > ${ghost_floor}
+            and
+            min_over_time(
+              run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio[${ghost_window}]
+            ) > ${ghost_ratio}
+            """,
+            for_="${ghost_for}",
+            summary="""
+            GPU driver holds far more VRAM for run {{ $labels.run }} than its allocator reserved.
+            """,
+            description="""
+            For at least ${ghost_window} the driver has attributed
+            {{ $value | humanize1024 }}B or more VRAM to run {{ $labels.run }} rank
+            {{ $labels.rank }} on {{ $labels.instance }} than its PyTorch allocator has
+            reserved (now: driver ${driver}, reserved ${reserved}, ratio ${ratio}; thresholds:
+            ratio > ${ghost_ratio} and gap > ${ghost_floor_h}). Typical of ghost memory left
+            by crashed runs under WDDM/WSL: throughput drops until the VM or driver session is
+            restarted.
+            """,
+        ),
+        Alert(
+            "GPUUnattributedMemory",
+            "warning",
+            expr="""
+            trainguard_gpu_memory_unattributed_bytes > ${unattributed_floor}
+            unless on (job, instance, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
+            """,
+            for_="${unattributed_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} has VRAM in use that no live
+            process accounts for.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} has
+            {{ $value | humanize1024 }}B of its ${gpu_total} in use that no live process
+            accounts for (threshold ${unattributed_floor_h}, sustained ${unattributed_for}).
+            Memory of crashed processes the driver never released; it stays lost until the
+            driver session (the VM, under WSL) is restarted.
+            """,
+        ),
+        Alert(
+            "DuplicateHostProcess",
+            "warning",
+            expr="trainguard_process_count > 1",
+            for_="${duplicate_process_for}",
+            summary="""
+            {{ $value }} instances of host process {{ $labels.name }} on {{ $labels.instance }}.
+            """,
+            description="""
+            {{ $value }} processes on {{ $labels.instance }} match the configured name
+            {{ $labels.name }}, which should run once, for more than ${duplicate_process_for}.
+            For the WSL VM host process (vmmem) this means an old VM session was never
+            released, and with it the GPU memory it held.
+            """,
+        ),
+    ),
+)

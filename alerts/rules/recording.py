@@ -1,0 +1,88 @@
+"""Recording rules: the per-run and per-rank aggregates the alerts (and dashboards) build on.
+
+Evaluated first (promtool tests set ``group_eval_order``), so the alerts see this step's values.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import Group, Record
+
+GROUP = Group(
+    "trainguard.rules",
+    rules=(
+        Record(
+            "run:trainguard_run_active_ranks:count",
+            """
+            count by (job, instance, run) (
+              trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
+        Record(
+            "instance:trainguard_run_active_ranks:sum",
+            """
+            sum by (job, instance) (run:trainguard_run_active_ranks:count)
+            or
+            max by (job, instance) (trainguard_exporter_build_info) * 0
+            """,
+        ),
+        Record(
+            "run:trainguard_run_step:max",
+            "max by (job, instance, run) (trainguard_run_step)",
+        ),
+        Record(
+            "run:trainguard_run_steps_since_checkpoint:max",
+            """
+            clamp_min(
+              run:trainguard_run_step:max
+              - on (job, instance, run)
+              max by (job, instance, run) (trainguard_checkpoint_last_step{location="primary"}),
+              0
+            )
+            """,
+        ),
+        Record(
+            "run:trainguard_checkpoint_step_cadence:avg",
+            """
+            max by (job, instance, run) (
+              (
+                max_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+                - min_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+              )
+              / (
+                changes(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                ) > 0
+              )
+            ) > 0
+            """,
+        ),
+        Record(
+            "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
+            "sum by (job, instance, run, rank) (trainguard_run_gpu_memory_used_bytes)",
+        ),
+        Record(
+            "run_rank:trainguard_run_allocator_reserved_bytes:sum",
+            "sum by (job, instance, run, rank) (trainguard_run_allocator_reserved_bytes)",
+        ),
+        Record(
+            "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum",
+            """
+            run_rank:trainguard_run_gpu_memory_used_bytes:sum
+            - run_rank:trainguard_run_allocator_reserved_bytes:sum
+            """,
+        ),
+        Record(
+            "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio",
+            """
+            run_rank:trainguard_run_gpu_memory_used_bytes:sum
+            / run_rank:trainguard_run_allocator_reserved_bytes:sum
+            """,
+        ),
+    ),
+)

@@ -1,0 +1,295 @@
+"""Every threshold of trainguard's alert rules, with its kind and meaning: the ONE place to change
+a default. Overrides (``--set``, ``--config``) are parsed and validated here, by kind
+(``alerts/kinds.py``), so a typo is an error naming the threshold and the kind of value it
+expects instead of a rule file Prometheus rejects (or, worse, loads).
+
+The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
+provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
+(``2GiB``, for annotations); see :func:`resolve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, Kind
+
+Value = str | int | float
+
+
+class ThresholdError(ValueError):
+    """A bad override: unknown name, or a value that is not of the threshold's kind."""
+
+
+# ------------------------------------------------------------------------------- thresholds
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One tunable value of the rules: its default here, its meaning in ``doc``."""
+
+    name: str
+    default: Value
+    kind: Kind
+    doc: str
+
+
+# Order matters: it is the order of the generated file's header and of --list.
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "job_selector",
+        'job=~"trainguard.*"',
+        SELECTOR,
+        "Selector for Prometheus' own `up` series of the trainguard scrape job(s), used by "
+        "TrainguardExporterDown; the other alerts select by metric name.",
+    ),
+    Threshold(
+        "runbook_base",
+        "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md",
+        URL,
+        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
+    ),
+    Threshold(
+        "stall",
+        "30m",
+        DURATION,
+        "TrainingStalled: no new step / heartbeat for this long while the process is alive.",
+    ),
+    Threshold(
+        "log_stale",
+        "30m",
+        DURATION,
+        "TrainingLogStale: the run's log file not modified for this long while the process is "
+        "alive.",
+    ),
+    Threshold(
+        "checkpoint_stale",
+        "3h",
+        DURATION,
+        "CheckpointStale: newest complete checkpoint older than this while the run is alive "
+        "(and the run has been alive that long, so a freshly resumed run does not fire).",
+    ),
+    Threshold(
+        "steps_at_risk_factor",
+        3,
+        NUMBER,
+        "StepsAtRisk: steps since the newest complete primary checkpoint above this many times "
+        "the run's usual step distance between checkpoints.",
+    ),
+    Threshold(
+        "checkpoint_cadence_window",
+        "7d",
+        DURATION,
+        "StepsAtRisk: the window over which the usual step distance between checkpoints is "
+        "estimated (recording rule run:trainguard_checkpoint_step_cadence:avg).",
+    ),
+    Threshold(
+        "steps_at_risk_for",
+        "10m",
+        DURATION,
+        "StepsAtRisk: how long the steps must stay at risk before the alert fires.",
+    ),
+    Threshold(
+        "checkpoint_damage_for",
+        "2m",
+        DURATION,
+        "CheckpointTruncated / CheckpointHashMismatch: how long the damage must be seen before "
+        "paging (the exporter already ignores files still inside their write grace period).",
+    ),
+    Threshold(
+        "partial_orphaned",
+        "30m",
+        DURATION,
+        "CheckpointPartialOrphaned: a .part file not modified for this long.",
+    ),
+    Threshold(
+        "volume_fill_window",
+        "6h",
+        DURATION,
+        "CheckpointVolumeFillingUp: the window of the linear prediction of free space.",
+    ),
+    Threshold(
+        "volume_fill_horizon",
+        "24h",
+        DURATION,
+        "CheckpointVolumeFillingUp: the prediction says the volume is full within this long...",
+    ),
+    Threshold(
+        "volume_fill_min_checkpoints",
+        10,
+        NUMBER,
+        "CheckpointVolumeFillingUp: ...and fewer than this many average-sized checkpoints still "
+        "fit.",
+    ),
+    Threshold(
+        "volume_fill_for",
+        "30m",
+        DURATION,
+        "CheckpointVolumeFillingUp: how long both must hold before the alert fires.",
+    ),
+    Threshold(
+        "ghost_ratio",
+        1.5,
+        NUMBER,
+        "GPUGhostMemory: driver-view VRAM of a run's rank above this many times its allocator "
+        "reserved memory...",
+    ),
+    Threshold(
+        "ghost_floor",
+        "2GiB",
+        BYTES,
+        "GPUGhostMemory: ...and above it by at least this much (robust to the CUDA context's "
+        "fixed ~300-600 MiB).",
+    ),
+    Threshold(
+        "ghost_window",
+        "5m",
+        DURATION,
+        "GPUGhostMemory: both conditions must hold for the whole of this window...",
+    ),
+    Threshold(
+        "ghost_for",
+        "10m",
+        DURATION,
+        "GPUGhostMemory: ...and then for this long before the alert fires.",
+    ),
+    Threshold(
+        "unattributed_floor",
+        "1GiB",
+        BYTES,
+        "GPUUnattributedMemory: device VRAM used that no live process accounts for, above this.",
+    ),
+    Threshold(
+        "unattributed_for",
+        "15m",
+        DURATION,
+        "GPUUnattributedMemory: how long the unattributed memory must stay before the alert fires.",
+    ),
+    Threshold(
+        "duplicate_process_for",
+        "5m",
+        DURATION,
+        "DuplicateHostProcess: more than one instance of a configured host process for this long.",
+    ),
+    Threshold(
+        "alloc_retry_window",
+        "10m",
+        DURATION,
+        "AllocatorRetrying: cudaMalloc retries in every window of this length...",
+    ),
+    Threshold(
+        "alloc_retry_for",
+        "15m",
+        DURATION,
+        "AllocatorRetrying: ...for this long.",
+    ),
+    Threshold(
+        "oom_window",
+        "5m",
+        DURATION,
+        "AllocatorOOM: an OOM (or OOM memory snapshot) within this window.",
+    ),
+    Threshold(
+        "collector_failing_for",
+        "5m",
+        DURATION,
+        "TrainguardCollectorFailing: a collector failed every scrape for this long.",
+    ),
+    Threshold(
+        "exporter_down_for",
+        "5m",
+        DURATION,
+        "TrainguardExporterDown: Prometheus failed to scrape the exporter for this long.",
+    ),
+    Threshold(
+        "exporter_down_active_lookback",
+        "1d",
+        DURATION,
+        "TrainguardExporterDown is critical when the target was watching an active run at the "
+        "last evaluation before it vanished, looking back at most this far.",
+    ),
+    Threshold(
+        "repeated_death_window",
+        "24h",
+        DURATION,
+        "RepeatedDeathNearSameStep: a death recorded within this window...",
+    ),
+    Threshold(
+        "repeated_death_steps",
+        500,
+        NUMBER,
+        "RepeatedDeathNearSameStep: ...whose step lies within this many steps of the previous "
+        "recorded death(s).",
+    ),
+)
+
+BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
+DEFAULTS: Mapping[str, Value] = MappingProxyType({t.name: t.default for t in THRESHOLDS})
+
+
+# -------------------------------------------------------------------------------- overrides
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` arguments as a mapping (later ones win)."""
+    overrides: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ThresholdError(f"--set expects KEY=VALUE, got {item!r}")
+        overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def load_config(path: Path) -> dict[str, object]:
+    """A ``--config`` file: a flat YAML mapping of threshold name to value."""
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ThresholdError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):
+        raise ThresholdError(f"{path}: expected a mapping of threshold: value")
+    return loaded
+
+
+def _check_names(overrides: Mapping[str, object]) -> None:
+    for key in overrides:
+        if key not in BY_NAME:
+            raise ThresholdError(f"unknown threshold {key!r}; known: {', '.join(sorted(BY_NAME))}")
+
+
+def _placeholders(threshold: Threshold, value: object) -> dict[str, str]:
+    try:
+        parts = threshold.kind.placeholders(value)
+    except ValueError as exc:
+        kind = threshold.kind
+        raise ThresholdError(
+            f"threshold {threshold.name} ({kind.name}): {exc}; expected e.g. {kind.hint}"
+        ) from None
+    return {threshold.name + suffix: text for suffix, text in parts.items()}
+
+
+def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
+    """Validate overrides and return the placeholder table of the rule templates.
+
+    For a duration ``k``: ``${k}`` is the PromQL duration, ``${k_s}`` the seconds. For a byte
+    size ``k``: ``${k}`` is the integer, ``${k_h}`` a human string such as 2GiB.
+    """
+    overrides = overrides or {}
+    _check_names(overrides)
+    table: dict[str, str] = {}
+    for threshold in THRESHOLDS:
+        table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
+    return table
+
+
+def shown(table: Mapping[str, str]) -> dict[str, str]:
+    """Each threshold's value as people write it (2GiB, not 2147483648), in THRESHOLDS order."""
+    return {t.name: table[t.name + t.kind.shown] for t in THRESHOLDS}

@@ -1,1 +1,0 @@
-"""One module per collector; each is a :class:`trainguard.collector.Collector`."""

@@ -1,0 +1,4 @@
+"""The exporter side: ``trainguard-exporter``, the sidecar that watches training processes
+from outside (a dead process cannot report its own death). The CLI and config, the web layer,
+the scrape/collector framework, one module per collector, the background hash verifier and the
+caches that keep a scrape cheap."""

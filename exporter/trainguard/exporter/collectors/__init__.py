@@ -1,0 +1,1 @@
+"""One module per collector; each is a :class:`trainguard.exporter.collector.Collector`."""

@@ -1,0 +1,212 @@
+"""GPU memory as the driver sees it (NVML through pynvml): per device, per process, and the
+part of device memory that no live process accounts for (ghost memory)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import pynvml
+from prometheus_client.core import Metric
+
+from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
+from trainguard.exporter.scrape import Scrape
+
+log = logging.getLogger(__name__)
+
+#: pid -> (run, rank) for the processes of runs that are alive now
+PidRuns = Callable[[Scrape], Mapping[int, tuple[str, str]]]
+
+GPU_INFO = MetricSpec(
+    "trainguard_gpu_info",
+    "gauge",
+    ("gpu", "uuid", "name", "driver_version"),
+    "Always 1 for each GPU NVML reports; labels identify it.",
+)
+MEMORY_TOTAL = MetricSpec(
+    "trainguard_gpu_memory_total_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Total device memory as reported by the driver.",
+)
+MEMORY_USED = MetricSpec(
+    "trainguard_gpu_memory_used_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Device memory in use as reported by the driver (includes the driver's own reservation).",
+)
+PROCESS_MEMORY = MetricSpec(
+    "trainguard_gpu_process_memory_used_bytes",
+    "gauge",
+    ("gpu", "uuid", "pid", "run"),
+    "Device memory the driver attributes to a process; run is empty when the pid belongs to "
+    "no known run.",
+)
+PROCESSES_UNKNOWN = MetricSpec(
+    "trainguard_gpu_processes_memory_unknown",
+    "gauge",
+    ("gpu", "uuid"),
+    "Processes on the GPU whose memory the driver reports as not available (WDDM/WSL).",
+)
+UNATTRIBUTED = MetricSpec(
+    "trainguard_gpu_memory_unattributed_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Device memory used minus what live processes account for; absent when any process's "
+    "memory is unknown.",
+)
+RUN_MEMORY = MetricSpec(
+    "trainguard_run_gpu_memory_used_bytes",
+    "gauge",
+    ("run", "rank", "gpu"),
+    "Driver-view device memory summed over the run's live processes on this GPU.",
+)
+
+
+@dataclass(frozen=True)
+class _Device:
+    index: str
+    uuid: str
+    name: str
+    handle: Any
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class GpuCollector(Collector):
+    """Keeps NVML initialised between scrapes (device handles and names are cached); any
+    device-level failure makes the next scrape start NVML afresh, which is how a GPU that
+    was lost and came back, or a driver that was reloaded, is picked up again."""
+
+    name = "gpu"
+    metrics = (
+        GPU_INFO,
+        MEMORY_TOTAL,
+        MEMORY_USED,
+        PROCESS_MEMORY,
+        PROCESSES_UNKNOWN,
+        UNATTRIBUTED,
+        RUN_MEMORY,
+    )
+
+    def __init__(self, pid_runs: PidRuns | None = None) -> None:
+        self._pid_runs = pid_runs
+        self._lock = threading.Lock()
+        self._devices: tuple[_Device, ...] | None = None
+        self._driver = ""
+        self._uuids: dict[int, str] = {}  # remembered so a GPU lost at start is still named
+        self._started_with: tuple[str, int] | None = None
+
+    def _start(self, scrape: Scrape) -> tuple[_Device, ...]:
+        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver."""
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise CollectorError(f"NVML is not available: {exc}") from exc
+        try:
+            self._driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            count = pynvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:
+            self._stop()
+            raise CollectorError(f"NVML failed while listing devices: {exc}") from exc
+        devices = []
+        for i in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                name = _text(pynvml.nvmlDeviceGetName(handle))
+            except pynvml.NVMLError as exc:
+                scrape.error(f"GPU {i} ({self._uuids.get(i, 'uuid unknown')}): {exc}")
+                continue
+            self._uuids[i] = uuid
+            devices.append(_Device(index=str(i), uuid=uuid, name=name, handle=handle))
+        if self._started_with != (self._driver, count):
+            self._started_with = (self._driver, count)
+            log.info("NVML started: driver %s, %d GPU(s)", self._driver, count)
+        return tuple(devices)
+
+    def _stop(self) -> None:
+        self._devices = None
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+    def gather(self, scrape: Scrape) -> Iterable[Metric]:
+        with self._lock:
+            failed = False
+            if self._devices is None:
+                self._devices = self._start(scrape)
+                failed = bool(scrape.errors)
+            devices = self._devices
+            pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
+            families = {spec.name: spec.family() for spec in self.metrics}
+            run_memory: dict[tuple[str, str, str], int | None] = {}
+            alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
+            for dev in devices:
+                try:
+                    self._gather_device(dev, pid_runs, families, run_memory, alive)
+                except pynvml.NVMLError as exc:
+                    scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
+                    failed = True
+            if failed:
+                self._stop()  # start afresh next scrape: a lost GPU may come back
+        run_family = families[RUN_MEMORY.name]
+        for (run, rank, gpu), used in sorted(run_memory.items()):
+            if used is not None:
+                run_family.add_metric([run, rank, gpu], used)
+        return families.values()
+
+    def _gather_device(
+        self,
+        dev: _Device,
+        pid_runs: Mapping[int, tuple[str, str]],
+        families: dict[str, Any],
+        run_memory: dict[tuple[str, str, str], int | None],
+        alive: dict[int, bool],
+    ) -> None:
+        mem = pynvml.nvmlDeviceGetMemoryInfo(dev.handle)
+        used_by_pid: dict[int, int | None] = {}
+        for query in (
+            pynvml.nvmlDeviceGetComputeRunningProcesses,
+            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            for proc in query(dev.handle):
+                # a process in both lists is one process; NVML reports the same memory twice
+                previous = used_by_pid.get(proc.pid)
+                current = proc.usedGpuMemory
+                if proc.pid not in used_by_pid or (
+                    current is not None and (previous is None or current > previous)
+                ):
+                    used_by_pid[proc.pid] = current
+        labels = [dev.index, dev.uuid]
+        families[GPU_INFO.name].add_metric([dev.index, dev.uuid, dev.name, self._driver], 1)
+        families[MEMORY_TOTAL.name].add_metric(labels, mem.total)
+        families[MEMORY_USED.name].add_metric(labels, mem.used)
+        unknown = 0
+        attributed = 0
+        for pid, used in sorted(used_by_pid.items()):
+            owner = pid_runs.get(pid)
+            if owner is not None:
+                key = (owner[0], owner[1], dev.index)
+                prior = run_memory.get(key, 0)
+                run_memory[key] = None if prior is None or used is None else prior + used
+            if used is None:
+                unknown += 1
+                continue
+            families[PROCESS_MEMORY.name].add_metric(
+                [*labels, str(pid), owner[0] if owner else ""], used
+            )
+            exists = alive.get(pid)
+            if exists is None:
+                exists = alive[pid] = psutil.pid_exists(pid)
+            if exists:
+                attributed += used
+        families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
+        if unknown == 0:
+            families[UNATTRIBUTED.name].add_metric(labels, max(mem.used - attributed, 0))

@@ -1,0 +1,280 @@
+"""Training runs: alive or gone, finished or not, progress, the allocator's view of memory and
+the deaths a restarted run recorded. Everything comes from the shared run table (heartbeat
+files and the config file) at scrape time; see docs/metrics.md for what each series means and
+when it is absent."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.core import Metric
+
+from trainguard.exporter.collector import Collector, MetricSpec
+from trainguard.exporter.runtable import RunRow, RunTable, RunView
+from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.targets import ownership_problem
+from trainguard.shared.heartbeat import Death, Heartbeat
+
+RR = ("run", "rank")
+RUN_INFO = MetricSpec(
+    "trainguard_run_info",
+    "gauge",
+    ("run", "rank", "host", "pid"),
+    "Always 1 for each run and rank the exporter knows; host and pid of its (last) process.",
+)
+PROCESS_UP = MetricSpec(
+    "trainguard_run_process_up",
+    "gauge",
+    RR,
+    "1 if the run's process is alive (pid exists with the recorded create time), 0 if gone.",
+)
+FINISHED = MetricSpec(
+    "trainguard_run_finished",
+    "gauge",
+    RR,
+    "1 if the run ended cleanly, 0 otherwise (running, failed, or died).",
+)
+STEP = MetricSpec("trainguard_run_step", "gauge", RR, "Last step the run reported.")
+STEP_TIMESTAMP = MetricSpec(
+    "trainguard_run_step_timestamp_seconds",
+    "gauge",
+    RR,
+    "When the run last reported a step.",
+)
+HEARTBEAT_TIMESTAMP = MetricSpec(
+    "trainguard_run_heartbeat_timestamp_seconds",
+    "gauge",
+    RR,
+    "When the run's reporter last wrote its heartbeat.",
+)
+START_TIMESTAMP = MetricSpec(
+    "trainguard_run_start_timestamp_seconds",
+    "gauge",
+    RR,
+    "When the run's current (or last) process started reporting.",
+)
+LOG_MODIFIED = MetricSpec(
+    "trainguard_run_log_modified_timestamp_seconds",
+    "gauge",
+    ("run",),
+    "Modification time of the run's log file; absent when unknown.",
+)
+SCALAR = MetricSpec(
+    "trainguard_run_scalar",
+    "gauge",
+    ("run", "rank", "name"),
+    "Last value of a numeric scalar the run reported with step() (loss, tokens/s...).",
+)
+RRD = ("run", "rank", "device")
+ALLOCATED = MetricSpec(
+    "trainguard_run_allocator_allocated_bytes",
+    "gauge",
+    RRD,
+    "Bytes the process's CUDA caching allocator has handed to tensors.",
+)
+RESERVED = MetricSpec(
+    "trainguard_run_allocator_reserved_bytes",
+    "gauge",
+    RRD,
+    "Bytes the process's CUDA caching allocator holds from the driver.",
+)
+MAX_ALLOCATED = MetricSpec(
+    "trainguard_run_allocator_max_allocated_bytes",
+    "gauge",
+    RRD,
+    "Peak of allocated bytes since the process started (or its peak stats were reset).",
+)
+INACTIVE_SPLIT = MetricSpec(
+    "trainguard_run_allocator_inactive_split_bytes",
+    "gauge",
+    RRD,
+    "Bytes in inactive, split blocks: reserved memory fragmentation keeps from large requests.",
+)
+ALLOC_RETRIES = MetricSpec(
+    "trainguard_run_allocator_alloc_retries_total",
+    "counter",
+    RRD,
+    "cudaMalloc calls that failed and were retried after freeing cached blocks.",
+)
+OOMS = MetricSpec(
+    "trainguard_run_allocator_ooms_total",
+    "counter",
+    RRD,
+    "Out-of-memory errors the allocator raised.",
+)
+SNAPSHOTS = MetricSpec(
+    "trainguard_run_memory_snapshots_total",
+    "counter",
+    RR,
+    "CUDA memory snapshots dumped at an OOM (carried across restarts of the run).",
+)
+DEATHS = MetricSpec(
+    "trainguard_run_deaths_total",
+    "counter",
+    ("run",),
+    "Times a process of the run went away without finishing, as recorded when it restarted.",
+)
+LAST_DEATH_STEP = MetricSpec(
+    "trainguard_run_last_death_step",
+    "gauge",
+    ("run",),
+    "Step the run had reached when it last died.",
+)
+LAST_DEATH_TIMESTAMP = MetricSpec(
+    "trainguard_run_last_death_timestamp_seconds",
+    "gauge",
+    ("run",),
+    "Last heartbeat of the process that died last: the latest it is known to have been alive.",
+)
+LAST_DEATH_INFO = MetricSpec(
+    "trainguard_run_last_death_info",
+    "gauge",
+    ("run", "cause"),
+    "Always 1; cause of the run's last death: reboot, oom_killer, exception or unknown.",
+)
+HEARTBEAT_FILES = MetricSpec(
+    "trainguard_heartbeat_files",
+    "gauge",
+    (),
+    "Heartbeat files in the state directory that were read and valid in this scrape.",
+)
+HEARTBEAT_FILE_ERRORS = MetricSpec(
+    "trainguard_heartbeat_file_errors",
+    "gauge",
+    (),
+    "Heartbeat files in the state directory that could not be used in this scrape.",
+)
+
+#: which of several ranks' records of one death event names it: the most specific cause
+_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "exception": 2, "unknown": 3}
+#: restarts of different ranks noticed within this many seconds are one death event
+_SAME_EVENT_SECONDS = 60.0
+
+
+class RunsCollector(Collector):
+    name = "runs"
+    metrics = (
+        RUN_INFO,
+        PROCESS_UP,
+        FINISHED,
+        STEP,
+        STEP_TIMESTAMP,
+        HEARTBEAT_TIMESTAMP,
+        START_TIMESTAMP,
+        LOG_MODIFIED,
+        SCALAR,
+        ALLOCATED,
+        RESERVED,
+        MAX_ALLOCATED,
+        INACTIVE_SPLIT,
+        ALLOC_RETRIES,
+        OOMS,
+        SNAPSHOTS,
+        DEATHS,
+        LAST_DEATH_STEP,
+        LAST_DEATH_TIMESTAMP,
+        LAST_DEATH_INFO,
+        HEARTBEAT_FILES,
+        HEARTBEAT_FILE_ERRORS,
+    )
+
+    def __init__(self, table: RunTable) -> None:
+        self._table = table
+
+    def gather(self, scrape: Scrape) -> Iterable[Metric]:
+        view = self._table.view(scrape)
+        for message in view.errors:
+            scrape.error(message)
+        fam: dict[str, Any] = {spec.name: spec.family() for spec in self.metrics}
+        for row in view.rows:
+            self._row(fam, row)
+        self._deaths(fam, view)
+        self._logs(fam, view, scrape)
+        fam[HEARTBEAT_FILES.name].add_metric([], view.files_ok)
+        fam[HEARTBEAT_FILE_ERRORS.name].add_metric([], view.file_errors)
+        return fam.values()
+
+    def _row(self, fam: dict[str, Any], row: RunRow) -> None:
+        labels = [row.run, row.rank]
+        pid = "" if row.pid is None else str(row.pid)
+        fam[RUN_INFO.name].add_metric([row.run, row.rank, row.host, pid], 1)
+        if row.up is not None:
+            fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
+        hb = row.heartbeat
+        if hb is None:
+            return  # a configured run that does not report: liveness is all we know
+        fam[FINISHED.name].add_metric(labels, 1 if hb.state == "finished" else 0)
+        if hb.step is not None:
+            fam[STEP.name].add_metric(labels, hb.step)
+        if hb.step_time is not None:
+            fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
+        fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
+        fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
+        for name, value in sorted(hb.scalars.items()):
+            fam[SCALAR.name].add_metric([*labels, name], value)
+        for a in hb.allocator:
+            dev = [*labels, str(a.device)]
+            fam[ALLOCATED.name].add_metric(dev, a.allocated_bytes)
+            fam[RESERVED.name].add_metric(dev, a.reserved_bytes)
+            fam[MAX_ALLOCATED.name].add_metric(dev, a.max_allocated_bytes)
+            fam[INACTIVE_SPLIT.name].add_metric(dev, a.inactive_split_bytes)
+            fam[ALLOC_RETRIES.name].add_metric(dev, a.alloc_retries)
+            fam[OOMS.name].add_metric(dev, a.ooms)
+        fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
+
+    def _deaths(self, fam: dict[str, Any], view: RunView) -> None:
+        by_run: dict[str, list[Heartbeat]] = {}
+        for row in view.rows:
+            if row.heartbeat is not None:
+                by_run.setdefault(row.run, []).append(row.heartbeat)
+        for run, heartbeats in sorted(by_run.items()):
+            # each rank counts the deaths of its own line of processes; one crash of an
+            # 8-rank run is 8 records but one death, so the run's count is the largest
+            fam[DEATHS.name].add_metric([run], max(hb.deaths for hb in heartbeats))
+            last = last_death([d for hb in heartbeats for d in hb.death_history])
+            if last is None:
+                continue
+            if last.step is not None:
+                fam[LAST_DEATH_STEP.name].add_metric([run], last.step)
+            fam[LAST_DEATH_TIMESTAMP.name].add_metric([run], last.time)
+            fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
+
+    def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
+        for log in view.log_files:
+            try:
+                st = os.stat(log.path)
+            except OSError as exc:
+                if log.report_errors:
+                    scrape.error(
+                        f"run {log.run!r}: log file {log.path}: cannot stat: "
+                        f"{exc.strerror or exc}; its age is unknown"
+                    )
+                continue
+            refused = ownership_problem(st, log.owner, "file")
+            if refused is not None:
+                scrape.error(f"run {log.run!r}: log file {log.path}: {refused}")
+                continue
+            mtime_ns = st.st_mtime_ns
+            if mtime_ns <= 0:
+                # seen on NFS: an mtime of 0 is "unknown", never "very old"
+                if log.report_errors:
+                    scrape.error(
+                        f"run {log.run!r}: log file {log.path}: modification time is 0 "
+                        "(unknown); its age is not published"
+                    )
+                continue
+            fam[LOG_MODIFIED.name].add_metric([log.run], mtime_ns / 1e9)
+
+
+def last_death(records: list[Death]) -> Death | None:
+    """The run's last death from all its ranks' records: the records of the latest restart
+    (noticed within a minute of each other) are one event; the most specific cause among
+    them names it (the rank the OOM killer chose says ``oom_killer``, the ranks torchrun then
+    stopped say ``unknown``), and its earliest last-heartbeat is when it died."""
+    if not records:
+        return None
+    latest = max(d.detected for d in records)
+    event = [d for d in records if d.detected >= latest - _SAME_EVENT_SECONDS]
+    return min(event, key=lambda d: (_CAUSE_ORDER.get(d.cause, 9), d.time))

@@ -1,0 +1,344 @@
+"""The run table: every run the exporter knows at this scrape, from the heartbeat files in the
+state directory and the runs declared in the config file, with whether each run's process is
+alive. Shared by the runs collector (which publishes it), the GPU collector (which needs the
+pids of live runs) and the checkpoint collector (which needs the checkpoint locations).
+
+The exporter never writes the state directory: dead and finished runs are dropped from the
+table once their last heartbeat is older than ``run_retention`` (default 7 days), their files
+stay. A state directory that does not exist is not an error (no run has started yet); one that
+exists but cannot be listed is.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from trainguard.exporter.config import Config, RunConfig
+from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
+from trainguard.shared import procinfo
+from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError, read_heartbeat
+
+#: heartbeat files read at most per scrape; more is an error (and a sign of misuse)
+MAX_FILES = 10_000
+
+_CacheKey = tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run and rank. ``up`` is None when it cannot be known (no pid to check, a pid from
+    another pid namespace, access denied)."""
+
+    run: str
+    rank: str
+    host: str
+    pid: int | None
+    up: bool | None
+    heartbeat: Heartbeat | None = None
+    pids: tuple[int, ...] = ()  # the live pids of this row (several for a process_match)
+    owner: int | None = None  # uid owning the heartbeat file (None: not from a heartbeat)
+
+
+@dataclass(frozen=True)
+class LogFile:
+    run: str
+    path: Path
+    report_errors: bool  # configured, or the run is alive: a missing log is news
+    #: uid that owns the heartbeat that announced it (it must own the file too, see
+    #: :func:`~trainguard.exporter.targets.ownership_problem`); None for a log file from the
+    #: config file
+    owner: int | None = None
+
+
+@dataclass(frozen=True)
+class RunView:
+    rows: tuple[RunRow, ...]
+    log_files: tuple[LogFile, ...]
+    files_ok: int
+    file_errors: int
+    errors: tuple[str, ...]
+
+
+class RunTable:
+    def __init__(self, config: Config, state_dir: Path, *, max_files: int = MAX_FILES) -> None:
+        self.config = config
+        self.state_dir = Path(state_dir)
+        self._max_files = max_files
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[_CacheKey, Heartbeat | HeartbeatError]] = {}
+        self._dir_seen = False  # the state dir existed at some scrape
+        # fixed for the exporter's life: a reboot restarts the exporter too
+        self._boot_id = procinfo.boot_id()
+        self._boot_time = procinfo.boot_time()
+        self._pid_ns = procinfo.pid_namespace()
+        self._host = socket.gethostname()
+        self._own_pid = os.getpid()
+
+    # -- what other collectors use ------------------------------------------------------
+
+    def pid_runs(self, scrape: Scrape | None = None) -> dict[int, tuple[str, str]]:
+        """pid -> (run, rank) for runs whose process is alive now (a reused pid is not)."""
+        out: dict[int, tuple[str, str]] = {}
+        for row in self.view(scrape).rows:
+            if row.up:
+                for pid in row.pids:
+                    out.setdefault(pid, (row.run, row.rank))
+        return out
+
+    def checkpoint_targets(self, scrape: Scrape | None = None) -> list[CheckpointTarget]:
+        """Checkpoint locations: the config file's first, then those announced in heartbeats
+        (lowest rank first) of runs still in the table."""
+        announced: list[CheckpointTarget] = []
+        rows = sorted(self.view(scrape).rows, key=lambda r: (r.run, int(r.rank)))
+        for row in rows:
+            hb = row.heartbeat
+            if hb is None:
+                continue
+            places = [(PRIMARY, hb.checkpoint_dir)] if hb.checkpoint_dir else []
+            places += sorted(hb.mirrors.items())
+            for location, path in places:
+                announced.append(CheckpointTarget(row.run, location, Path(path), owner=row.owner))
+        return merge_targets(config_targets(self.config), announced)
+
+    # -- the table ------------------------------------------------------------------------
+
+    def view(self, scrape: Scrape | None = None) -> RunView:
+        """The table now; within one scrape the runs, GPU and checkpoint collectors share one
+        view instead of each listing the state directory and checking every pid again."""
+        if scrape is None:
+            return self._locked_view()
+        return scrape.once(self, self._locked_view)
+
+    def _locked_view(self) -> RunView:
+        with self._lock:
+            return self._view()
+
+    def _view(self) -> RunView:
+        errors: list[str] = []
+        heartbeats, files_ok, file_errors = self._scan(errors)
+        now = time.time()
+        rows = self._heartbeat_rows(heartbeats, now, errors)
+        known = {row.run for row in rows}
+        for rc in self.config.runs:
+            if rc.name not in known:
+                rows.append(self._config_row(rc, errors))
+        rows.sort(key=lambda r: (r.run, int(r.rank)))
+        return RunView(
+            rows=tuple(rows),
+            log_files=tuple(self._log_files(rows)),
+            files_ok=files_ok,
+            file_errors=file_errors,
+            errors=tuple(errors),
+        )
+
+    def _scan(self, errors: list[str]) -> tuple[list[tuple[Heartbeat, int]], int, int]:
+        """Parse the heartbeat files, re-reading only those whose inode, size or times
+        changed since the last scrape (the reporter replaces the file at each write)."""
+        try:
+            it = os.scandir(self.state_dir)
+        except FileNotFoundError:
+            self._cache.clear()
+            if self._dir_seen:  # removed under running jobs: their runs are no longer watched
+                errors.append(
+                    f"state dir {self.state_dir}: no longer exists (it did earlier); no run "
+                    "is watched until it is back"
+                )
+            return [], 0, 0
+        except OSError as exc:
+            errors.append(f"state dir {self.state_dir}: cannot list: {exc.strerror or exc}")
+            return [], 0, 0
+        self._dir_seen = True
+        first = len(errors)  # the directory's own errors go before those of single files
+        seen: set[str] = set()
+        heartbeats: list[tuple[Heartbeat, int]] = []  # with the uid owning the file
+        bad = 0
+        with it:
+            entries = [e for e in it if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+        if len(entries) > self._max_files:
+            # live reporters rewrite their file every few seconds: keeping the newest keeps
+            # them, whatever else (a long sweep's leftovers, junk) fills the directory
+            errors.insert(
+                first,
+                f"state dir {self.state_dir}: more than {self._max_files} heartbeat files; "
+                f"only the {self._max_files} most recently written are read",
+            )
+            entries = heapq.nlargest(self._max_files, entries, key=_mtime_ns)
+        for entry in entries:
+            seen.add(entry.name)
+            result = self._read(entry)
+            if isinstance(result, HeartbeatError):
+                bad += 1
+                errors.append(str(result))
+            else:  # read through entry.stat() just before: cached, no new syscall
+                heartbeats.append((result, entry.stat(follow_symlinks=False).st_uid))
+        for name in set(self._cache) - seen:
+            del self._cache[name]
+        return heartbeats, len(heartbeats), bad
+
+    def _read(self, entry: os.DirEntry[str]) -> Heartbeat | HeartbeatError:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            return HeartbeatError(f"{entry.path}: cannot stat: {exc.strerror or exc}")
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        cached = self._cache.get(entry.name)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        result: Heartbeat | HeartbeatError
+        if stat.S_ISLNK(st.st_mode):
+            result = HeartbeatError(f"{entry.path}: is a symbolic link; refused")
+        else:
+            try:
+                result = read_heartbeat(entry.path)
+            except HeartbeatError as exc:
+                result = exc.with_traceback(None)  # cached: keep no frames alive
+        self._cache[entry.name] = (key, result)
+        return result
+
+    def _heartbeat_rows(
+        self, heartbeats: Iterable[tuple[Heartbeat, int]], now: float, errors: list[str]
+    ) -> list[RunRow]:
+        rows: list[RunRow] = []
+        for hb, owner in heartbeats:
+            up = self._alive(hb, errors)
+            if up is not True and now - hb.time > self.config.run_retention_seconds:
+                continue  # dead or finished long ago: no longer published
+            rows.append(
+                RunRow(
+                    run=hb.run,
+                    rank=str(hb.rank),
+                    host=hb.host,
+                    pid=hb.pid,
+                    up=up,
+                    heartbeat=hb,
+                    pids=(hb.pid,),
+                    owner=owner,
+                )
+            )
+        return _drop_superseded(rows)
+
+    def _alive(self, hb: Heartbeat, errors: list[str]) -> bool | None:
+        if hb.pid_ns is not None and self._pid_ns is not None and hb.pid_ns != self._pid_ns:
+            errors.append(
+                f"run {hb.run!r} rank {hb.rank}: its pid {hb.pid} is from another pid "
+                "namespace (a container?); whether it is alive is unknown"
+            )
+            return None
+        same = procinfo.same_boot(hb.boot_id, hb.boot_time, self._boot_id, self._boot_time)
+        if same is False:
+            return False  # written before a reboot (or on another host): not running here
+        return procinfo.process_alive(hb.pid, hb.create_time)
+
+    def _config_row(self, rc: RunConfig, errors: list[str]) -> RunRow:
+        """A run from the config file that no heartbeat reports: rank "0"."""
+        pid: int | None = None
+        up: bool | None = None
+        pids: tuple[int, ...] = ()
+        if rc.pid_file is not None:
+            pid, up = self._pid_from_file(rc, errors)
+            pids = (pid,) if up and pid is not None else ()
+        elif rc.process_match is not None:
+            try:
+                found = sorted(
+                    procinfo.iter_matching(rc.process_match, self._own_pid),
+                    key=lambda m: (m[1], m[0]),
+                )
+            except Exception as exc:
+                errors.append(f"run {rc.name!r}: cannot list processes: {exc}")
+                found = None
+            if found is not None:
+                up = bool(found)
+                pids = tuple(p for p, _ in found)
+                pid = pids[0] if pids else None  # the oldest match is the run's main process
+        return RunRow(run=rc.name, rank="0", host=self._host, pid=pid, up=up, pids=pids)
+
+    def _pid_from_file(self, rc: RunConfig, errors: list[str]) -> tuple[int | None, bool | None]:
+        """A missing pid file means not running; a pid whose process started after the file
+        was written belongs to another process (the pid was reused)."""
+        assert rc.pid_file is not None
+        where = f"run {rc.name!r}: pid file {rc.pid_file}"
+        try:
+            with open(rc.pid_file, "rb") as fh:
+                raw = fh.read(65)
+                written = os.fstat(fh.fileno()).st_mtime
+        except FileNotFoundError:
+            return None, False
+        except OSError as exc:
+            errors.append(f"{where}: cannot read: {exc.strerror or exc}")
+            return None, None
+        text = raw.strip()
+        if len(raw) > 64 or not text.isdigit() or not 0 < int(text) < 2**32:
+            errors.append(f"{where}: expected a process id")
+            return None, None
+        pid = int(text)
+        try:
+            proc = psutil.Process(pid)
+            if proc.create_time() > written + procinfo.CREATE_TIME_TOLERANCE:
+                return pid, False
+            return pid, proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return pid, False
+        except (psutil.AccessDenied, OSError) as exc:
+            errors.append(f"{where}: cannot check pid {pid}: {exc}")
+            return pid, None
+
+    def _log_files(self, rows: list[RunRow]) -> Iterable[LogFile]:
+        configured = {rc.name: rc.log_file for rc in self.config.runs if rc.log_file}
+        by_run: dict[str, list[RunRow]] = {}
+        for row in rows:
+            by_run.setdefault(row.run, []).append(row)
+        for run, run_rows in by_run.items():
+            alive = any(r.up for r in run_rows)
+            path = configured.get(run)
+            if path is not None:
+                yield LogFile(run, Path(path), True)
+                continue
+            for r in run_rows:
+                if r.heartbeat is not None and r.heartbeat.log_file:
+                    yield LogFile(run, Path(r.heartbeat.log_file), alive, r.owner)
+                    break
+
+
+def _mtime_ns(entry: os.DirEntry[str]) -> int:
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime_ns
+    except OSError:
+        return -1  # gone or unreadable: last
+
+
+def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:
+    """A run restarted with fewer ranks leaves the old higher ranks' heartbeats behind: drop
+    a rank that is not alive, is at or above the world size of a later start of the same run,
+    and last wrote before that start."""
+    newest: dict[str, Heartbeat] = {}
+    for row in rows:
+        hb = row.heartbeat
+        if hb is not None and hb.world_size is not None:
+            best = newest.get(row.run)
+            if best is None or hb.started > best.started:
+                newest[row.run] = hb
+    out = []
+    for row in rows:
+        hb, latest = row.heartbeat, newest.get(row.run)
+        if (
+            hb is not None
+            and latest is not None
+            and latest.world_size is not None
+            and not row.up
+            and hb.rank >= latest.world_size
+            and hb.time < latest.started
+        ):
+            continue
+        out.append(row)
+    return out

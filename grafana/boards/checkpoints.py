@@ -1,0 +1,271 @@
+"""Checkpoints: newest complete checkpoint per run and location, sizes vs the sizes recorded at
+write time, truncated / mismatched / partial files and free space."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
+
+from grafana.panels import (
+    IR,
+    NONZERO_IS_BAD,
+    Panel,
+    Steps,
+    by,
+    dashboard,
+    stat_panel,
+    table_panel,
+    ts,
+)
+
+UID = "trainguard-checkpoints"
+
+PER_LOCATION = "{{run}} {{location}}"
+
+
+def by_loc(metric: str) -> str:
+    """One value per run and location: several exporters may see the same shared directory."""
+    return by("run, location", metric)
+
+
+AGE = "time() - " + by_loc("trainguard_checkpoint_last_timestamp_seconds")
+FREE = by("run, location", "trainguard_checkpoint_filesystem_avail_bytes", "min")
+SIZE = by("run, location, step", "trainguard_checkpoint_size_bytes")
+EXPECTED = by("run, location, step", "trainguard_checkpoint_expected_size_bytes")
+
+# (title, metric, description, thresholds) of the problem-file counters.
+PROBLEM_FILES: list[tuple[str, str, str, Steps]] = [
+    (
+        "Truncated files",
+        "trainguard_checkpoint_truncated_files",
+        "Checkpoint files smaller than the size recorded when they were written, over the "
+        "selected runs and locations (CheckpointTruncated). Files still being written are "
+        "never counted.",
+        NONZERO_IS_BAD,
+    ),
+    (
+        "Hash-mismatch files",
+        "trainguard_checkpoint_hash_mismatch_files",
+        "Checkpoint files whose sha256 differs from the one recorded at write time "
+        "(CheckpointHashMismatch).",
+        NONZERO_IS_BAD,
+    ),
+    (
+        "Partial files",
+        "trainguard_checkpoint_partial_files",
+        "In-flight or orphaned .part files. Non-zero during a save is normal; an old one "
+        "is CheckpointPartialOrphaned.",
+        ((None, "green"), (1, "orange")),
+    ),
+]
+
+
+def overview() -> list[Panel]:
+    """One table row per run and location, then the problem-file totals."""
+    locations = table_panel(
+        "Checkpoint locations",
+        "One row per run and location (primary or a mirror): newest complete step, when "
+        "it was written, files and bytes, problem files and free space.",
+        [
+            by_loc("trainguard_checkpoint_last_step"),
+            by_loc("trainguard_checkpoint_last_timestamp_seconds") + " * 1000",
+            AGE,
+            by_loc("trainguard_checkpoint_files"),
+            by_loc("trainguard_checkpoint_bytes"),
+            *(by_loc(metric) for _, metric, _, _ in PROBLEM_FILES),
+            FREE,
+        ],
+        columns={
+            "run": ("Run", ""),
+            "location": ("Location", ""),
+            "Value #A": ("Last step", "none"),
+            "Value #B": ("Written", "dateTimeAsIso"),
+            "Value #C": ("Age", "s"),
+            "Value #D": ("Files", "none"),
+            "Value #E": ("Bytes", "bytes"),
+            "Value #F": ("Truncated", "none"),
+            "Value #G": ("Hash mismatch", "none"),
+            "Value #H": ("Partial", "none"),
+            "Value #I": ("Free space", "bytes"),
+        },
+    )
+    totals = [
+        stat_panel(
+            title,
+            description,
+            "none",
+            (f"sum({by_loc(metric)}) or vector(0)", title.lower()),
+            thresholds=steps,
+            w=8,
+        )
+        for title, metric, description, steps in PROBLEM_FILES
+    ]
+    return [locations, *totals]
+
+
+def progress() -> list[Panel]:
+    """Newest complete step and its age, per location: a lagging mirror reads lower."""
+    return [
+        ts(
+            "Newest complete step per location",
+            "Step of the newest COMPLETE checkpoint per run and location. A mirror lagging "
+            "behind the primary shows as a lower line.",
+            "none",
+            [(by_loc("trainguard_checkpoint_last_step"), PER_LOCATION)],
+        ),
+        ts(
+            "Checkpoint age per location",
+            "Seconds since the newest complete checkpoint per run and location was written "
+            "(CheckpointStale).",
+            "s",
+            [(AGE, PER_LOCATION)],
+            minimum=0,
+        ),
+    ]
+
+
+def integrity() -> list[Panel]:
+    """Sizes on disk against the sizes recorded at write time, and the problem files."""
+    ratio_colors = [
+        DynamicConfigValue(
+            id_val="thresholds",
+            value={
+                "mode": "absolute",
+                "steps": [
+                    {"value": None, "color": "red"},
+                    {"value": 1, "color": "green"},
+                    {"value": 1.0000001, "color": "orange"},
+                ],
+            },
+        ),
+        DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"}),
+    ]
+    return [
+        table_panel(
+            "Size vs expected (newest checkpoints)",
+            "For the newest checkpoints of each location: size on disk, size recorded when it "
+            "was written, and their ratio. Below 100% is a truncated file (a 73% mirror passes "
+            "a 'bigger than 50 MB' check; it does not pass this one).",
+            [SIZE, EXPECTED, f"{SIZE}\n/ {EXPECTED}"],
+            columns={
+                "run": ("Run", ""),
+                "location": ("Location", ""),
+                "step": ("Step", ""),
+                "Value #A": ("Size", "bytes"),
+                "Value #B": ("Expected", "bytes"),
+                "Value #C": ("Size / expected", "percentunit"),
+            },
+            w=12,
+            h=9,
+            extra={"Value #C": ratio_colors},
+        ),
+        ts(
+            "Smallest size / expected per location",
+            "Lowest ratio of on-disk size to recorded size among the newest checkpoints of "
+            "each location. 100% is healthy; anything below is truncation.",
+            "percentunit",
+            [
+                (
+                    f"min by (run, location) (\n"
+                    f"  trainguard_checkpoint_size_bytes{{{IR}}}\n"
+                    f"  / trainguard_checkpoint_expected_size_bytes{{{IR}}}\n"
+                    ")",
+                    PER_LOCATION,
+                )
+            ],
+            thresholds=((None, "red"), (1, "green")),
+            w=12,
+            h=9,
+        ),
+        ts(
+            "Truncated, mismatched and partial files",
+            "Problem files per run and location over time.",
+            "none",
+            [
+                (by_loc(metric), f"{PER_LOCATION} {name}")
+                for metric, name in (
+                    ("trainguard_checkpoint_truncated_files", "truncated"),
+                    ("trainguard_checkpoint_hash_mismatch_files", "hash mismatch"),
+                    ("trainguard_checkpoint_partial_files", "partial"),
+                )
+            ],
+            minimum=0,
+        ),
+        ts(
+            "Oldest partial file age",
+            "Age of the oldest .part file per run and location. A save in progress is young; "
+            "one that keeps ageing was abandoned by a crash (CheckpointPartialOrphaned).",
+            "s",
+            [(by_loc("trainguard_checkpoint_oldest_partial_age_seconds"), PER_LOCATION)],
+            minimum=0,
+        ),
+    ]
+
+
+def storage() -> list[Panel]:
+    """Free space, when it runs out, and what the checkpoints take."""
+    return [
+        ts(
+            "Free space and 4h forecast",
+            "Free bytes on the volume of each checkpoint location, and the linear forecast "
+            "4 hours ahead from the last hour's trend (dashed; predict_linear). A forecast "
+            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp).",
+            "bytes",
+            [
+                (FREE, f"{PER_LOCATION} free"),
+                (
+                    f"min by (run, location) (predict_linear("
+                    f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",
+                    f"{PER_LOCATION} forecast +4h",
+                ),
+            ],
+            dashed="/forecast/",
+        ),
+        ts(
+            "Time until volume is full",
+            "Free bytes divided by the rate they shrank at over the last hour (only where "
+            "they shrink). A rough estimate; it resets when old checkpoints are pruned.",
+            "s",
+            [
+                (
+                    f"min by (run, location) (\n"
+                    f"  trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}\n"
+                    f"  / (-deriv(trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h]) > 0)\n"
+                    ")",
+                    PER_LOCATION,
+                )
+            ],
+            thresholds=((None, "red"), (6 * 3600, "orange"), (24 * 3600, "green")),
+            minimum=0,
+        ),
+        ts(
+            "Checkpoint bytes per location",
+            "Total bytes of checkpoint files per run and location.",
+            "bytes",
+            [(by_loc("trainguard_checkpoint_bytes"), PER_LOCATION)],
+            minimum=0,
+        ),
+        ts(
+            "Checkpoint files per location",
+            "Number of checkpoint files per run and location (pruning keeps it bounded).",
+            "none",
+            [(by_loc("trainguard_checkpoint_files"), PER_LOCATION)],
+            minimum=0,
+        ),
+    ]
+
+
+def build() -> db.Dashboard:
+    """The dashboard."""
+    return dashboard(
+        UID,
+        "Checkpoints",
+        "Newest complete checkpoint per run and location, sizes vs the sizes recorded at write "
+        "time, truncated / mismatched / partial files and free space.",
+        [
+            ("Overview", overview()),
+            ("Progress", progress()),
+            ("Integrity", integrity()),
+            ("Storage", storage()),
+        ],
+    )

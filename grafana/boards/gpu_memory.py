@@ -1,0 +1,283 @@
+"""GPU memory: the driver's view (NVML) against the allocator's view (torch) of GPU memory, to
+see ghost memory, unattributed memory, fragmentation, retries and OOMs."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as db
+
+from grafana.panels import (
+    IR,
+    NONZERO_IS_BAD,
+    I,
+    Panel,
+    bar_gauge,
+    by,
+    dashboard,
+    stat_panel,
+    table_panel,
+    ts,
+)
+
+UID = "trainguard-gpu-memory"
+
+PER_GPU = "{{instance}} GPU {{gpu}}"
+PER_RANK = "{{run}} rank {{rank}}"
+DRIVER = by("run, rank", "trainguard_run_gpu_memory_used_bytes", "sum")
+RESERVED = by("run, rank", "trainguard_run_allocator_reserved_bytes", "sum")
+ALLOCATED = by("run, rank", "trainguard_run_allocator_allocated_bytes", "sum")
+
+
+def _increase(labels: str, metric: str, window: str) -> str:
+    """How much a counter grew per ``labels`` over ``window``."""
+    return f"sum by ({labels}) (increase({metric}{{{IR}}}[{window}]))"
+
+
+def devices() -> list[Panel]:
+    """Each GPU as the driver sees it: used vs total, and memory no live process accounts for."""
+    return [
+        ts(
+            "Device memory used vs total",
+            "Memory in use on each GPU as the driver (NVML) reports it, against the device "
+            "total (dashed).",
+            "bytes",
+            [
+                (f"trainguard_gpu_memory_used_bytes{{{I}}}", f"{PER_GPU} used"),
+                (f"trainguard_gpu_memory_total_bytes{{{I}}}", f"{PER_GPU} total"),
+            ],
+            minimum=0,
+            dashed="/ total$/",
+        ),
+        bar_gauge(
+            "Device memory used (fraction)",
+            "Used / total per GPU, now (driver view).",
+            "percentunit",
+            (
+                f"trainguard_gpu_memory_used_bytes{{{I}}}\n"
+                f"/ trainguard_gpu_memory_total_bytes{{{I}}}",
+                PER_GPU,
+            ),
+            minimum=0,
+            maximum=1,
+            thresholds=((None, "green"), (0.85, "orange"), (0.95, "red")),
+        ),
+        table_panel(
+            "GPUs",
+            "The GPUs each exporter sees: index, model, UUID and driver version.",
+            [by("instance, gpu, name, uuid, driver_version", "trainguard_gpu_info", "max", I)],
+            columns={
+                "instance": ("Exporter", ""),
+                "gpu": ("GPU", ""),
+                "name": ("Model", ""),
+                "uuid": ("UUID", ""),
+                "driver_version": ("Driver", ""),
+            },
+            hide=("Value",),
+            w=6,
+        ),
+        ts(
+            "Unattributed device memory",
+            "Device memory in use that no live process accounts for (device used minus the sum "
+            "of live processes' memory). A few hundred MiB per GPU is driver overhead; more, "
+            "sustained, is memory held after a crash (GPUUnattributedMemory). No value while "
+            "a process's memory is unknown.",
+            "bytes",
+            [(f"trainguard_gpu_memory_unattributed_bytes{{{I}}}", PER_GPU)],
+            thresholds=((None, "green"), (1024**3, "red")),
+            minimum=0,
+        ),
+        ts(
+            "Processes with unknown memory",
+            "GPU processes whose memory NVML cannot report (WDDM / WSL). They are counted here "
+            "instead of being published as 0 bytes; while this is non-zero the GPU's "
+            "unattributed memory is unknown and left out.",
+            "none",
+            [(f"trainguard_gpu_processes_memory_unknown{{{I}}}", PER_GPU)],
+            thresholds=((None, "green"), (1, "orange")),
+            minimum=0,
+        ),
+    ]
+
+
+def processes() -> list[Panel]:
+    """Memory per GPU process, as the driver attributes it."""
+    return [
+        ts(
+            "Driver memory per process",
+            "GPU memory per process as the driver reports it, stacked per exporter. run is "
+            "empty for processes that are not a known training run.",
+            "bytes",
+            [
+                (
+                    f"trainguard_gpu_process_memory_used_bytes{{{IR}}}",
+                    f"{PER_GPU} pid {{{{pid}}}} {{{{run}}}}",
+                )
+            ],
+            stacked=True,
+            minimum=0,
+        ),
+        table_panel(
+            "GPU processes now",
+            "Processes holding GPU memory now, per GPU, largest first.",
+            [by("instance, gpu, pid, run", "trainguard_gpu_process_memory_used_bytes")],
+            columns={
+                "instance": ("Exporter", ""),
+                "gpu": ("GPU", ""),
+                "pid": ("PID", ""),
+                "run": ("Run", ""),
+                "Value": ("Driver memory", "bytes"),
+            },
+            w=12,
+        ),
+    ]
+
+
+def runs() -> list[Panel]:
+    """Per run and rank, the driver's bytes against the allocator's: ghost memory,
+    fragmentation, retries and OOMs."""
+    return [
+        ts(
+            "Driver vs allocator memory per rank",
+            "Per rank: driver view (NVML, summed over the rank's PIDs and GPUs), the "
+            "allocator's reserved and allocated bytes (torch.cuda.memory_stats), and "
+            "the gap driver - reserved drawn as its own series. The gap is normally the "
+            "CUDA context (a few hundred MiB); a gap that grows or stays large is ghost "
+            "memory (GPUGhostMemory).",
+            "bytes",
+            [
+                (DRIVER, f"{PER_RANK} driver"),
+                (RESERVED, f"{PER_RANK} reserved"),
+                (ALLOCATED, f"{PER_RANK} allocated"),
+                (f"{DRIVER}\n-\n{RESERVED}", f"{PER_RANK} driver - reserved (ghost gap)"),
+            ],
+            w=16,
+            h=9,
+            dashed="/ghost gap/",
+            colors={"/ghost gap/": "red"},
+        ),
+        stat_panel(
+            "Ghost-memory gap per run",
+            "Driver view minus allocator reserved, summed over the run's ranks, now. Expect "
+            "about one CUDA context per rank; far more is memory the allocator does not know "
+            "about.",
+            "bytes",
+            (
+                f"{by('run', 'trainguard_run_gpu_memory_used_bytes', 'sum')}\n"
+                f"- {by('run', 'trainguard_run_allocator_reserved_bytes', 'sum')}",
+                "{{run}}",
+            ),
+            thresholds=((None, "green"), (2 * 1024**3, "orange"), (4 * 1024**3, "red")),
+            w=8,
+            h=9,
+        ),
+        ts(
+            "Allocator fragmentation",
+            "reserved - allocated: memory the caching allocator holds but no tensor uses; "
+            "inactive split: the part of it in split blocks that cannot serve a large request. "
+            "High values before an OOM with 'free' VRAM point at fragmentation.",
+            "bytes",
+            [
+                (f"{RESERVED}\n- {ALLOCATED}", f"{PER_RANK} reserved - allocated"),
+                (
+                    by("run, rank", "trainguard_run_allocator_inactive_split_bytes", "sum"),
+                    f"{PER_RANK} inactive split",
+                ),
+            ],
+            minimum=0,
+        ),
+        ts(
+            "Allocated and peak allocated",
+            "Bytes held by live tensors and the peak since the process started (or since the "
+            "training script last reset the peak).",
+            "bytes",
+            [
+                (ALLOCATED, f"{PER_RANK} allocated"),
+                (
+                    by("run, rank", "trainguard_run_allocator_max_allocated_bytes", "sum"),
+                    f"{PER_RANK} peak",
+                ),
+            ],
+            minimum=0,
+        ),
+        ts(
+            "Allocator retries, OOMs and snapshots",
+            "Per interval: cudaMalloc retries (the allocator freed its cache to satisfy a "
+            "request: AllocatorRetrying), out-of-memory errors (AllocatorOOM) and memory "
+            "snapshots dumped at an OOM.",
+            "none",
+            [
+                (
+                    _increase(
+                        "run, rank",
+                        "trainguard_run_allocator_alloc_retries_total",
+                        "$__rate_interval",
+                    ),
+                    f"{PER_RANK} retries",
+                ),
+                (
+                    _increase(
+                        "run, rank", "trainguard_run_allocator_ooms_total", "$__rate_interval"
+                    ),
+                    f"{PER_RANK} OOMs",
+                ),
+                (
+                    _increase(
+                        "run, rank", "trainguard_run_memory_snapshots_total", "$__rate_interval"
+                    ),
+                    f"{PER_RANK} snapshots",
+                ),
+            ],
+            bars=True,
+            minimum=0,
+        ),
+        stat_panel(
+            "OOMs in time range",
+            "Out-of-memory errors per run over the dashboard's time range.",
+            "none",
+            (_increase("run", "trainguard_run_allocator_ooms_total", "$__range"), "{{run}}"),
+            thresholds=NONZERO_IS_BAD,
+            h=8,
+        ),
+        stat_panel(
+            "Alloc retries in time range",
+            "cudaMalloc retries per run over the dashboard's time range.",
+            "none",
+            (
+                _increase("run", "trainguard_run_allocator_alloc_retries_total", "$__range"),
+                "{{run}}",
+            ),
+            thresholds=((None, "green"), (1, "orange")),
+            h=8,
+        ),
+    ]
+
+
+def host_processes() -> list[Panel]:
+    """Host processes per configured name pattern (two where there should be one)."""
+    return [
+        ts(
+            "Host process counts",
+            "Number of processes matching each configured name pattern (process_counts in the "
+            "config file), e.g. the WSL VM host process. Two where there should be one is the "
+            "DuplicateHostProcess alert.",
+            "none",
+            [(f"trainguard_process_count{{{I}}}", "{{instance}} {{name}}")],
+            w=24,
+            minimum=0,
+        ),
+    ]
+
+
+def build() -> db.Dashboard:
+    """The dashboard."""
+    return dashboard(
+        UID,
+        "GPU memory",
+        "Driver view (NVML) vs the allocator's view (torch) of GPU memory: ghost memory, "
+        "unattributed memory, fragmentation, retries and OOMs.",
+        [
+            ("Devices", devices()),
+            ("Processes (driver view)", processes()),
+            ("Runs: driver vs allocator", runs()),
+            ("Host processes", host_processes()),
+        ],
+    )

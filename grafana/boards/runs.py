@@ -1,0 +1,322 @@
+"""Training runs: is each run alive, progressing, checkpointed? Deaths and firing alerts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
+
+from grafana.panels import (
+    IR,
+    NONZERO_IS_BAD,
+    I,
+    Panel,
+    by,
+    dashboard,
+    stat_panel,
+    state_timeline,
+    table_panel,
+    ts,
+    value_mappings,
+)
+
+UID = "trainguard-runs"
+
+RUN_STATE_MAPPINGS = value_mappings(("dead", "red"), ("alive", "green"), ("finished", "blue"))
+
+# 2 = exited cleanly, 1 = process alive (PID and create time match), 0 = gone without a clean exit.
+RUN_STATE_EXPR = (
+    "max by (run, rank) (\n"
+    f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
+    "  or on (instance, run, rank)\n"
+    f"  trainguard_run_process_up{{{IR}}}\n"
+    ")"
+)
+
+# Steps per minute. deriv() rather than rate(): the step is a gauge that goes *down* when a run
+# resumes from an older checkpoint, and rate() would read that as a counter reset and draw a
+# spike of (new step / window). clamp_min hides the brief negative slope of a resume.
+STEPS_PER_MIN_EXPR = (
+    f"clamp_min(max by (run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
+)
+
+STEP = by("run, rank", "trainguard_run_step")
+HEARTBEAT_AGE = "time() - " + by("run, rank", "trainguard_run_heartbeat_timestamp_seconds")
+PER_RANK = "{{run}} rank {{rank}}"
+PER_LOCATION = "{{run}} {{location}}"
+
+
+def status(alert_names: Sequence[str]) -> list[Panel]:
+    """Firing alerts, the state of every rank, and one table of every run now."""
+    # Exact names, sorted: the panel shows the rules' alerts and nothing else.
+    alerts = "|".join(sorted(set(alert_names)))
+    return [
+        table_panel(
+            "Firing trainguard alerts",
+            "Alerts from alerts/trainguard.rules.yml that are firing now (Prometheus' ALERTS "
+            "series). Alerts that are not tied to one run or one exporter (no run / instance "
+            "label) are always shown. Empty table = nothing firing.",
+            [
+                f'ALERTS{{alertstate="firing", alertname=~"{alerts}", '
+                'instance=~"$instance|", run=~"$run|"}'
+            ],
+            columns={"alertname": ("Alert", ""), "severity": ("Severity", "")},
+            hide=("Value", "alertstate"),
+            h=6,
+        ),
+        state_timeline(
+            "Run state per rank",
+            "alive = the rank's PID exists with the recorded create time; finished = the run "
+            "wrote its clean-exit marker; dead = the process is gone without a clean exit "
+            "(kill -9, OOM killer, reboot) or the PID was reused by another process.",
+            (RUN_STATE_EXPR, PER_RANK),
+            RUN_STATE_MAPPINGS,
+        ),
+        stat_panel(
+            "Ranks alive",
+            "Ranks whose training process is alive (PID + create time match).",
+            "none",
+            (f"count(trainguard_run_process_up{{{IR}}} == 1) or vector(0)", "alive"),
+        ),
+        stat_panel(
+            "Ranks dead",
+            "Ranks whose process is gone without a clean exit. Anything above 0 is a death "
+            "(TrainingProcessDied).",
+            "none",
+            (
+                f"count(\n  trainguard_run_process_up{{{IR}}} == 0\n"
+                f"  unless on (instance, run, rank) trainguard_run_finished{{{IR}}} == 1\n"
+                ") or vector(0)",
+                "dead",
+            ),
+            thresholds=NONZERO_IS_BAD,
+        ),
+        stat_panel(
+            "Ranks finished",
+            "Ranks that exited cleanly (their absence is not a death).",
+            "none",
+            (f"count(trainguard_run_finished{{{IR}}} == 1) or vector(0)", "finished"),
+            thresholds=((None, "blue"),),
+        ),
+        stat_panel(
+            "Deaths (all time)",
+            "Deaths recorded by the reporter when a run restarted under the same name, summed "
+            "over the selected runs.",
+            "none",
+            (f"sum({by('run', 'trainguard_run_deaths_total')}) or vector(0)", "deaths"),
+            thresholds=NONZERO_IS_BAD,
+        ),
+        table_panel(
+            "Runs now",
+            "One row per run and rank: where it runs, its state, step, throughput and how old "
+            "its heartbeat is. State: 0 dead, 1 alive, 2 finished.",
+            [
+                by("run, rank, host, pid", "trainguard_run_info"),
+                RUN_STATE_EXPR,
+                STEP,
+                STEPS_PER_MIN_EXPR,
+                HEARTBEAT_AGE,
+                by("run, rank", "trainguard_run_heartbeat_timestamp_seconds") + " * 1000",
+            ],
+            columns={
+                "run": ("Run", ""),
+                "rank": ("Rank", ""),
+                "host": ("Host", ""),
+                "pid": ("PID", ""),
+                "Value #B": ("State", "none"),
+                "Value #C": ("Step", "none"),
+                "Value #D": ("Steps/min", "none"),
+                "Value #E": ("Heartbeat age", "s"),
+                "Value #F": ("Last heartbeat", "dateTimeAsIso"),
+            },
+            hide=("Value #A",),
+            extra={
+                "Value #B": [
+                    DynamicConfigValue(id_val="mappings", value=RUN_STATE_MAPPINGS),
+                    DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-text"}),
+                ]
+            },
+        ),
+    ]
+
+
+def progress() -> list[Panel]:
+    """Step, throughput, heartbeat and log age per rank: stalls and stragglers."""
+    return [
+        ts(
+            "Step",
+            "Current training step per rank, from the heartbeat. A flat line while the rank is "
+            "alive is a stall (TrainingStalled).",
+            "none",
+            [(STEP, PER_RANK)],
+        ),
+        ts(
+            "Steps per minute",
+            "Training throughput per rank: clamp_min(deriv(step[5m]), 0) * 60. deriv, not rate: "
+            "the step is a gauge that drops when a run resumes from an older checkpoint. A rank "
+            "below its peers is a straggler; 0 while alive is a stall.",
+            "none",
+            [(STEPS_PER_MIN_EXPR, PER_RANK)],
+            minimum=0,
+        ),
+        ts(
+            "Heartbeat age",
+            "Seconds since each rank last wrote its heartbeat (time() - "
+            "trainguard_run_heartbeat_timestamp_seconds). Grows without bound when a rank hangs "
+            "or dies.",
+            "s",
+            [(HEARTBEAT_AGE, PER_RANK)],
+            thresholds=((None, "green"), (300, "orange"), (900, "red")),
+            minimum=0,
+        ),
+        ts(
+            "Log age",
+            "Seconds since the run's configured log file was last modified (runs with a "
+            "log_file only). The watchdog that used to fire 20 minutes late (TrainingLogStale).",
+            "s",
+            [("time() - " + by("run", "trainguard_run_log_modified_timestamp_seconds"), "{{run}}")],
+            thresholds=((None, "green"), (600, "orange"), (1200, "red")),
+            minimum=0,
+        ),
+    ]
+
+
+def checkpoints() -> list[Panel]:
+    """How old each run's newest checkpoint is, and how many steps a death would lose."""
+    return [
+        ts(
+            "Last checkpoint age per location",
+            "Seconds since the newest COMPLETE checkpoint of each run at each location (primary "
+            "or a mirror). Max over exporters that see the same (shared) directory.",
+            "s",
+            [
+                (
+                    "time() - "
+                    + by("run, location", "trainguard_checkpoint_last_timestamp_seconds"),
+                    PER_LOCATION,
+                )
+            ],
+            minimum=0,
+        ),
+        ts(
+            "Steps since last complete checkpoint",
+            "Training steps that would be lost if the run died now: the run's current step minus "
+            "the newest complete checkpoint's step, per location (StepsAtRisk).",
+            "none",
+            [
+                (
+                    f"{by('run', 'trainguard_run_step')}\n"
+                    "- on (run) group_right\n"
+                    f"{by('run, location', 'trainguard_checkpoint_last_step')}",
+                    PER_LOCATION,
+                )
+            ],
+            minimum=0,
+        ),
+    ]
+
+
+def deaths() -> list[Panel]:
+    """Deaths the reporter recorded when a run restarted under the same name."""
+    return [
+        table_panel(
+            "Deaths per run",
+            "Death history recorded by the reporter when a run restarts under the same name: "
+            "how many times it died, at which step, when, and the inferred cause (reboot, "
+            "oom_killer, unknown). The same step twice is RepeatedDeathNearSameStep.",
+            [
+                by("run", "trainguard_run_deaths_total"),
+                by("run", "trainguard_run_last_death_step"),
+                by("run", "trainguard_run_last_death_timestamp_seconds") + " * 1000",
+                by("run, cause", "trainguard_run_last_death_info"),
+            ],
+            columns={
+                "run": ("Run", ""),
+                "cause": ("Last cause", ""),
+                "Value #A": ("Deaths", "none"),
+                "Value #B": ("Last death step", "none"),
+                "Value #C": ("Last death", "dateTimeAsIso"),
+            },
+            hide=("Value #D",),
+            w=12,
+        ),
+        ts(
+            "Deaths in window",
+            "Deaths recorded per run within each interval (increase of "
+            "trainguard_run_deaths_total).",
+            "none",
+            [
+                (
+                    f"max by (run) (increase(trainguard_run_deaths_total{{{IR}}}"
+                    "[$__rate_interval]))",
+                    "{{run}}",
+                )
+            ],
+            bars=True,
+            minimum=0,
+        ),
+    ]
+
+
+def exporter() -> list[Panel]:
+    """The exporters themselves: collectors failing or slow, versions, scrapeable or not."""
+    build_info = f"last_over_time(trainguard_exporter_build_info{{{I}}}[1d])"
+    return [
+        state_timeline(
+            "Collector success",
+            "Whether each collector of each exporter succeeded at its last scrape. One failing "
+            "collector does not hide the others (TrainguardCollectorFailing).",
+            (
+                by("instance, collector", "trainguard_collector_success", "min", I),
+                "{{instance}} {{collector}}",
+            ),
+            value_mappings(("failing", "red"), ("ok", "green")),
+            w=12,
+        ),
+        ts(
+            "Collector duration",
+            "Time each collector took at scrape time. A slow NFS stat shows up here first.",
+            "s",
+            [
+                (
+                    by("instance, collector", "trainguard_collector_duration_seconds", "max", I),
+                    "{{instance}} {{collector}}",
+                )
+            ],
+            minimum=0,
+        ),
+        table_panel(
+            "Exporters",
+            "Exporters seen in the time range, their version and whether Prometheus can scrape "
+            "them now (up).",
+            [
+                f"max by (instance, version) ({build_info})",
+                f"max by (instance) (up{{{I}}} and on (instance, job) {build_info})",
+            ],
+            columns={
+                "instance": ("Exporter", ""),
+                "version": ("Version", ""),
+                "Value #B": ("Up", "none"),
+            },
+            hide=("Value #A",),
+            thresholds=((None, "red"), (1, "green")),
+            h=6,
+        ),
+    ]
+
+
+def build(alert_names: Sequence[str]) -> db.Dashboard:
+    """The dashboard; ``alert_names`` are the alerts its "Firing" table shows."""
+    return dashboard(
+        UID,
+        "Training runs",
+        "Is each training run alive, progressing, checkpointed? Deaths and firing alerts.",
+        [
+            ("Status", status(alert_names)),
+            ("Progress", progress()),
+            ("Checkpoints", checkpoints()),
+            ("Deaths", deaths()),
+            ("Exporter", exporter()),
+        ],
+    )

@@ -1,0 +1,216 @@
+"""Real Prometheus and Alertmanager (Debian packages) on 127.0.0.1, and a webhook receiver,
+for end-to-end tests: what the exporter publishes really pages, and every dashboard query
+really returns data."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.exporter_proc import free_port
+
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{log.read_text()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} not ready:\n{log.read_text()}")
+
+
+class Webhook:
+    """Collects what Alertmanager posts."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[float, dict[str, Any]]] = []
+        self._cond = threading.Condition()
+        webhook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with webhook._cond:
+                    webhook.received.append((time.time(), json.loads(body)))
+                    webhook._cond.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, status: str = "firing") -> list[tuple[float, dict[str, Any]]]:
+        with self._cond:
+            return [
+                (t, a) for t, msg in self.received for a in msg["alerts"] if a["status"] == status
+            ]
+
+    def wait_for(
+        self, alertname: str, timeout: float, **labels: str
+    ) -> tuple[float, dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for t, a in self.alerts():
+                    lbl = a["labels"]
+                    if lbl.get("alertname") == alertname and all(
+                        lbl.get(k) == v for k, v in labels.items()
+                    ):
+                        return t, a
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"{alertname} {labels} not delivered in {timeout}s; got "
+                        f"{[a['labels'].get('alertname') for _, a in self.alerts()]}"
+                    )
+                self._cond.wait(left)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class _Server:
+    """A Debian-packaged server started on a free 127.0.0.1 port, logging to its workdir."""
+
+    port: int
+    url: str
+    log: Path
+    proc: subprocess.Popen[bytes]
+
+    def _launch(self, workdir: Path, name: str, cmd: list[str], ready_path: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [*cmd, f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        _wait_http(self.url + ready_path, self.proc, self.log)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(15)
+
+
+class Alertmanager(_Server):
+    def __init__(self, workdir: Path, webhook_url: str, group_wait: str = "1s") -> None:
+        assert ALERTMANAGER, "prometheus-alertmanager is not installed"
+        self.group_wait = group_wait
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = workdir / "alertmanager.yml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "route": {
+                        "receiver": "hook",
+                        "group_by": ["alertname", "run", "instance"],
+                        "group_wait": group_wait,
+                        "group_interval": "1s",
+                        "repeat_interval": "1h",
+                    },
+                    "receivers": [{"name": "hook", "webhook_configs": [{"url": webhook_url}]}],
+                }
+            )
+        )
+        self._launch(
+            workdir,
+            "alertmanager",
+            [
+                ALERTMANAGER,
+                f"--config.file={cfg}",
+                f"--storage.path={workdir / 'data'}",
+                "--cluster.listen-address=",  # no gossip: nothing leaves 127.0.0.1
+            ],
+            "/-/ready",
+        )
+
+
+class Prometheus(_Server):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[str],
+        rule_files: Sequence[Path] = (),
+        alertmanager: str | None = None,
+        scrape_interval: str = "1s",
+        evaluation_interval: str = "1s",
+    ) -> None:
+        assert PROMETHEUS, "prometheus is not installed"
+        workdir.mkdir(parents=True, exist_ok=True)
+        config: dict[str, Any] = {
+            "global": {
+                "scrape_interval": scrape_interval,
+                "evaluation_interval": evaluation_interval,
+            },
+            "scrape_configs": [
+                {"job_name": "trainguard", "static_configs": [{"targets": list(targets)}]}
+            ],
+            "rule_files": [str(p) for p in rule_files],
+        }
+        if alertmanager:
+            config["alerting"] = {
+                "alertmanagers": [
+                    {"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}]}
+                ]
+            }
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(config))
+        self._launch(
+            workdir,
+            "prometheus",
+            [
+                PROMETHEUS,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                "--web.enable-lifecycle",
+            ],
+            "/-/ready",
+        )
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return json.loads(err.read())
+
+    def query(self, expr: str) -> Any:
+        return self.api("query", query=expr)
+
+    def wait_until(self, expr: str, timeout: float = 30) -> list[Any]:
+        """Poll until the instant query returns a non-empty vector."""
+        deadline = time.monotonic() + timeout
+        while True:
+            res = self.query(expr)
+            if res.get("status") == "success" and res["data"]["result"]:
+                return list(res["data"]["result"])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{expr!r} still empty after {timeout}s: {res}")
+            time.sleep(0.25)

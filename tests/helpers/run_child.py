@@ -1,0 +1,138 @@
+"""Training processes for the run tests: a real child Python using ``trainguard.Run``, ended
+in the way a test needs (killed, finished, raising...), plus waiting on its heartbeat."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers.exporter_proc import child_env
+from trainguard.shared import procinfo
+from trainguard.shared.heartbeat import (
+    Heartbeat,
+    HeartbeatError,
+    heartbeat_filename,
+    read_heartbeat,
+    write_heartbeat,
+)
+
+CHILD = r"""
+import os, sys, time
+import trainguard
+
+name, state_dir, steps, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+kw = dict(state_dir=state_dir, interval=0.02)
+
+
+def train(run):
+    for i in range(steps + 1):
+        run.step(i, loss=1.0 / (i + 1))
+        time.sleep(0.002)
+
+
+if mode == "hang":  # reach the step, then wait to be killed
+    run = trainguard.Run(name, **kw)
+    train(run)
+    while True:
+        time.sleep(1)
+elif mode == "steady":  # keep training until killed
+    run = trainguard.Run(name, **kw)
+    i = 0
+    while True:
+        run.step(i, loss=1.0 / (i + 1))
+        i += 1
+        time.sleep(0.02)
+elif mode == "with":  # clean finish
+    with trainguard.Run(name, **kw) as run:
+        train(run)
+elif mode == "with-raise":
+    with trainguard.Run(name, **kw) as run:
+        train(run)
+        raise ValueError("boom")
+elif mode == "exit":  # no close(): atexit finishes it
+    run = trainguard.Run(name, **kw)
+    train(run)
+elif mode == "uncaught":  # a traceback at top level is not a clean finish
+    run = trainguard.Run(name, **kw)
+    train(run)
+    1 / 0
+elif mode == "fork":  # a forked child that exits normally must not finish the parent's run
+    run = trainguard.Run(name, **kw)
+    train(run)
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)
+    os.waitpid(child, 0)
+    print("forked child done", flush=True)
+    while True:
+        time.sleep(1)
+elif mode == "no-torch":
+    with trainguard.Run(name, **kw) as run:
+        train(run)
+    assert "torch" not in sys.modules, "trainguard imported torch"
+else:
+    raise SystemExit(f"unknown mode {mode}")
+"""
+
+
+def start_child(name: str, state_dir: Path, steps: int, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, name, str(state_dir), str(steps), mode],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:
+    return state_dir / heartbeat_filename(name, rank)
+
+
+def wait_heartbeat(path: Path, ok: Callable[[Heartbeat], bool], timeout: float = 15.0) -> Heartbeat:
+    """Poll the heartbeat file until ``ok`` holds for it."""
+    deadline = time.monotonic() + timeout
+    last: Heartbeat | str = "no file"
+    while time.monotonic() < deadline:
+        try:
+            hb = read_heartbeat(path)
+        except HeartbeatError as exc:
+            last = str(exc)
+        else:
+            if ok(hb):
+                return hb
+            last = hb
+        time.sleep(0.01)
+    raise AssertionError(f"heartbeat {path} never satisfied the condition; last: {last}")
+
+
+def own_heartbeat(run: str, **over: object) -> Heartbeat:
+    """A heartbeat as if written by this test process (alive, same boot)."""
+    now = time.time()
+    fields: dict[str, object] = dict(
+        run=run,
+        rank=0,
+        pid=os.getpid(),
+        create_time=procinfo.own_create_time(),
+        host=socket.gethostname(),
+        started=now - 10,
+        time=now,
+        step=5,
+        step_time=now,
+        boot_id=procinfo.boot_id(),
+        boot_time=procinfo.boot_time(),
+        pid_ns=procinfo.pid_namespace(),
+    )
+    fields.update(over)
+    return Heartbeat(**fields)  # type: ignore[arg-type]
+
+
+def put(state: Path, hb: Heartbeat) -> Path:
+    path = state / heartbeat_filename(hb.run, hb.rank)
+    write_heartbeat(path, hb)
+    return path
