@@ -17,7 +17,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/trainguard
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter ./exporter
 # The base install only: torch is the optional [torch] extra, for training scripts, never here.
 RUN /opt/trainguard/bin/pip install --no-cache-dir . \
@@ -25,6 +25,7 @@ RUN /opt/trainguard/bin/pip install --no-cache-dir . \
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="trainguard-exporter" \
+      org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.description="Prometheus exporter for GPU training runs: silent deaths, stalls, ghost GPU memory, truncated checkpoints"
 COPY --from=build /opt/trainguard /opt/trainguard
 ENV PATH=/opt/trainguard/bin:$PATH \

@@ -16,6 +16,7 @@ import bcrypt
 import pytest
 
 from helpers.exporter_proc import Exporter, child_env
+from trainguard.exporter.webconfig import load_web_config
 
 
 def openssl(*args: str | Path) -> None:
@@ -136,6 +137,12 @@ def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
         ("basic_auth_users:\n  alice: plaintext\n",
          "basic_auth_users.alice: expected a bcrypt hash"),
         ("tls_config: {}\n", "tls_config: unknown key"),
+        ("http_server_config:\n  http2: true\n",
+         "http_server_config.http2: trainguard serves HTTP/1.1 only"),
+        ("http_server_config:\n  http2: 'no'\n",
+         "http_server_config.http2: expected true or false, got 'no'"),
+        ("tls_server_config:\n  prefer_server_cipher_suites: 1\n",
+         "tls_server_config.prefer_server_cipher_suites: expected true or false, got 1"),
     ],
 )  # fmt: skip
 def test_bad_web_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
@@ -156,3 +163,19 @@ def test_bad_web_config_is_a_clear_error(tmp_path: Path, text: str, message: str
     )
     assert r.returncode == 2
     assert f"--web.config.file: {cfg}: {message}" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("setting", "preferred"), [("", True), ("true", True), ("false", False)])
+def test_prefer_server_cipher_suites_is_honoured(
+    tmp_path: Path, pki: Path, setting: str, preferred: bool
+) -> None:
+    """exporter-toolkit's key, default true: the server's cipher order wins the handshake."""
+    line = f"  prefer_server_cipher_suites: {setting}\n" if setting else ""
+    cfg = tmp_path / "web.yml"
+    cfg.write_text(
+        f"tls_server_config:\n  cert_file: {pki / 'server.crt'}\n"
+        f"  key_file: {pki / 'server.key'}\n{line}http_server_config:\n  http2: false\n"
+    )
+    ctx = load_web_config(cfg).ssl_context
+    assert ctx is not None
+    assert bool(ctx.options & ssl.OP_CIPHER_SERVER_PREFERENCE) is preferred

@@ -71,6 +71,8 @@ def _file(source: str, base: Path, where: str, value: Any) -> str:
 
 def _ssl_context(source: str, base: Path, tls: dict[str, Any]) -> ssl.SSLContext:
     where = "tls_server_config"
+    # exporter-toolkit's default is true: the server's cipher order wins
+    prefer_server = _flag(source, f"{where}.prefer_server_cipher_suites", tls, default=True)
     if "cert_file" not in tls or "key_file" not in tls:
         raise WebConfigError(f"{source}: {where}: both cert_file and key_file are required")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -111,7 +113,18 @@ def _ssl_context(source: str, base: Path, tls: dict[str, Any]) -> ssl.SSLContext
                 "minimum_version" if bound == "min_version" else "maximum_version",
                 TLS_VERSIONS[name],
             )
+    if prefer_server:
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    else:
+        ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     return ctx
+
+
+def _flag(source: str, where: str, section: Mapping[str, Any], *, default: bool) -> bool:
+    value = section.get(where.rsplit(".", 1)[-1], default)
+    if not isinstance(value, bool):
+        raise WebConfigError(f"{source}: {where}: expected true or false, got {value!r}")
+    return value
 
 
 def load_web_config(path: str | Path | None) -> WebConfig:
@@ -153,6 +166,11 @@ def load_web_config(path: str | Path | None) -> WebConfig:
     http = _mapping(
         source, "http_server_config", top.get("http_server_config"), ("http2", "headers")
     )
+    if _flag(source, "http_server_config.http2", http, default=False):
+        raise WebConfigError(
+            f"{source}: http_server_config.http2: trainguard serves HTTP/1.1 only (which is all "
+            "Prometheus needs); set it to false or remove it"
+        )
     headers = http.get("headers") or {}
     if not isinstance(headers, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
