@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from deploy.kubernetes import build_prometheusrule
+from helpers.exporter_proc import child_env
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -387,3 +388,65 @@ def test_committed_prometheusrule_is_current() -> None:
         "prometheusrule.yaml is stale: run python deploy/kubernetes/build_prometheusrule.py"
     )
     _validate_operator_kind(_load(committed))
+
+
+SYSTEMD = DEPLOY / "systemd"
+
+
+def test_systemd_unit_verifies(tmp_path: Path) -> None:
+    """systemd's own checker, with the unit pointed at this checkout's exporter (it checks
+    that ExecStart is executable); an unknown or misspelt directive is only a warning to
+    systemd, so any output at all fails."""
+    analyze = _tool("systemd-analyze", "apt-get install systemd")
+    exe = Path(sys.executable).parent / "trainguard-exporter"
+    unit = (SYSTEMD / "trainguard-exporter.service").read_text(encoding="utf-8")
+    assert "ExecStart=/opt/trainguard/bin/trainguard-exporter " in unit
+    local = tmp_path / "trainguard-exporter.service"
+    local.write_text(unit.replace("/opt/trainguard/bin/trainguard-exporter", str(exe)))
+    r = subprocess.run(
+        [analyze, "verify", "--man=no", str(local)], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout + r.stderr == "", r.stdout + r.stderr
+    misspelt = tmp_path / "misspelt.service"
+    misspelt.write_text(local.read_text().replace("LockPersonality=", "LockPersonalty="))
+    r = subprocess.run(
+        [analyze, "verify", "--man=no", str(misspelt)], capture_output=True, text=True, timeout=60
+    )
+    assert "Unknown key" in r.stderr, "the check above would not see a misspelt directive"
+
+
+def test_systemd_unit_runs_the_exporter_read_only_with_its_flags() -> None:
+    unit = (SYSTEMD / "trainguard-exporter.service").read_text(encoding="utf-8")
+    settings = dict(
+        line.split("=", 1) for line in unit.splitlines() if "=" in line and line[0].isalpha()
+    )
+    for key, value in {
+        "DynamicUser": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "CapabilityBoundingSet": "",
+    }.items():
+        assert settings.get(key) == value, key
+    # NVML needs /dev/nvidia*, and every training process must stay visible
+    for forbidden in ("PrivateDevices", "ProtectProc", "PrivateUsers", "PrivatePIDs"):
+        assert forbidden not in settings, forbidden
+    flags = [a for a in settings["ExecStart"].split()[1:] if a.startswith("--")]
+    r = subprocess.run(
+        [sys.executable, "-m", "trainguard", "--help"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    for flag in flags:
+        assert flag.split("=")[0] in r.stdout, flag
+
+
+def test_systemd_tmpfiles_makes_a_shared_sticky_state_dir(tmp_path: Path) -> None:
+    tmpfiles = _tool("systemd-tmpfiles", "apt-get install systemd")
+    conf = SYSTEMD / "trainguard.tmpfiles.conf"
+    subprocess.run([tmpfiles, "--create", f"--root={tmp_path}", str(conf)], check=True, timeout=60)
+    st = (tmp_path / "var" / "lib" / "trainguard").stat()
+    assert oct(st.st_mode & 0o7777) == oct(0o1777)
+    unit = (SYSTEMD / "trainguard-exporter.service").read_text(encoding="utf-8")
+    assert "--state.dir=/var/lib/trainguard" in unit
