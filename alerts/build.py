@@ -177,11 +177,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         return fail(PROGRAM, str(exc))
 
-    if args.output == "-":
-        if args.check:
-            return fail(PROGRAM, "--check compares with a file: give -o FILE, not -o -")
-        sys.stdout.write(text)
-        return 0
     return write_or_check(
         {Path(args.output): text}, check=args.check, command=regenerate_command(PROGRAM, argv)
     )

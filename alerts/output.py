@@ -40,6 +40,9 @@ def write_or_check(outputs: Mapping[Path, str], *, check: bool, command: str) ->
     """Write every ``{path: text}`` (or with ``check``, compare). ``command`` is how a user
     regenerates them, quoted in the stale message. Returns the exit status."""
     if check:
+        if any(str(path) == "-" for path in outputs):
+            print("error: --check compares with a file: give -o FILE, not -o -", file=sys.stderr)
+            return 2
         stale = [
             str(path)
             for path, text in outputs.items()
