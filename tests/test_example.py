@@ -8,7 +8,8 @@ from pathlib import Path
 
 from helpers.exporter_proc import REPO, child_env
 from trainguard import checkpoint
-from trainguard.shared.heartbeat import heartbeat_filename, read_heartbeat
+from trainguard.shared.heartbeat import heartbeat_filename
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 
 def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:

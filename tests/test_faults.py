@@ -25,7 +25,7 @@ from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
 from trainguard import Run
 from trainguard.checkpoint import save
-from trainguard.shared.heartbeat import read_heartbeat
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

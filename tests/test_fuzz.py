@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from trainguard.shared.heartbeat import HeartbeatError, parse_heartbeat_bytes
+from trainguard.shared.heartbeat import HeartbeatError
+from trainguard.shared.heartbeat_read import parse_heartbeat_bytes
 from trainguard.shared.manifest import ManifestError, parse_record
 
 FUZZ = Path(__file__).parent / "fuzz"

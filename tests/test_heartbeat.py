@@ -23,10 +23,9 @@ from trainguard.shared.heartbeat import (
     HeartbeatError,
     check_run_name,
     heartbeat_filename,
-    parse_heartbeat,
-    read_heartbeat,
     write_heartbeat,
 )
+from trainguard.shared.heartbeat_read import parse_heartbeat, read_heartbeat
 
 SAFE_FILE = re.compile(r"^[A-Za-z0-9_-]{1,48}-[0-9a-f]{8}\.rank\d+\.heartbeat\.json$")
 

@@ -26,7 +26,8 @@ from trainguard.run import oom, reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import Death, Heartbeat, read_heartbeat, write_heartbeat
+from trainguard.shared.heartbeat import Death, Heartbeat, write_heartbeat
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 # key names exactly as torch.cuda.memory_stats() returns them (see its docstring)
 REAL_STATS = {

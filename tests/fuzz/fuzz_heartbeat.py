@@ -14,8 +14,8 @@ import _common  # noqa: F401  (sys.path for this checkout)
 import atheris
 
 with atheris.instrument_imports():
-    from trainguard.shared.heartbeat import (
-        HeartbeatError,
+    from trainguard.shared.heartbeat import HeartbeatError
+    from trainguard.shared.heartbeat_read import (
         parse_heartbeat,
         parse_heartbeat_bytes,
         read_heartbeat,

@@ -17,9 +17,9 @@ from trainguard.shared.heartbeat import (
     Heartbeat,
     HeartbeatError,
     heartbeat_filename,
-    read_heartbeat,
     write_heartbeat,
 )
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 CHILD = r"""
 import os, sys, time
@@ -94,7 +94,7 @@ def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:
     return state_dir / heartbeat_filename(name, rank)
 
 
-def wait_heartbeat(path: Path, ok: Callable[[Heartbeat], bool], timeout: float = 15.0) -> Heartbeat:
+def wait_heartbeat(path: Path, ok: Callable[[Heartbeat], bool], timeout: float = 60.0) -> Heartbeat:
     """Poll the heartbeat file until ``ok`` holds for it."""
     deadline = time.monotonic() + timeout
     last: Heartbeat | str = "no file"

@@ -27,7 +27,8 @@ from trainguard.exporter.config import Config, RunConfig
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError, read_heartbeat
+from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 #: heartbeat files read at most per scrape; more is an error (and a sign of misuse)
 MAX_FILES = 10_000

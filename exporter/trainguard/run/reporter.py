@@ -67,9 +67,9 @@ from trainguard.shared.heartbeat import (
     HeartbeatError,
     check_run_name,
     heartbeat_filename,
-    read_heartbeat,
     write_heartbeat,
 )
+from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")

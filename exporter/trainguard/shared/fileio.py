@@ -16,9 +16,10 @@ O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+O_BINARY = getattr(os, "O_BINARY", 0)
 #: flags for every file trainguard opens: never follow a link, never leak into a child process,
 #: never translate bytes (Windows text mode)
-FILE_FLAGS = O_NOFOLLOW | O_CLOEXEC | getattr(os, "O_BINARY", 0)
+FILE_FLAGS = O_NOFOLLOW | O_CLOEXEC | O_BINARY
 #: whether files can be opened and directories listed relative to an open directory (not on
 #: Windows): then a directory checked once is the one read, whatever its path points to later
 DIR_FD = os.open in os.supports_dir_fd and os.scandir in os.supports_fd

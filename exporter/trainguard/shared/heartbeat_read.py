@@ -1,0 +1,361 @@
+"""Reading a heartbeat file that anyone may have written (the exporter's side of the format in
+:mod:`trainguard.shared.heartbeat`; the reporter reads its predecessor's the same way): no
+symlinks, regular files only, at most 1 MiB, every field's type, range and length checked, and
+every failure a :class:`~trainguard.shared.heartbeat.HeartbeatError` naming the file and the
+field. Error messages never quote string values from the file (a hard link to a private file
+must not leak its contents into the exporter's log)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from typing import Any
+
+from trainguard.shared.fileio import FILE_FLAGS, O_NOFOLLOW, O_NONBLOCK
+from trainguard.shared.heartbeat import (
+    CAUSES,
+    FORMAT,
+    MAX_BYTES,
+    MAX_DEATH_HISTORY,
+    MAX_DEVICES,
+    MAX_INT,
+    MAX_MIRRORS,
+    MAX_PATH,
+    MAX_PID,
+    MAX_RANK,
+    MAX_SCALARS,
+    MAX_TIME,
+    MIRROR_NAME_RE,
+    SCALAR_NAME_RE,
+    STATES,
+    AllocatorStats,
+    Death,
+    Heartbeat,
+    HeartbeatError,
+    check_run_name,
+    heartbeat_filename,
+    kind_of,
+    text_problem,
+)
+
+
+def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> Heartbeat:
+    """Read and validate one heartbeat file that anyone may have written. Raises only
+    :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run and
+    rank inside it would get, so a copied or renamed file cannot pose as another run."""
+    source = os.fspath(path)
+    hb = parse_heartbeat_bytes(_read_bounded(source), source)
+    if check_name:
+        expected = heartbeat_filename(hb.run, hb.rank)
+        if os.path.basename(source) != expected:
+            raise HeartbeatError(
+                f"{source}: file name does not match the run and rank inside it (expected "
+                f"{expected}); a copied or renamed heartbeat is not trusted"
+            )
+    return hb
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
+
+
+def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
+    """Decode and validate the bytes of a heartbeat file; raises only :class:`HeartbeatError`.
+    A key given twice in one object is refused: which of the two a reader takes differs
+    between JSON parsers, so such a file can mean two things."""
+    if len(raw) > MAX_BYTES:
+        raise HeartbeatError(f"{source}: {len(raw)} bytes, larger than the 1 MiB limit; refused")
+    if not raw:
+        raise HeartbeatError(f"{source}: empty file (truncated or not a heartbeat)")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HeartbeatError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
+        raise HeartbeatError(
+            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            " (truncated or not a heartbeat)"
+        ) from None
+    except _DuplicateKey:
+        raise HeartbeatError(
+            f"{source}: not usable JSON: a key appears twice in one object"
+        ) from None
+    except (RecursionError, ValueError) as exc:  # nesting too deep, ints too long
+        raise HeartbeatError(f"{source}: not usable JSON: {type(exc).__name__}") from None
+    return parse_heartbeat(data, source)
+
+
+def _read_bounded(source: str) -> bytes:
+    nofollow = O_NOFOLLOW
+    if not nofollow:  # no O_NOFOLLOW (Windows): check first; the race is the best we can do
+        try:
+            if stat.S_ISLNK(os.lstat(source).st_mode):
+                raise HeartbeatError(f"{source}: is a symbolic link; refused")
+        except OSError as exc:
+            raise HeartbeatError(f"{source}: cannot open: {exc.strerror or exc}") from None
+    # O_NONBLOCK: opening a FIFO planted in the state dir must not hang the scrape
+    flags = os.O_RDONLY | FILE_FLAGS | O_NONBLOCK
+    try:
+        fd = os.open(source, flags)
+    except OSError as exc:
+        if nofollow and exc.errno in (errno.ELOOP, errno.EMLINK):
+            raise HeartbeatError(f"{source}: is a symbolic link; refused") from None
+        raise HeartbeatError(f"{source}: cannot open: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HeartbeatError(f"{source}: not a regular file; refused")
+        if st.st_size > MAX_BYTES:
+            raise HeartbeatError(
+                f"{source}: {st.st_size} bytes, larger than the 1 MiB limit; refused"
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while total <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > MAX_BYTES:  # grew while being read
+            raise HeartbeatError(f"{source}: larger than the 1 MiB limit; refused")
+        if total == 0:
+            raise HeartbeatError(f"{source}: empty file (truncated or not a heartbeat)")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise HeartbeatError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
+    """Validate an already-decoded JSON document; raises only :class:`HeartbeatError`."""
+    if not isinstance(data, dict):
+        raise HeartbeatError(f"{source}: expected a JSON object, got {kind_of(data)}")
+    if "format" not in data:
+        raise HeartbeatError(f"{source}: not a trainguard heartbeat (no 'format' field)")
+    fmt = data["format"]
+    if fmt != FORMAT or isinstance(fmt, bool):
+        shown = fmt if isinstance(fmt, int) and not isinstance(fmt, bool) else kind_of(fmt)
+        raise HeartbeatError(
+            f"{source}: field 'format': unsupported heartbeat format {shown} (this trainguard "
+            f"reads format {FORMAT})"
+        )
+    f = _Fields(source, "", data)
+    run = f.get("run", check_run_name)
+    rank = f.integer("rank", 0, MAX_RANK)
+    state = f.get("state", _one_of(STATES), default="running")
+    return Heartbeat(
+        run=run,
+        rank=rank,
+        pid=f.integer("pid", 1, MAX_PID),
+        create_time=f.timestamp("create_time"),
+        host=f.text("host", 255, default=""),
+        started=f.timestamp("started"),
+        time=f.timestamp("time"),
+        state=state,
+        error=f.text("error", 200, optional=True),
+        step=f.integer("step", 0, MAX_INT, optional=True),
+        step_time=f.timestamp("step_time", optional=True),
+        scalars=f.scalars("scalars"),
+        world_size=f.integer("world_size", 1, MAX_RANK + 1, optional=True),
+        boot_id=f.text("boot_id", 64, optional=True),
+        boot_time=f.timestamp("boot_time", optional=True),
+        pid_ns=f.integer("pid_ns", 0, 2**64 - 1, optional=True),
+        checkpoint_dir=f.path("checkpoint_dir"),
+        mirrors=f.mirrors("mirrors"),
+        log_file=f.path("log_file"),
+        allocator=f.allocator("allocator"),
+        memory_snapshots=f.integer("memory_snapshots", 0, MAX_INT, default=0),
+        deaths=f.integer("deaths", 0, MAX_INT, default=0),
+        death_history=f.deaths("death_history"),
+        version=f.text("version", 64, optional=True),
+    )
+
+
+_MISSING = object()
+
+
+class _Fields:
+    """Reads one JSON object, naming the field path in every error."""
+
+    def __init__(self, source: str, where: str, data: dict[str, Any]) -> None:
+        self.source = source
+        self.where = where
+        self.data = data
+
+    def fail(self, key: str, message: str) -> HeartbeatError:
+        return HeartbeatError(f"{self.source}: field '{self.where}{key}': {message}")
+
+    def get(self, key: str, check: Any, *, default: Any = _MISSING) -> Any:
+        value = self.data.get(key, _MISSING)
+        if value is _MISSING or value is None:
+            if default is not _MISSING:
+                return default
+            raise self.fail(key, "missing (or null)")
+        problem = check(value)
+        if problem:
+            raise self.fail(key, problem)
+        return value
+
+    def integer(
+        self, key: str, lo: int, hi: int, *, optional: bool = False, default: Any = _MISSING
+    ) -> Any:
+        def check(v: Any) -> str | None:
+            if not isinstance(v, int) or isinstance(v, bool):
+                return f"expected an integer, got {kind_of(v)}"
+            if not lo <= v <= hi:
+                return f"expected an integer in {lo}..{hi}, got {_short_int(v)}"
+            return None
+
+        return self.get(key, check, default=None if optional else default)
+
+    def timestamp(self, key: str, *, optional: bool = False) -> Any:
+        def check(v: Any) -> str | None:
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                return f"expected seconds since the epoch, got {kind_of(v)}"
+            f = _as_float(v)
+            if f is None or not (math.isfinite(f) and 0 <= f <= MAX_TIME):
+                shown = _short_int(v) if isinstance(v, int) else repr(v)
+                return f"expected seconds since the epoch in 0..{MAX_TIME:.0f}, got {shown}"
+            return None
+
+        value = self.get(key, check, default=None if optional else _MISSING)
+        return None if value is None else float(value)
+
+    def text(self, key: str, limit: int, *, optional: bool = False, default: Any = _MISSING) -> Any:
+        def check(v: Any) -> str | None:
+            if not isinstance(v, str):
+                return f"expected a string, got {kind_of(v)}"
+            if len(v) > limit:
+                return f"expected at most {limit} characters, got {len(v)}"
+            return text_problem(v)
+
+        return self.get(key, check, default=None if optional else default)
+
+    def path(self, key: str) -> str | None:
+        value: str | None = self.text(key, MAX_PATH, optional=True)
+        if value is not None and not os.path.isabs(value):
+            raise self.fail(key, "expected an absolute path")
+        return value
+
+    def mapping(self, key: str, limit: int) -> dict[str, Any]:
+        value = self.data.get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        if len(value) > limit:
+            raise self.fail(key, f"expected at most {limit} entries, got {len(value)}")
+        return value
+
+    def scalars(self, key: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, v in self.mapping(key, MAX_SCALARS).items():
+            if not SCALAR_NAME_RE.match(name):
+                raise self.fail(key, "expected names of letters, digits and '_' (at most 64)")
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                raise self.fail(f"{key}.{name}", f"expected a number, got {kind_of(v)}")
+            f = _as_float(v)
+            if f is None:
+                raise self.fail(f"{key}.{name}", f"number out of range: {_short_int(int(v))}")
+            out[name] = f  # NaN and infinities are allowed: a NaN loss is news
+        return out
+
+    def mirrors(self, key: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, v in self.mapping(key, MAX_MIRRORS).items():
+            if name == "primary" or not MIRROR_NAME_RE.match(name):
+                raise self.fail(
+                    key,
+                    "expected mirror names other than 'primary' (letters, "
+                    "digits, _ . : -, at most 128)",
+                )
+            sub = _Fields(self.source, f"{self.where}{key}.", {name: v})
+            path = sub.path(name)
+            if path is None:
+                raise sub.fail(name, "expected an absolute path")
+            out[name] = path
+        return out
+
+    def items(self, key: str, limit: int) -> list[dict[str, Any]]:
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list, got {kind_of(value)}")
+        if len(value) > limit:
+            raise self.fail(key, f"expected at most {limit} entries, got {len(value)}")
+        for i, item in enumerate(value):
+            if not isinstance(item, dict):
+                raise self.fail(f"{key}[{i}]", f"expected an object, got {kind_of(item)}")
+        return value
+
+    def allocator(self, key: str) -> tuple[AllocatorStats, ...]:
+        out = []
+        seen: set[int] = set()
+        for i, item in enumerate(self.items(key, MAX_DEVICES)):
+            f = _Fields(self.source, f"{self.where}{key}[{i}].", item)
+            device = f.integer("device", 0, 1023)
+            if device in seen:
+                raise self.fail(f"{key}[{i}].device", f"device {device} listed twice")
+            seen.add(device)
+            out.append(
+                AllocatorStats(
+                    device=device,
+                    allocated_bytes=f.integer("allocated_bytes", 0, MAX_INT),
+                    reserved_bytes=f.integer("reserved_bytes", 0, MAX_INT),
+                    max_allocated_bytes=f.integer("max_allocated_bytes", 0, MAX_INT),
+                    inactive_split_bytes=f.integer("inactive_split_bytes", 0, MAX_INT),
+                    alloc_retries=f.integer("alloc_retries", 0, MAX_INT),
+                    ooms=f.integer("ooms", 0, MAX_INT),
+                )
+            )
+        return tuple(out)
+
+    def deaths(self, key: str) -> tuple[Death, ...]:
+        out = []
+        for i, item in enumerate(self.items(key, MAX_DEATH_HISTORY)):
+            f = _Fields(self.source, f"{self.where}{key}[{i}].", item)
+            out.append(
+                Death(
+                    step=f.integer("step", 0, MAX_INT, optional=True),
+                    time=f.timestamp("time"),
+                    detected=f.timestamp("detected"),
+                    cause=f.get("cause", _one_of(CAUSES)),
+                )
+            )
+        return tuple(out)
+
+
+def _one_of(choices: tuple[str, ...]) -> Any:
+    def check(v: Any) -> str | None:
+        if v not in choices or not isinstance(v, str):
+            return f"expected one of {', '.join(choices)}"
+        return None
+
+    return check
+
+
+def _as_float(value: float) -> float | None:
+    """The number as a float, None for an integer too large for one (JSON allows any size)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def _short_int(value: int) -> str:
+    return str(value) if abs(value) < 10**30 else f"a {value.bit_length()}-bit number"
