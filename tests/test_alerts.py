@@ -76,6 +76,7 @@ def test_promtool_check_rules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 @needs_promtool
 def test_promtool_unit_tests() -> None:
     assert TEST_FILES, "no promtool test files in alerts/tests"

@@ -194,9 +194,9 @@ def heartbeat_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
 def check_one_bad_heartbeat(
     served: Served, path: Path, reason: str | None, log_name: str | None = None
 ) -> None:
-    start = time.monotonic()
+    # nothing (a FIFO, a huge file) may hold the scrape: a runs collector stuck on a file would
+    # be left out of it (after --collector.timeout), and the asserts below would fail
     s = served.exp.scrape()
-    assert time.monotonic() - start < 5  # nothing (a FIFO, a huge file) held the scrape
     log = served.new_log()
     assert value(s, "trainguard_run_process_up", run="good", rank="0") == 1
     assert value(s, "trainguard_run_scalar", run="good", rank="0", name="loss") == 0.5
@@ -509,10 +509,13 @@ def _touch_many(directory: Path, names: Iterator[str]) -> None:
         os.close(os.open(directory / name, flags, 0o644))
 
 
+@pytest.mark.slow
 def test_a_state_dir_of_100k_entries(tmp_path: Path) -> None:
-    """100 000 unrelated entries next to two real heartbeats: scrapes stay fast and small.
-    Then 10 001 files that look like heartbeats: the read is capped, the cap is an error, the
-    log says so in a bounded number of lines, and the scrape still answers."""
+    """100 000 unrelated entries next to two real heartbeats: scrapes stay small. Then 10 001
+    files that look like heartbeats: the read is capped, the cap is an error, the log says so
+    in a bounded number of lines, and the scrape still answers. (How long these scrapes take
+    is measured by bench/bench_big_dirs.py; that unchanged files are not read again, by
+    test_runtable.py.)"""
     state = tmp_path / "state"
     state.mkdir()
     try:
@@ -523,11 +526,8 @@ def test_a_state_dir_of_100k_entries(tmp_path: Path) -> None:
             proc = psutil.Process(exp.proc.pid)
             exp.scrape()  # warm
             rss = proc.memory_info().rss
-            start = time.monotonic()
             for _ in range(5):
                 s = exp.scrape()
-            per_scrape = (time.monotonic() - start) / 5
-            assert per_scrape < 1.0, per_scrape  # ~0.1 s here: one listing of names
             assert value(s, "trainguard_heartbeat_files") == 2
             assert value(s, "trainguard_collector_success", collector="runs") == 1
             assert proc.memory_info().rss - rss < 16 << 20
@@ -535,13 +535,8 @@ def test_a_state_dir_of_100k_entries(tmp_path: Path) -> None:
             time.sleep(0.02)  # the live runs write again (a reporter does every few seconds)
             put(state, own_heartbeat("big-dir-a"))
             put(state, own_heartbeat("big-dir-b"))
-            start = time.monotonic()
+            exp.scrape()
             s = exp.scrape()
-            first = time.monotonic() - start
-            start = time.monotonic()
-            s = exp.scrape()
-            again = time.monotonic() - start
-            assert first < 10 and again < 3, (first, again)  # unchanged files are not re-read
             assert value(s, "trainguard_collector_success", collector="runs") == 0
             assert value(s, "trainguard_heartbeat_file_errors") is not None
             # the newest files are the ones read: the live runs are still watched

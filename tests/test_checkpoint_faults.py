@@ -68,7 +68,7 @@ def dry_run(tmp_path: Path, *args: str) -> list[str]:
     """The labels of every operation of one uninterrupted call."""
     trace = tmp_path / "dry.trace"
     trace.unlink(missing_ok=True)
-    assert child(*args, trace=trace).wait(30) == 0
+    assert child(*args, trace=trace).wait(120) == 0
     return [line.split(" ", 1)[1] for line in trace.read_text().splitlines()]
 
 
@@ -98,13 +98,13 @@ def kill_once(
     trace = tmp_path / "kill.trace"
     trace.unlink(missing_ok=True)
     if k >= 0:
-        rc = child(*args, kill_at=k, partial=partial, trace=trace).wait(30)
+        rc = child(*args, kill_at=k, partial=partial, trace=trace).wait(120)
         assert rc == (0 if k == n_ops else -signal.SIGKILL), (args, k, rc)
     else:
         proc = child(*args, throttle=0.002)
         time.sleep(rng.uniform(0.05, 0.3))
         proc.send_signal(signal.SIGKILL)
-        proc.wait(30)  # killed, or finished before the signal came
+        proc.wait(120)  # killed, or finished before the signal came
     text = trace.read_text() if trace.exists() else ""
     return text.split()[1] if text else None
 
@@ -244,22 +244,32 @@ def test_prune_while_a_copy_is_in_flight(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         save(payload(step), p / f"step_{step}.bin")
     # a slow mirror of the oldest step: it holds its source open and its .part locked
-    proc = child("mirror", str(p / "step_1.bin"), str(m), throttle=0.01)
+    trace = tmp_path / "mirror.trace"
+    proc = child("mirror", str(p / "step_1.bin"), str(m), throttle=0.01, trace=trace)
     try:
-        deadline = time.monotonic() + 20
-        while not (m / "step_1.bin.part").exists():
+        # held mid-copy: stopped once its trace shows the copy under way (the .part opened
+        # and locked, the source locked before it) and the rename not yet done
+        deadline = time.monotonic() + 60
+        while True:
             assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
-        time.sleep(0.1)
+            proc.send_signal(signal.SIGSTOP)
+            ops = trace.read_text() if trace.exists() else ""
+            assert "replace:part" not in ops, "the copy finished before it could be held"
+            if any(f"{op}:part" in ops for op in ("copy_file_range", "sendfile", "write")):
+                break
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.005)
         deleted = prune(p, keep=1, mirrors=[m], grace=0)
         assert deleted == [p / "step_2.bin"]  # not step 1: it is being copied
         assert (p / "step_1.bin").exists() and (m / "step_1.bin.part").exists()
         # a plain copier writing straight to the final name, within the grace period
         (m / "step_0.bin").write_bytes(b"copy in progress")
         assert prune(p, keep=1, mirrors=[m], grace=300) == []
-        assert proc.wait(60) == 0
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(120) == 0
     finally:
         proc.kill()
+        proc.wait()
     assert (m / "step_1.bin").read_bytes() == payload(1)
     assert latest(m).step == 1  # type: ignore[union-attr]
     # once the copy is done, the old step goes from the primary; the mirror keeps its newest

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,13 +17,16 @@ from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
-from helpers.run_child import own_heartbeat, put
+from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
 from trainguard.run.allocator import allocator_stats
 
-pytestmark = pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs the Debian packages prometheus and prometheus-alertmanager",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (PROMETHEUS and ALERTMANAGER),
+        reason="needs the Debian packages prometheus and prometheus-alertmanager",
+    ),
+]
 
 CUDA_STATS = {
     "allocated_bytes.all.current": 6 * GIB,
@@ -34,19 +38,63 @@ CUDA_STATS = {
 }
 
 
+#: the one panel that shows data only while a volume fills up: its query needs free space that
+#: goes down, so the test fills a volume of its own (a tmpfs), which nothing else writes to
+FILLING_QUERY = "-deriv(trainguard_checkpoint_filesystem_avail_bytes"
+
+
+def mount_tmpfs(path: Path, size: str) -> bool:
+    """A tmpfs at ``path`` (where mounting is permitted: root with CAP_SYS_ADMIN)."""
+    path.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+    )
+    return r.returncode == 0
+
+
+class Filler(threading.Thread):
+    """Fills a volume slowly and steadily, so that its free space only ever goes down."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        with open(self.path, "ab") as f:
+            while not self.done.wait(0.25):
+                f.write(b"\0" * (32 << 10))  # 128 KiB/s: minutes before 256 MiB are full
+                f.flush()
+
+
 def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     ckpt, mirror = tmp_path / "ckpt", tmp_path / "mirror"
     log = tmp_path / "train.log"
-    stack = Stack(
-        tmp_path,
-        config_yaml=(
-            "process_counts:\n  - {name: sleepers, match: '^sleep$'}\n"
-            "runs:\n"
-            "  - name: toy\n"
-            f"    log_file: {log}\n"
-            "checkpoints: {grace_period: 1s}\n"
-        ),
-    )
+    volume = tmp_path / "volume"
+    own_volume = mount_tmpfs(volume, "256m")
+    (volume / "ckpt").mkdir()
+    filler = Filler(volume / "filler")
+    filler.start()
+    try:
+        stack = Stack(
+            tmp_path,
+            config_yaml=(
+                "process_counts:\n  - {name: sleepers, match: '^sleep$'}\n"
+                "runs:\n"
+                "  - name: toy\n"
+                f"    log_file: {log}\n"
+                "  - name: filling\n"
+                f"    checkpoints: {{primary: {volume / 'ckpt'}}}\n"
+                "checkpoints: {grace_period: 1s}\n"
+            ),
+        )
+    except BaseException:
+        filler.done.set()
+        filler.join()
+        if own_volume:
+            subprocess.run(["umount", "-l", str(volume)], check=False)
+        raise
     sleeper = subprocess.Popen(["sleep", "300"])
     children: list[subprocess.Popen[bytes]] = []
     try:
@@ -87,21 +135,29 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         )
         (ckpt / "step_999999.pt.part").parent.mkdir(parents=True, exist_ok=True)
         (ckpt / "step_999999.pt.part").write_bytes(b"in flight")
-        # a run that dies twice: deaths, last death step and TrainingProcessDied in ALERTS
-        for _ in range(2):
+        # a run that dies twice: deaths, last death step and TrainingProcessDied in ALERTS.
+        # Each victim is killed only once its heartbeat on disk carries a step (and the deaths
+        # before it): the next victim records the death with that step, which is what the
+        # "last death step" panels show; killed before its first step, there is none to show.
+        for deaths in range(2):
             victim = stack.start_training("victim")
+            wait_heartbeat(
+                heartbeat_path(stack.state_dir, "victim"),
+                lambda hb, pid=victim.pid, deaths=deaths: (
+                    hb.pid == pid and (hb.step or 0) >= 1 and hb.deaths == deaths
+                ),
+            )
             stack.prometheus.wait_until('trainguard_run_process_up{run="victim"} == 1')
-            time.sleep(0.5)
             stack.kill(victim)
         stack.prometheus.wait_until('ALERTS{alertname="TrainingProcessDied",run="victim"}')
-        stack.prometheus.wait_until(
-            'trainguard_checkpoint_last_step{run="toy",location="backup"} > 20'
+        stack.prometheus.wait_until(  # the toy imports torch first: slow on a busy machine
+            'trainguard_checkpoint_last_step{run="toy",location="backup"} > 20', timeout=300
         )
 
         queries = iter_queries()
         assert len(queries) > 50
         failures: dict[str, str] = {}
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # rates need a few scrapes; a busy machine is slow
         pending = list(queries)
         while pending and time.monotonic() < deadline:
             still = []
@@ -115,6 +171,10 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
             if pending:
                 time.sleep(1)
         assert failures == {}, "invalid PromQL"
+        if not own_volume:
+            # on a shared disk, whether free space goes down is up to every other process: the
+            # query is valid (above) but may rightly show nothing
+            pending = [q for q in pending if FILLING_QUERY not in q[2]]
         assert [f"{u} / {t}: {e}" for u, t, e in pending] == [], "queries without data"
     finally:
         for child in children:
@@ -123,3 +183,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         sleeper.kill()
         sleeper.wait()
         stack.close()
+        filler.done.set()
+        filler.join()
+        if own_volume:
+            subprocess.run(["umount", "-l", str(volume)], check=False)

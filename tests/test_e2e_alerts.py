@@ -1,5 +1,7 @@
-"""kill -9 to Alertmanager webhook: the shipped rules page for a silent death within one scrape
-and one evaluation, stay quiet for a clean exit, and page for a truncated mirror."""
+"""kill -9 to Alertmanager webhook: the shipped rules page for a silent death, stay quiet for a
+clean exit, and page for a truncated mirror. (How fast the page comes, within one scrape and
+one evaluation, is measured by bench/bench_detection.py: a pass/fail test on a shared machine
+asserts what happens, not how long it takes.)"""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ import pytest
 from helpers.e2e_stack import Stack
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 
-pytestmark = pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs the Debian packages prometheus and prometheus-alertmanager (./run-tests "
-    "installs them)",
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (PROMETHEUS and ALERTMANAGER),
+        reason="needs the Debian packages prometheus and prometheus-alertmanager (./run-tests "
+        "installs them)",
+    ),
+]
 
 
 def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
@@ -41,13 +46,10 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         victim = stack.start_training("e2e-died")
         prom.wait_until('trainguard_run_process_up{run="e2e-died"} == 1')
         prom.wait_until('trainguard_run_gpu_memory_used_bytes{run="e2e-died"} > 0')
-        killed_at = stack.kill(victim)
-        received_at, alert = hook.wait_for("TrainingProcessDied", timeout=30, run="e2e-died")
-        latency = received_at - killed_at
+        stack.kill(victim)
+        _, alert = hook.wait_for("TrainingProcessDied", timeout=60, run="e2e-died")
         assert alert["labels"]["severity"] == "critical"
         assert "e2e-died" in alert["annotations"]["description"]
-        # scrape 1 s + evaluation 1 s + group_wait 1 s, with room for a loaded CI machine
-        assert latency < 10, f"paged {latency:.1f}s after SIGKILL"
 
         # 2. a clean exit delivers nothing
         clean = stack.start_training("e2e-clean", steps=20)
@@ -55,7 +57,7 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         stack.driver_frees(clean.pid)
         prom.wait_until('trainguard_run_finished{run="e2e-clean"} == 1')
         prom.wait_until('trainguard_run_process_up{run="e2e-clean"} == 0')
-        time.sleep(6)  # several scrapes and evaluations after the exit
+        prom.wait_evaluations(3)  # the rules have judged the exit several times since
         assert prom.query('ALERTS{run="e2e-clean"}')["data"]["result"] == []
         delivered = [a["labels"] for _, a in hook.alerts() if a["labels"].get("run") == "e2e-clean"]
         assert delivered == []
@@ -69,7 +71,7 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             fh.truncate(int((1 << 20) * 0.73))
         old = time.time() - 600
         os.utime(copy, (old, old))
-        _, alert = hook.wait_for("CheckpointTruncated", timeout=30, run="e2e-ckpt")
+        _, alert = hook.wait_for("CheckpointTruncated", timeout=60, run="e2e-ckpt")
         assert alert["labels"]["location"] == "backup"
         assert alert["labels"]["severity"] == "critical"
         # the primary copy is intact: nothing fires for it

@@ -6,10 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.exporter_proc import REPO, child_env
 from trainguard import checkpoint
 from trainguard.shared.heartbeat import heartbeat_filename
 from trainguard.shared.heartbeat_read import read_heartbeat
+
+pytestmark = pytest.mark.slow
 
 
 def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -30,7 +34,7 @@ def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc

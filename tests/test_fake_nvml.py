@@ -64,7 +64,7 @@ def state_path(tmp_path: Path) -> Path:
     return tmp_path / "nvml.state"
 
 
-def run_child(code: str, env: dict[str, str], timeout: float = 30) -> list[Any]:
+def run_child(code: str, env: dict[str, str], timeout: float = 120) -> list[Any]:
     """Run PRELUDE + code in a child Python; return its JSON output lines."""
     proc = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
@@ -97,7 +97,7 @@ class Child:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=60)
             stderr = self.proc.stderr.read() if self.proc.stderr else ""
             raise AssertionError(f"child exited {self.proc.returncode}:\n{stderr}")
         return json.loads(line)
@@ -110,7 +110,7 @@ class Child:
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=60)
         for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if stream is not None:
                 stream.close()
@@ -376,7 +376,7 @@ n.nvmlShutdown()
         assert back["procs"] == [ok, ok]
         assert back["handle"] == [ok, ok]
         assert used == [3 * GIB, 5 * GIB]
-        assert child.proc.wait(timeout=10) == 0
+        assert child.proc.wait(timeout=60) == 0
     finally:
         child.close()
 
@@ -429,7 +429,7 @@ def test_malformed_state_is_rejected_loudly(lib_dir: Path, state_path: Path) -> 
         env=fake_nvml_env(state_path, lib_dir=lib_dir),
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
         check=True,
     )
     assert json.loads(proc.stdout) == "NVMLError_Unknown"

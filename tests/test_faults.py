@@ -172,7 +172,11 @@ def test_heartbeats_on_a_really_full_filesystem(
             for i in range(2, 60):
                 run.step(i, loss=0.5)  # must never raise
                 time.sleep(0.005)
-            time.sleep(0.1)
+            # until the writer has tried (and failed) to write on the full disk
+            deadline = time.monotonic() + 60
+            while not any("cannot write heartbeat" in r.getMessage() for r in caplog.records):
+                assert time.monotonic() < deadline, "the writer never tried the full disk"
+                time.sleep(0.01)
             on_disk = read_heartbeat(run.path)  # still whole, still valid
             assert on_disk.step is not None and on_disk.step < 59
             assert [p.name for p in state.iterdir() if p.name.endswith(".tmp")] == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,8 +214,10 @@ def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
     """NVML stops answering (a driver stuck on a GPU in a bad state; here every memory query
     sleeps 5 s holding the library's lock). The scrape answers after --collector.timeout
     without the GPU collector; the next one answers at once instead of queueing behind the
-    stuck call; once the call returns, the GPUs are back. (Bounds are loose: they tell "waited
-    for the timeout" from "waited for the hang".)"""
+    stuck call; once the call returns, the GPUs are back. Told apart without a stopwatch on
+    the client: an exporter that waited for the hang would get the GPUs (the call returns
+    after 5 s) and report the collector successful; its own duration figure says whether a
+    scrape waited out the 1 s timeout."""
     state = two_gpus(live_pids, dead_pid())
     path = state.write(tmp_path / "nvml.state")
     log_path = tmp_path / "exporter.log"
@@ -230,13 +231,16 @@ def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
         for symbol in ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMemoryInfo_v2"):
             state.hang(symbol, 5)
         state.write(path)
-        t0 = time.monotonic()
         hung = exp.scrape()
-        first = time.monotonic() - t0
         again = exp.scrape()
-        second = time.monotonic() - t0 - first
-        assert 0.9 < first < 4, first
-        assert second < 2, second
+        waited = [
+            value(s, "trainguard_collector_duration_seconds", collector="gpu") or 0.0
+            for s in (hung, again)
+        ]
+        # the first scrape waited out the 1 s timeout; the next did not wait behind the stuck
+        # call (queueing, it would wait that whole second again: this bounds a wait the
+        # exporter makes, not the machine's speed)
+        assert waited[0] >= 0.9 and waited[1] < 0.9, waited
         for s in (hung, again):
             assert value(s, "trainguard_collector_success", collector="gpu") == 0
             assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) is None
@@ -244,9 +248,7 @@ def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
             assert value(s, "trainguard_collector_success", collector="checkpoints") == 1
         state.hangs.clear()
         state.write(path)
-        back = poll(
-            exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 1, 20
-        )
+        back = poll(exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 1)
         assert value(back, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == 10 * GIB
         log = exp.stop()
     assert log.count("collector gpu: did not finish within 1 s") == 1, log

@@ -1,4 +1,5 @@
 import os
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -7,12 +8,15 @@ from helpers.exporter_proc import Exporter, value
 
 
 def test_counts_processes_by_name_pattern(tmp_path: Path) -> None:
-    fake = tmp_path / "tgvmmem-fake"
-    os.symlink(shutil.which("sleep") or "/bin/sleep", fake)  # comm = "tgvmmem-fake"
+    # a name no other process has, even this test's in a concurrent run: the counts are of
+    # the whole machine's processes
+    name = f"tgvmmem{secrets.token_hex(3)}"
+    fake = tmp_path / name
+    os.symlink(shutil.which("sleep") or "/bin/sleep", fake)  # comm = name
     cfg = tmp_path / "tg.yml"
     cfg.write_text(
         "process_counts:\n"
-        "  - {name: vmmem, match: '^tgvmmem'}\n"
+        f"  - {{name: vmmem, match: '^{name}'}}\n"
         "  - {name: nothing, match: '^no-such-process-name$'}\n"
     )
     procs = [subprocess.Popen([str(fake), "60"])]

@@ -2,8 +2,12 @@
 
 from pathlib import Path
 
+import pytest
+
 from helpers.exporter_proc import Exporter
 from helpers.promstack import Prometheus
+
+pytestmark = pytest.mark.slow
 
 
 def test_prometheus_scrapes_exporter(tmp_path: Path) -> None:

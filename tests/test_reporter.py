@@ -60,13 +60,15 @@ def test_step_stores_and_the_thread_writes_at_most_every_interval(
     run = Run("cheap", state_dir=tmp_path, interval=0.1)
     start = time.monotonic()
     i = 0
-    while time.monotonic() - start < 0.55:
+    # over 10 000 steps and at least 0.55 s (what a step costs is bench/bench_step.py's job)
+    while time.monotonic() - start < 0.55 or i <= 10_000:
         run.step(i, loss=1.0)
         i += 1
+    elapsed = time.monotonic() - start
     run.close()
-    assert i > 10_000
     gaps = [b - a for a, b in itertools.pairwise(writes[:-1])]  # the final write may come sooner
-    assert len(writes) <= 9, writes
+    # one write per interval at most (plus the first and the final one), never one per step
+    assert len(writes) <= elapsed / 0.1 + 4, (elapsed, writes)
     assert all(g >= 0.09 for g in gaps), gaps
     hb = read(run)
     assert hb.step == i - 1 and hb.state == "finished"
@@ -75,7 +77,7 @@ def test_step_stores_and_the_thread_writes_at_most_every_interval(
 def test_keepalive_rewrites_without_steps(tmp_path: Path) -> None:
     run = Run("idle", state_dir=tmp_path, interval=0.02, keepalive=0.1)
     first = wait_heartbeat(run.path, lambda hb: True)
-    later = wait_heartbeat(run.path, lambda hb: hb.time > first.time, timeout=2)
+    later = wait_heartbeat(run.path, lambda hb: hb.time > first.time)
     assert later.step is None
     run.close()
 
@@ -214,22 +216,29 @@ def test_close_waits_a_bounded_time_for_a_hung_disk(
 ) -> None:
     caplog.set_level(logging.WARNING, "trainguard")
     release = threading.Event()
+    stuck = threading.Event()
+    returned = threading.Event()
     real_fsync = os.fsync
 
     def hung(fd: int) -> None:
-        release.wait(5)
+        stuck.set()
+        release.wait(120)
+        returned.set()
         real_fsync(fd)
 
     run = Run("hung", state_dir=tmp_path, interval=0.01, close_timeout=0.3)
     wait_heartbeat(run.path, lambda hb: True)
     monkeypatch.setattr(os, "fsync", hung)
-    run.step(1)
-    time.sleep(0.05)  # the writer is now stuck in fsync
-    start = time.monotonic()
-    run.close()
-    assert time.monotonic() - start < 1.0
-    assert any("not written within 0.3s" in r.getMessage() for r in caplog.records)
-    release.set()
+    try:
+        run.step(1)
+        assert stuck.wait(60)  # the writer is now stuck in fsync
+        run.close()
+        # close() came back while the disk still had not answered: it waited close_timeout,
+        # not for the disk
+        assert not returned.is_set()
+        assert any("not written within 0.3s" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
 
 
 def test_step_never_waits_for_a_hung_disk(tmp_path: Path, monkeypatch: Any) -> None:
@@ -237,25 +246,28 @@ def test_step_never_waits_for_a_hung_disk(tmp_path: Path, monkeypatch: Any) -> N
     real_fsync = os.fsync
     stuck = threading.Event()
 
+    returned = threading.Event()
+
     def hung(fd: int) -> None:
         stuck.set()
-        release.wait(10)
+        release.wait(120)
+        returned.set()
         real_fsync(fd)
 
     run = Run("hung-steps", state_dir=tmp_path, interval=0.01, close_timeout=0.2)
     wait_heartbeat(run.path, lambda hb: True)
     monkeypatch.setattr(os, "fsync", hung)
-    run.step(0)
-    assert stuck.wait(5)
-    worst = 0.0
-    for i in range(1, 20_000):
-        t0 = time.perf_counter()
-        run.step(i, loss=1.0)
-        worst = max(worst, time.perf_counter() - t0)
-    run.close()
-    release.set()
-    # a step that waited for the disk would take the whole 10 s; allow for a noisy machine
-    assert worst < 0.5, worst
+    try:
+        run.step(0)
+        assert stuck.wait(60)
+        for i in range(1, 20_000):
+            run.step(i, loss=1.0)
+        # every step came back while the disk still had not answered: none waited for it
+        # (what a step costs while the disk hangs is measured by bench/bench_step.py)
+        assert not returned.is_set()
+        run.close()
+    finally:
+        release.set()
 
 
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
@@ -380,10 +392,8 @@ def test_kernel_log_lines_the_oom_killer_writes() -> None:
     }
     for line, pid in lines.items():
         assert procinfo._oom_pid(line) == pid, line
-    # on this machine the real scan answers quickly and never raises
-    start = time.monotonic()
+    # on this machine the real scan answers and never raises
     assert procinfo.oom_killed(2**22 + 12345, time.time() - 10) is False
-    assert time.monotonic() - start < 3
 
 
 # -- allocator stats and OOM snapshots ------------------------------------------------------
@@ -487,7 +497,7 @@ def test_the_reporter_never_imports_torch(tmp_path: Path) -> None:
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert read_heartbeat(tmp_path / reporter.heartbeat_filename("plain", 0)).state == "finished"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -32,7 +33,7 @@ def kill(proc: subprocess.Popen[str]) -> None:
     """SIGKILL, then wait until the kernel has finished it (a zombie: not reaped, so the
     exporter sees the pid still listed), since the signal is delivered asynchronously."""
     proc.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE:
@@ -40,7 +41,7 @@ def kill(proc: subprocess.Popen[str]) -> None:
         except psutil.NoSuchProcess:
             return
         time.sleep(0.001)
-    raise AssertionError(f"pid {proc.pid} still running 10 s after SIGKILL")
+    raise AssertionError(f"pid {proc.pid} still running 60 s after SIGKILL")
 
 
 def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_path: Path) -> None:
@@ -49,7 +50,7 @@ def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_pa
     clean = start_child("clean run", state, 3, "with")
     try:
         wait_heartbeat(heartbeat_path(state, "killed run"), lambda hb: hb.step == 7)
-        assert clean.wait(15) == 0, clean.stdout.read() if clean.stdout else ""
+        assert clean.wait(60) == 0, clean.stdout.read() if clean.stdout else ""
         with Exporter(state_dir=state) as exp:
             before = exp.scrape()
             k = {"run": "killed run", "rank": "0"}
@@ -61,7 +62,7 @@ def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_pa
             assert sample(after, "trainguard_run_process_up", **k) == 0
             assert sample(after, "trainguard_run_finished", **k) == 0
             assert sample(after, "trainguard_run_step", **k) == 7
-            killed.wait(10)
+            killed.wait(60)
             reaped = exp.scrape()
             assert sample(reaped, "trainguard_run_process_up", **k) == 0
             c = {"run": "clean run", "rank": "0"}
@@ -99,7 +100,7 @@ def test_how_a_process_ends_is_recorded(
 ) -> None:
     state = tmp_path / "state"
     proc = start_child(f"run-{mode}", state, 2, mode)
-    out = proc.communicate(timeout=15)[0]
+    out = proc.communicate(timeout=60)[0]
     hb = wait_heartbeat(heartbeat_path(state, f"run-{mode}"), lambda hb: hb.state != "running")
     assert (hb.state == "finished") == bool(finished), out
     assert hb.error == error
@@ -129,7 +130,7 @@ def test_death_history_across_restarts(tmp_path: Path) -> None:
         path = heartbeat_path(state, "resumed")
         old = wait_heartbeat(path, lambda hb: hb.step == 41)
         kill(first)
-        first.wait(10)
+        first.wait(60)
         dead = wait_heartbeat(path, lambda hb: True)  # the last heartbeat it wrote
         second = start_child("resumed", state, 3, "hang")
         hb = wait_heartbeat(path, lambda hb: hb.pid == second.pid and hb.step == 3)
@@ -222,10 +223,10 @@ def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
     (state / "unrelated.txt").write_text("not a heartbeat: ignored")
     n_bad = len(bad) + 5
     with Exporter(state_dir=state) as exp:
-        start = time.monotonic()
+        # a fifo that hung the runs collector would leave it out of both scrapes (after
+        # --collector.timeout): the samples asserted below would be missing
         s = exp.scrape()
         s2 = exp.scrape()
-        assert time.monotonic() - start < 5  # the fifo did not hang the scrape
         log = exp.stop()
     assert sample(s, "trainguard_run_process_up", run="good", rank="0") == 1
     assert sample(s, "trainguard_heartbeat_files") == 1
@@ -268,7 +269,8 @@ def test_state_dir_missing_is_quiet_and_not_a_directory_is_an_error(tmp_path: Pa
 
 def test_configured_runs_pid_file_process_match_and_log_file(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    sleeper_exe = tmp_path / "tgmatchsleep"
+    name = f"tgmatch{secrets.token_hex(3)}"  # no other process's, whatever runs meanwhile
+    sleeper_exe = tmp_path / name
     shutil.copy("/bin/sleep", sleeper_exe)
     by_file = subprocess.Popen(["sleep", "60"])
     by_name = subprocess.Popen([str(sleeper_exe), "60"])
@@ -299,7 +301,7 @@ runs:
   - name: garbage-file
     pid_file: {garbage_pid}
   - name: by-name
-    process_match: "^tgmatchsleep$"
+    process_match: "^{name}$"
     log_file: {log_zero}
   - name: nothing-runs
     process_match: "^no-such-process-here$"

@@ -63,6 +63,7 @@ class Stack:
         cfg = workdir / "trainguard.yml"
         cfg.write_text(config_yaml or "{}\n")
         self.webhook = Webhook()
+        self.children: list[subprocess.Popen[bytes]] = []
         self.exporter = Exporter(
             args=[f"--config.file={cfg}"],
             env=self.nvml.env(self.nvml_path),
@@ -85,6 +86,7 @@ class Stack:
             [sys.executable, "-c", TRAIN, name, str(steps), str(self.state_dir)],
             env=child_env(),
         )
+        self.children.append(proc)
         self.nvml.add_process(0, proc.pid, 2 * GIB)
         self.nvml.gpus[0].used += 2 * GIB
         self.nvml.write(self.nvml_path)
@@ -105,6 +107,10 @@ class Stack:
         return t
 
     def close(self) -> None:
+        for child in self.children:  # those a failed test left training: not for ever
+            if child.poll() is None:
+                child.kill()
+            child.wait()
         for part in (self.prometheus, self.alertmanager):
             part.stop()
         self.exporter.stop()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.exporter_proc import free_port
 
@@ -25,13 +26,13 @@ PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{log.read_text()}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
+            with urllib.request.urlopen(url, timeout=10) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -115,7 +116,11 @@ class _Server:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(15)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class Alertmanager(_Server):
@@ -196,15 +201,42 @@ class Prometheus(_Server):
     def api(self, path: str, **params: str) -> Any:
         url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
         try:
-            with urllib.request.urlopen(url, timeout=30) as r:
+            with urllib.request.urlopen(url, timeout=60) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as err:
             return json.loads(err.read())
 
+    def rule_group_iterations(self) -> dict[str, float]:
+        """How many times each rule group has been evaluated so far, from Prometheus's own
+        metrics (``prometheus_rule_group_iterations_total``)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=60) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "prometheus_rule_group_iterations_total":
+                    out[sample.labels["rule_group"]] = sample.value
+        return out
+
+    def wait_evaluations(self, n: int, timeout: float = 120) -> None:
+        """Wait until every rule group has been evaluated ``n`` more times from now: whatever
+        the data queried before this call, the rules have since judged it. On a busy machine
+        Prometheus may miss ticks, so this counts evaluations rather than sleeping."""
+        start = self.rule_group_iterations()
+        assert start, "Prometheus has no rule groups"
+        deadline = time.monotonic() + timeout
+        while True:
+            now = self.rule_group_iterations()
+            if all(now.get(g, 0) >= start[g] + n for g in start):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rule groups not evaluated {n} times in {timeout}s: {now}")
+            time.sleep(0.25)
+
     def query(self, expr: str) -> Any:
         return self.api("query", query=expr)
 
-    def wait_until(self, expr: str, timeout: float = 30) -> list[Any]:
+    def wait_until(self, expr: str, timeout: float = 60) -> list[Any]:
         """Poll until the instant query returns a non-empty vector."""
         deadline = time.monotonic() + timeout
         while True:
