@@ -21,7 +21,7 @@ import torch
 
 import trainguard
 from helpers.exporter_proc import child_env
-from helpers.run_child import CHILD, wait_heartbeat
+from helpers.run_child import CHILD, stat_start_ticks, wait_heartbeat
 from trainguard.run import oom, reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
@@ -289,7 +289,7 @@ def create_time_of(pid: int) -> float:
     return float(psutil.Process(pid).create_time())
 
 
-def previous(tmp_path: Path, **over: Any) -> Heartbeat:
+def previous(tmp_path: Path, *, extra: dict[str, Any] | None = None, **over: Any) -> Heartbeat:
     pid, create = dead_pid()
     now = time.time()
     fields: dict[str, Any] = dict(
@@ -308,7 +308,7 @@ def previous(tmp_path: Path, **over: Any) -> Heartbeat:
     )
     fields.update(over)
     hb = Heartbeat(**fields)
-    write_heartbeat(tmp_path / hb.filename, hb)
+    write_heartbeat(tmp_path / hb.filename, {**hb.to_dict(), **(extra or {})})
     return hb
 
 
@@ -362,6 +362,28 @@ def test_history_is_bounded_and_a_live_predecessor_is_no_death(tmp_path: Path) -
             death_history=(),
         )
         assert restart(tmp_path).deaths == 21
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_the_heartbeat_records_the_exact_start_and_a_pid_reused_within_the_second_is_a_death(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(procinfo, "oom_killed", lambda pid, since: False)
+    with Run("ticks", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert read(run).start_ticks == stat_start_ticks(os.getpid())
+    # the predecessor's pid now belongs to a live process started within the same second
+    # (same create time to the tolerance), but at another clock tick: that is a death
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        live = {"pid": sleeper.pid, "create_time": create_time_of(sleeper.pid)}
+        previous(tmp_path, **live, extra={"start_ticks": stat_start_ticks(sleeper.pid) + 1})
+        assert restart(tmp_path).deaths == 1
+        previous(tmp_path, **live, deaths=1, extra={"start_ticks": stat_start_ticks(sleeper.pid)})
+        assert restart(tmp_path).deaths == 1  # that one is alive: no death
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -18,7 +18,14 @@ import pytest
 
 from helpers.exporter_proc import Exporter, Samples, select
 from helpers.nvml_fake import FakeNvmlState
-from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from helpers.run_child import (
+    heartbeat_path,
+    own_heartbeat,
+    put,
+    start_child,
+    stat_start_ticks,
+    wait_heartbeat,
+)
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import Death
@@ -88,6 +95,41 @@ def test_pid_alive_with_another_create_time_is_not_the_run(tmp_path: Path) -> No
         s = exp.scrape()
     assert sample(s, "trainguard_run_process_up", run="reused", rank="0") == 0
     assert sample(s, "trainguard_run_process_up", run="mine", rank="0") == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_pid_reused_within_the_same_second_is_not_the_run(tmp_path: Path) -> None:
+    """A crash-restart loop (or a small pid_max) can hand the dead run's pid to a process
+    started within the same second: its create time matches within the tolerance, its start
+    in clock ticks does not. The process's command name holds spaces and parentheses, as a
+    hostile or odd one may (/proc/PID/stat must be split after the last ')')."""
+    odd = tmp_path / "tg) (x y) 1 2"
+    shutil.copy("/bin/sleep", odd)
+    trainer = subprocess.Popen([str(odd), "60"])
+    try:
+        ticks = stat_start_ticks(trainer.pid)
+        state = tmp_path / "state"
+        state.mkdir()
+        create = psutil.Process(trainer.pid).create_time()
+        pid = trainer.pid
+        put(state, own_heartbeat("reused", pid=pid, create_time=create), start_ticks=ticks - 3)
+        put(state, own_heartbeat("itself", pid=pid, create_time=create), start_ticks=ticks)
+        put(state, own_heartbeat("old-writer", pid=pid, create_time=create))  # no start_ticks
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+            trainer.kill()
+            trainer.wait()
+            after = exp.scrape()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert sample(s, "trainguard_run_process_up", run="reused", rank="0") == 0
+    assert sample(s, "trainguard_run_process_up", run="itself", rank="0") == 1
+    # a heartbeat of an older reporter, without start ticks: the create time tolerance
+    assert sample(s, "trainguard_run_process_up", run="old-writer", rank="0") == 1
+    assert sample(s, "trainguard_collector_success", collector="runs") == 1
+    for run in ("reused", "itself", "old-writer"):
+        assert sample(after, "trainguard_run_process_up", run=run, rank="0") == 0
 
 
 @pytest.mark.parametrize(

@@ -132,7 +132,15 @@ def own_heartbeat(run: str, **over: object) -> Heartbeat:
     return Heartbeat(**fields)  # type: ignore[arg-type]
 
 
-def put(state: Path, hb: Heartbeat) -> Path:
+def put(state: Path, hb: Heartbeat, **extra: object) -> Path:
+    """Write ``hb`` where the exporter looks for it; ``extra`` adds raw JSON fields."""
     path = state / heartbeat_filename(hb.run, hb.rank)
-    write_heartbeat(path, hb)
+    write_heartbeat(path, {**hb.to_dict(), **extra} if extra else hb)
     return path
+
+
+def stat_start_ticks(pid: int) -> int:
+    """Field 22 of /proc/PID/stat (clock ticks after boot), read independently of
+    trainguard: the command name in field 2 may hold spaces and parentheses."""
+    raw = Path(f"/proc/{pid}/stat").read_bytes().decode("utf-8", "replace")
+    return int(raw.rsplit(")", 1)[1].split()[19])

@@ -83,6 +83,7 @@ class RunTable:
         self._boot_id = procinfo.boot_id()
         self._boot_time = procinfo.boot_time()
         self._pid_ns = procinfo.pid_namespace()
+        self._ticks_ok = procinfo.ticks_comparable()
         self._host = socket.gethostname()
         self._own_pid = os.getpid()
 
@@ -239,7 +240,9 @@ class RunTable:
         same = procinfo.same_boot(hb.boot_id, hb.boot_time, self._boot_id, self._boot_time)
         if same is False:
             return False  # written before a reboot (or on another host): not running here
-        return procinfo.process_alive(hb.pid, hb.create_time)
+        # exact start ticks only within one boot (they count from it), else the create time
+        ticks = hb.start_ticks if same is True and self._ticks_ok else None
+        return procinfo.process_alive(hb.pid, hb.create_time, ticks)
 
     def _config_row(self, rc: RunConfig, errors: list[str]) -> RunRow:
         """A run from the config file that no heartbeat reports: rank "0"."""

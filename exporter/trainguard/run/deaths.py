@@ -33,7 +33,9 @@ def death_of(
     same_host = prev.host == me.host
     boot = procinfo.same_boot(prev.boot_id, prev.boot_time, me.boot_id, me.boot_time)
     checkable = same_host and boot is not False and prev.pid_ns in (None, me.pid_ns)
-    if checkable and procinfo.process_alive(prev.pid, prev.create_time):
+    # exact start ticks only within one boot (they count from it), else the create time
+    ticks = prev.start_ticks if boot is True and procinfo.ticks_comparable() else None
+    if checkable and procinfo.process_alive(prev.pid, prev.create_time, ticks):
         if prev.pid != me.pid:
             on_duplicate(prev)
         return None  # alive: not a death (or an earlier Run in this same process)

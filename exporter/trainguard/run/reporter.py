@@ -132,6 +132,7 @@ class Run:
         except Exception:
             self._create_time = self._started
         self._create_time_read = time.monotonic()
+        self._start_ticks = procinfo.own_start_ticks()  # exact, and fixed for life
         # (step, wall time, scalars): replaced whole by step(), read by the writer thread
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
@@ -360,6 +361,7 @@ class Run:
             rank=self.rank,
             pid=self._pid,
             create_time=self._create_time,
+            start_ticks=self._start_ticks,
             host=self._host,
             started=self._started,
             time=time.time(),

@@ -103,6 +103,10 @@ class Heartbeat:
     deaths: int = 0
     death_history: tuple[Death, ...] = ()
     version: str | None = None
+    #: the process's start in clock ticks since boot (/proc/PID/stat field 22; Linux): with the
+    #: boot id, exact where the create time is only compared within a second. Absent in
+    #: heartbeats of older reporters, which are then judged by the create time alone.
+    start_ticks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first."""
@@ -112,6 +116,7 @@ class Heartbeat:
             "rank": self.rank,
             "pid": self.pid,
             "create_time": self.create_time,
+            "start_ticks": self.start_ticks,
             "host": self.host,
             "started": self.started,
             "time": self.time,

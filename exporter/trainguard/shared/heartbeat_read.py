@@ -162,6 +162,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         rank=rank,
         pid=f.integer("pid", 1, MAX_PID),
         create_time=f.timestamp("create_time"),
+        start_ticks=f.integer("start_ticks", 0, MAX_INT, optional=True),
         host=f.text("host", 255, default=""),
         started=f.timestamp("started"),
         time=f.timestamp("time"),

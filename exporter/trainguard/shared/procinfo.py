@@ -2,6 +2,12 @@
 exporter (checking a recorded process): boot identity, pid namespace, "is this the same
 process", and whether the kernel's OOM killer killed a pid.
 
+A process is identified by its pid and when it started. On Linux the start is exact: field 22
+of ``/proc/PID/stat``, clock ticks since boot, the same number in every pid namespace, and
+together with the boot id it tells a process from any later one given the same pid (even
+within the same second). Elsewhere, or for a heartbeat of an older reporter that did not
+record it, the create time is compared within :data:`CREATE_TIME_TOLERANCE`.
+
 Every read degrades to "unknown" (None) rather than raising: a /proc file that does not exist
 (Windows, macOS) or cannot be read must never crash either side.
 """
@@ -30,6 +36,8 @@ _OOM_PATTERNS = (
     re.compile(r"\boom-kill:.*?[,:]pid=(\d+)\b"),  # "oom-kill:constraint=...,task=x,pid=123,"
     re.compile(r"\boom_reaper: reaped process (\d+)\b"),
 )
+#: states in /proc/PID/stat of a process that is no longer running (zombie, dead)
+_DEAD_STATES = ("Z", "X", "x")
 _KMSG_MAX_RECORDS = 200_000
 _KERNEL_LOG_SECONDS = 2.0
 
@@ -74,15 +82,79 @@ def same_boot(
     return None
 
 
+def read_stat(pid: int | str) -> tuple[str, int]:
+    """(state, start ticks) of ``pid`` from ``/proc/PID/stat`` (``"self"`` for this process).
+    The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
+    so the fields are split after the *last* ')'. Raises OSError (FileNotFoundError or
+    ProcessLookupError: no such process) or ValueError (not the expected format)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        raw = fh.read(4096)
+    head, sep, tail = raw.rpartition(b")")
+    fields = tail.split()
+    if not sep or len(fields) < 20 or b"(" not in head:
+        raise ValueError(f"/proc/{pid}/stat: unexpected format")
+    # tail starts at field 3 (state); field 22 (starttime) is the 20th after the name
+    return fields[0].decode("ascii", "replace"), int(fields[19])
+
+
+def _boottime_offset_zero() -> bool | None:
+    """Whether this process's time namespace leaves CLOCK_BOOTTIME alone (it then shifts the
+    start ticks this process reads in /proc by its offset). True without time namespaces."""
+    try:
+        with open("/proc/self/timens_offsets", encoding="ascii") as fh:
+            text = fh.read(1024)
+    except FileNotFoundError:
+        return True  # a kernel without time namespaces
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("boottime", "7"):  # 7: CLOCK_BOOTTIME
+            return parts[1] == "0" and parts[2] == "0"
+    return True
+
+
+def own_start_ticks() -> int | None:
+    """This process's start in clock ticks since boot (Linux), None where it cannot be read
+    or would not compare (another platform, a time namespace with a boot time offset)."""
+    if _boottime_offset_zero() is not True:
+        return None
+    try:
+        return read_stat("self")[1]
+    except (OSError, ValueError):
+        return None
+
+
+def ticks_comparable() -> bool:
+    """Whether start ticks this process reads in /proc compare with ones recorded by other
+    processes of this boot: Linux, and no time namespace offset of its own."""
+    return _boottime_offset_zero() is True and os.path.exists("/proc/self/stat")
+
+
 def own_create_time() -> float:
     """This process's create time, read afresh (psutil caches it per Process object, and a
     clock adjustment since start changes the value the exporter computes)."""
     return float(psutil.Process(os.getpid()).create_time())
 
 
-def process_alive(pid: int, create_time: float) -> bool | None:
-    """Is ``pid`` the same process that recorded ``create_time``, and not a zombie?
-    False when gone or reused, None when the OS will not say (access denied)."""
+def process_alive(pid: int, create_time: float, start_ticks: int | None = None) -> bool | None:
+    """Is ``pid`` the same process that recorded ``create_time`` (and ``start_ticks``), and
+    not a zombie? False when gone or reused, None when the OS will not say (access denied).
+
+    ``start_ticks`` is compared exactly; pass it only when it was recorded in this boot (same
+    boot id) and this process's reads compare (:func:`ticks_comparable`). Without it, or where
+    ``/proc`` cannot be read, the create time is compared within the tolerance."""
+    if start_ticks is not None:
+        try:
+            state, ticks = read_stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        except (OSError, ValueError):
+            pass  # no /proc here, or unreadable: the tolerance below
+        else:
+            if ticks != start_ticks:
+                return False  # the pid now belongs to a process started at another tick
+            return state not in _DEAD_STATES
     try:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - create_time) > CREATE_TIME_TOLERANCE:

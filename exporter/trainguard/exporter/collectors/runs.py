@@ -28,7 +28,7 @@ PROCESS_UP = MetricSpec(
     "trainguard_run_process_up",
     "gauge",
     RR,
-    "1 if the run's process is alive (pid exists with the recorded create time), 0 if gone.",
+    "1 if the run's process is alive (pid exists with the recorded start), 0 if gone.",
 )
 FINISHED = MetricSpec(
     "trainguard_run_finished",
