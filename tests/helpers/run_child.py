@@ -4,12 +4,15 @@ in the way a test needs (killed, finished, raising...), plus waiting on its hear
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from helpers.exporter_proc import child_env
 from trainguard.shared import procinfo
@@ -88,6 +91,58 @@ def start_child(name: str, state_dir: Path, steps: int, mode: str) -> subprocess
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def unshare_problem() -> str | None:
+    """Why a child cannot get a pid namespace of its own here (None when it can): ``unshare``
+    missing, or not permitted (it needs root or user namespaces)."""
+    if shutil.which("unshare") is None:
+        return "no unshare(1) on this machine"
+    try:
+        out = subprocess.run(
+            [*UNSHARE, "true"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --pid --fork --mount-proc failed: {exc}"
+    if out.returncode != 0:
+        return f"unshare --pid --fork --mount-proc not permitted here: {out.stderr.strip()}"
+    return None
+
+
+def start_child_in_pid_namespace(
+    name: str, state_dir: Path, steps: int, mode: str, hostname: str | None = None
+) -> subprocess.Popen[str]:
+    """The training child as in a container of its own (a pod without hostPID, ``docker run``):
+    a new pid namespace, where it is pid 1, with its own /proc; with ``hostname``, also a
+    hostname of its own, as a pod has. The Popen is ``unshare``'s; :func:`namespace_child`
+    gives the training process's pid as this (host) side sees it."""
+    cmd = [sys.executable, "-c", CHILD, name, str(state_dir), str(steps), mode]
+    if hostname is not None:
+        cmd = ["--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *cmd]
+    return subprocess.Popen(
+        [*UNSHARE, *cmd],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def namespace_child(proc: subprocess.Popen[str], timeout: float = 60.0) -> int:
+    """The host pid of the process ``unshare --fork`` started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            children = psutil.Process(proc.pid).children()
+        except psutil.NoSuchProcess:
+            break
+        if children:
+            return children[0].pid
+        time.sleep(0.01)
+    raise AssertionError(f"unshare (pid {proc.pid}) started no child")
 
 
 def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:

@@ -21,7 +21,8 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 
 import psutil
 
@@ -30,6 +31,9 @@ import psutil
 CREATE_TIME_TOLERANCE = 1.0
 #: boot times further apart than this are two boots
 BOOT_TIME_TOLERANCE = 5.0
+#: inode of the initial pid namespace (Linux's PROC_PID_INIT_INO since 3.8): a process there
+#: sees every process of the host in /proc, so one it cannot find is gone
+INIT_PID_NS = 0xEFFFFFFC
 
 _OOM_PATTERNS = (
     re.compile(r"\bKill(?:ed)? process (\d+)\b"),  # "Out of memory: Killed process 123 (python)"
@@ -95,6 +99,21 @@ def read_stat(pid: int | str) -> tuple[str, int]:
         raise ValueError(f"/proc/{pid}/stat: unexpected format")
     # tail starts at field 3 (state); field 22 (starttime) is the 20th after the name
     return fields[0].decode("ascii", "replace"), int(fields[19])
+
+
+def read_nspid(pid: int | str) -> list[int] | None:
+    """The ``NSpid:`` line of ``/proc/PID/status``: the pid in each pid namespace from the one
+    of this /proc down to the process's own (first: as seen here, last: in its innermost
+    namespace). None where the kernel has no such line (before 4.1). Raises OSError."""
+    with open(f"/proc/{pid}/status", "rb") as fh:
+        raw = fh.read(16384)
+    for line in raw.splitlines():
+        if line.startswith(b"NSpid:"):
+            try:
+                return [int(x) for x in line[6:].split()]
+            except ValueError:
+                return None
+    return None
 
 
 def _boottime_offset_zero() -> bool | None:
@@ -166,6 +185,139 @@ def process_alive(pid: int, create_time: float, start_ticks: int | None = None) 
         return None
     except (OSError, ValueError):
         return None
+
+
+@dataclass(frozen=True)
+class NsProcess:
+    """A process as its heartbeat recorded it from inside its pid namespace."""
+
+    pid_ns: int  # inode of its pid namespace
+    pid: int  # its pid in that namespace
+    create_time: float
+    start_ticks: int | None  # exact (same boot); None: compare the create time (±1 s)
+
+
+@dataclass(frozen=True)
+class NsLookup:
+    """Where a :class:`NsProcess` is in this /proc.
+
+    ``kind``: ``found`` (``host_pid``, and its ``start_ticks``, as this /proc numbers it),
+    ``absent`` (no process here has that pid in a namespace below this one and that start),
+    ``unverifiable`` (one has, but its namespace cannot be read, for lack of ptrace access,
+    and only the create time was left to compare), ``ambiguous`` (several unreadable ones
+    match exactly), ``unknown`` (/proc cannot be listed, or has no ``NSpid``)."""
+
+    kind: str
+    host_pid: int | None = None
+    start_ticks: int | None = None
+
+
+def find_in_namespaces(wanted: Collection[NsProcess]) -> dict[NsProcess, NsLookup]:
+    """Find processes recorded in other pid namespaces among the processes of this /proc
+    (the host's, for an exporter with the host's pid namespace), in one pass.
+
+    A candidate has the recorded pid as the last field of its ``NSpid`` (its pid in its
+    innermost namespace) and the recorded start: exact start ticks (the same number in every
+    namespace: they count from boot), else the create time within the tolerance. Its pid
+    namespace (the inode of ``/proc/PID/ns/pid``) must then be the recorded one; reading it
+    needs ptrace read access to the process (root, or the same user), so where it is refused
+    an exact start-ticks match is taken as the process (two processes with the same pid in
+    their namespaces starting at the same clock tick), and a create-time match is not."""
+    out: dict[NsProcess, NsLookup] = {}
+    if not wanted:
+        return out
+    try:
+        if read_nspid("self") is None:
+            return {w: NsLookup("unknown") for w in wanted}
+        names = os.listdir("/proc")
+    except OSError:
+        return {w: NsLookup("unknown") for w in wanted}
+    hz = _clock_ticks()
+    booted = boot_time()
+    by_ticks: dict[int, list[NsProcess]] = {}
+    by_time: list[NsProcess] = []
+    for w in wanted:
+        if w.start_ticks is not None:
+            by_ticks.setdefault(w.start_ticks, []).append(w)
+        else:
+            by_time.append(w)
+    exact: dict[NsProcess, list[tuple[int, int]]] = {}
+    unreadable: dict[NsProcess, list[tuple[int, int]]] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            state, ticks = read_stat(pid)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not readable
+        if state in _DEAD_STATES:
+            continue
+        keys = list(by_ticks.get(ticks, ()))
+        if by_time and hz and booted is not None:
+            created = booted + ticks / hz
+            keys += [w for w in by_time if abs(created - w.create_time) <= CREATE_TIME_TOLERANCE]
+        if not keys:
+            continue
+        try:
+            nspid = read_nspid(pid)
+        except OSError:
+            continue
+        if not nspid or len(nspid) < 2:
+            continue  # in this /proc's own namespace: not a process of another one
+        keys = [w for w in keys if w.pid == nspid[-1]]
+        if not keys:
+            continue
+        try:
+            ns: int | None = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except OSError:
+            ns = None  # EACCES: another user's process without ptrace read access
+        for w in keys:
+            if ns is None:
+                unreadable.setdefault(w, []).append((pid, ticks))
+            elif ns == w.pid_ns:
+                exact.setdefault(w, []).append((pid, ticks))
+    for w in wanted:
+        hits, unsure = exact.get(w, []), unreadable.get(w, [])
+        if hits:
+            out[w] = NsLookup("found", *hits[0])
+        elif not unsure:
+            out[w] = NsLookup("absent")
+        elif w.start_ticks is None:
+            out[w] = NsLookup("unverifiable")
+        elif len(unsure) == 1:
+            out[w] = NsLookup("found", *unsure[0])
+        else:
+            out[w] = NsLookup("ambiguous")
+    return out
+
+
+def still_there(host_pid: int, ns_pid: int, start_ticks: int) -> bool | None:
+    """Is the process found earlier at ``host_pid`` still running: the same start ticks (a
+    pid and a start tick name one process for the whole boot) and still ``ns_pid`` in its
+    namespace? False when gone, None when /proc will not say."""
+    try:
+        state, ticks = read_stat(host_pid)
+        if ticks != start_ticks or state in _DEAD_STATES:
+            return False
+        nspid = read_nspid(host_pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, ValueError):
+        return None
+    if nspid is None:
+        return None
+    return nspid[-1] == ns_pid
+
+
+def _clock_ticks() -> int | None:
+    try:
+        hz = os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return hz if hz > 0 else None
 
 
 def oom_killed(pid: int, since: float) -> bool:
