@@ -134,3 +134,11 @@ def test_text_format_gzipped_for_clients_that_ask(tmp_path) -> None:
         with urllib.request.urlopen(url, timeout=10) as r:
             assert r.headers["Content-Encoding"] is None
             assert b"trainguard_exporter_build_info" in r.read()
+
+
+def test_config_warnings_are_logged_at_start(tmp_path) -> None:
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text('runs:\n  - name: sd\n    process_match: "^python3?$"\n')
+    with Exporter(args=[f"--config.file={cfg}"], state_dir=tmp_path / "state") as exp:
+        log = exp.stop()
+    assert "runs[0].process_match: '^python3?$' matches the interpreter name 'python'" in log

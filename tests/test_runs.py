@@ -368,11 +368,11 @@ runs:
 
     assert up("by-file") == 1
     assert up("stale-file") == 0  # pid reused after the pid file was written
-    assert up("no-file") == 0
+    assert up("no-file") is None  # never started: not a death
     assert up("garbage-file") is None
     assert up("by-name") == 1
-    assert up("by-name", s2) == 0
-    assert up("nothing-runs") == 0
+    assert up("by-name", s2) == 0  # seen alive, then gone
+    assert up("nothing-runs") is None
     assert up("reporting") == 1
     assert (
         sample(
@@ -385,8 +385,9 @@ runs:
         )
         == 1
     )
-    # a configured run without a heartbeat cannot tell a clean exit
-    assert sample(s, "trainguard_run_finished", run="by-file", rank="0") is None
+    # a run with a pid file tells a clean exit by the file's removal; a match cannot
+    assert sample(s, "trainguard_run_finished", run="by-file", rank="0") == 0
+    assert sample(s, "trainguard_run_finished", run="by-name", rank="0") is None
     assert sample(s, "trainguard_run_finished", run="reporting", rank="0") == 0
     # one row per run: the heartbeat's, not a second one from the config
     assert len(select(s, "trainguard_run_info", run="reporting")) == 1
@@ -399,6 +400,87 @@ runs:
     assert "modification time is 0" in log
     assert "missing.log: cannot stat" in log
     assert "garbage.pid: expected a process id" in log
+
+
+def test_configured_runs_page_only_for_a_process_seen_alive_that_vanished(tmp_path: Path) -> None:
+    """Runs declared in the config file without a heartbeat: not running yet is not a death
+    (no process_up at all), a pid file removed at exit is a clean finish, and only a process
+    seen alive that is gone while its pid file stays (or that no longer matches) pages."""
+    name_exe = tmp_path / "tgnamesleep"
+    shutil.copy("/bin/sleep", name_exe)
+    daemon_pid, crash_pid = tmp_path / "daemon.pid", tmp_path / "crash.pid"
+    config = tmp_path / "tg.yml"
+    config.write_text(
+        f"""
+runs:
+  - name: daemon
+    pid_file: {daemon_pid}
+  - name: crasher
+    pid_file: {crash_pid}
+  - name: by-name
+    process_match: "^tgnamesleep$"
+  - name: by-cmdline
+    cmdline_match: "^sleep 3600[.]271828$"
+"""
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    runs = ("daemon", "crasher", "by-name", "by-cmdline")
+
+    def up(s: Samples, run: str) -> float | None:
+        return sample(s, "trainguard_run_process_up", run=run, rank="0")
+
+    def finished(s: Samples, run: str) -> float | None:
+        return sample(s, "trainguard_run_finished", run=run, rank="0")
+
+    try:
+        with Exporter(args=[f"--config.file={config}"], state_dir=tmp_path / "state") as exp:
+            before = exp.scrape()
+            for run in runs:  # declared, not started: known, but nothing to page about
+                assert up(before, run) is None, run
+                assert finished(before, run) is None, run
+                assert len(select(before, "trainguard_run_info", run=run)) == 1
+            assert sample(before, "trainguard_collector_success", collector="runs") == 1
+            daemon = subprocess.Popen(["sleep", "3600"])
+            crasher = subprocess.Popen(["sleep", "3600"])
+            by_name = subprocess.Popen([str(name_exe), "3600"])
+            by_cmdline = subprocess.Popen(["sleep", "3600.271828"])
+            procs += [daemon, crasher, by_name, by_cmdline]
+            daemon_pid.write_text(f"{daemon.pid}\n")
+            crash_pid.write_text(f"{crasher.pid}\n")
+            alive = exp.scrape()
+            for run in runs:
+                assert up(alive, run) == 1, run
+            assert finished(alive, "daemon") == finished(alive, "crasher") == 0
+            assert finished(alive, "by-name") is None  # a process match cannot tell
+            assert select(alive, "trainguard_run_info", run="by-cmdline").keys() == {
+                frozenset(
+                    {("run", "by-cmdline"), ("rank", "0"), ("host", os.uname().nodename)}
+                    | {("pid", str(by_cmdline.pid))}
+                )
+            }
+            # a daemon's clean shutdown removes its pid file; a crash leaves it behind
+            daemon_pid.unlink()
+            daemon.kill()
+            crasher.kill()
+            by_name.kill()
+            by_cmdline.kill()
+            for p in procs:
+                p.wait()
+            after = exp.scrape()
+            assert (up(after, "daemon"), finished(after, "daemon")) == (0, 1)
+            assert (up(after, "crasher"), finished(after, "crasher")) == (0, 0)
+            assert up(after, "by-name") == 0 and up(after, "by-cmdline") == 0
+            assert sample(after, "trainguard_collector_success", collector="runs") == 1
+            # the crashed run's pid file removed by whoever decided not to restart it
+            crash_pid.unlink()
+            acknowledged = exp.scrape()
+            assert up(acknowledged, "crasher") is None
+            assert finished(acknowledged, "crasher") is None
+            assert (up(acknowledged, "daemon"), finished(acknowledged, "daemon")) == (0, 1)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_dead_and_finished_runs_are_dropped_after_retention(tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ def test_process_match_command_lines_and_environment_stay_out(tmp_path: Path) ->
         cfg = tmp_path / "tg.yml"
         cfg.write_text(
             "runs:\n  - name: matched\n    process_match: '^tgsecretsleep$'\n"
+            "  - name: by-cmdline\n    cmdline_match: 'tgsecretsleep --token='\n"
             "process_counts:\n  - name: sleepers\n    match: '^tgsecret'\n"
         )
         time.sleep(0.1)
@@ -122,6 +123,8 @@ def test_process_match_command_lines_and_environment_stay_out(tmp_path: Path) ->
         proc.wait()
     if value(s, "trainguard_run_process_up", run="matched", rank="0") != 1:
         pytest.fail(f"process not matched (exited early?):\n{text}")
+    # the command line is matched (secret and all), never published
+    assert value(s, "trainguard_run_process_up", run="by-cmdline", rank="0") == 1
     assert value(s, "trainguard_process_count", name="sleepers") == 1
     assert SECRET not in text and SECRET not in log
 

@@ -425,12 +425,19 @@ class _Fd:
         os.close(self.fd)
 
 
-def iter_matching(pattern: re.Pattern[str], exclude: int) -> Iterator[tuple[int, float]]:
-    """(pid, create time) of live processes whose name matches ``pattern``."""
-    for proc in psutil.process_iter(["name", "create_time", "status"]):
+def iter_matching(
+    pattern: re.Pattern[str], exclude: int, *, cmdline: bool = False
+) -> Iterator[tuple[int, float]]:
+    """(pid, create time) of live processes whose name (with ``cmdline``: whole command line,
+    its arguments joined by spaces) matches ``pattern``. A process whose command line cannot
+    be read (another user's, under ``hidepid``) or is empty (a kernel thread) never matches."""
+    field = "cmdline" if cmdline else "name"
+    for proc in psutil.process_iter([field, "create_time", "status"]):
         info = proc.info
-        name = info.get("name")
-        if not name or proc.pid == exclude or info.get("status") == psutil.STATUS_ZOMBIE:
+        value = info.get(field)
+        if cmdline and value:
+            value = " ".join(value)
+        if not value or proc.pid == exclude or info.get("status") == psutil.STATUS_ZOMBIE:
             continue
-        if pattern.search(name):
+        if pattern.search(value):
             yield proc.pid, float(info.get("create_time") or 0.0)

@@ -202,10 +202,11 @@ class RunsCollector(Collector):
         fam[RUN_INFO.name].add_metric([row.run, row.rank, row.host, pid], 1)
         if row.up is not None:
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
+        if row.finished is not None:
+            fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know
-        fam[FINISHED.name].add_metric(labels, 1 if hb.state == "finished" else 0)
         if hb.step is not None:
             fam[STEP.name].add_metric(labels, hb.step)
         if hb.step_time is not None:
