@@ -96,6 +96,26 @@ def test_write_then_read_round_trips(tmp_path: Path) -> None:
     assert read_heartbeat(path).step == 321
 
 
+def test_a_gpu_error_death_reads_as_unknown_to_older_readers(tmp_path: Path) -> None:
+    """``gpu_xid`` is not a cause format-1 readers before it know (they would refuse the
+    whole file): it is written as ``unknown`` with the new field ``xid``, which newer
+    readers read back as ``gpu_xid``."""
+    death = Death(step=7, time=1e9, detected=1e9 + 5, cause="gpu_xid", xid=79)
+    hb = sample_heartbeat(
+        death_history=(
+            death,
+            Death(step=8, time=1e9 + 6, detected=1e9 + 9, cause="exception", xid=48),
+        )
+    )
+    path = tmp_path / hb.filename
+    write_heartbeat(path, hb)
+    written = json.loads(path.read_text())["death_history"]
+    assert written[0]["cause"] == "unknown" and written[0]["xid"] == 79
+    assert written[1]["cause"] == "exception" and written[1]["xid"] == 48
+    assert read_heartbeat(path) == hb
+    assert all(d["cause"] in ("reboot", "oom_killer", "exception", "unknown") for d in written)
+
+
 def test_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -172,6 +192,11 @@ def write_doc(tmp_path: Path, doc: Any, name: str | None = None) -> Path:
             "one of",
         ),
         ({"death_history": [{}] * 21}, "death_history", "at most 20"),
+        (
+            {"death_history": [{"time": 1, "detected": 2, "cause": "unknown", "xid": -1}]},
+            "death_history[0].xid",
+            "expected an integer in",
+        ),
         ({"deaths": -1}, "deaths", "expected an integer in"),
     ],
 )

@@ -235,6 +235,27 @@ def test_death_before_a_reboot_is_told_by_the_boot_id(tmp_path: Path) -> None:
     }
 
 
+def test_a_death_by_gpu_error_is_published_with_its_xid(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    now = time.time()
+    history = (
+        Death(step=100, time=now - 900, detected=now - 800, cause="oom_killer"),
+        Death(step=200, time=now - 90, detected=now - 60, cause="gpu_xid", xid=79),
+    )
+    put(state, own_heartbeat("xid", deaths=2, death_history=history))
+    put(state, own_heartbeat("plain", deaths=1, death_history=history[:1]))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    assert select(s, "trainguard_run_last_death_info", run="xid").keys() == {
+        frozenset({("run", "xid"), ("cause", "gpu_xid")})
+    }
+    assert sample(s, "trainguard_run_last_death_xid", run="xid") == 79
+    assert sample(s, "trainguard_run_last_death_step", run="xid") == 200
+    assert sample(s, "trainguard_run_last_death_info", run="plain", cause="oom_killer") == 1
+    assert sample(s, "trainguard_run_last_death_xid", run="plain") is None
+
+
 def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

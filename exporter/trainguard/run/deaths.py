@@ -8,8 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainguard.shared import procinfo
+from trainguard.shared import kernlog, procinfo
 from trainguard.shared.heartbeat import MAX_DEATH_HISTORY, Death, Heartbeat
+
+#: seconds before the dead process's last sign of progress from which a GPU error in the
+#: kernel log that names no process counts as its cause
+XID_SLACK = 60.0
 
 
 @dataclass(frozen=True)
@@ -38,19 +42,53 @@ def death_of(
         if prev.pid != me.pid or prev.pid_ns != me.pid_ns:
             on_duplicate(prev)
         return None  # alive: not a death (or an earlier Run in this same process)
+    oom, xid = None, None
+    if same_host and boot is not False:  # this boot's kernel log may say what happened
+        oom, xid = _kernel_says(prev)
     if prev.state == "failed":
-        cause = "exception"
+        cause = "exception"  # it said so itself; a GPU error behind it is told as xid
     elif same_host and boot is False:
-        cause = "reboot"
-    elif (
-        same_host
-        and prev.pid_ns in (None, procinfo.INIT_PID_NS)  # the kernel logs host pids
-        and procinfo.oom_killed(prev.pid, prev.create_time - 1.0)
-    ):
-        cause = "oom_killer"
+        cause, xid = "reboot", None  # that boot's kernel log is gone with it
+    elif oom:
+        cause, xid = "oom_killer", None
+    elif xid is not None:
+        cause = "gpu_xid"
     else:
         cause = "unknown"
-    return Death(step=prev.step, time=prev.time, detected=time.time(), cause=cause)
+    return Death(step=prev.step, time=prev.time, detected=time.time(), cause=cause, xid=xid)
+
+
+def _kernel_says(prev: Heartbeat) -> tuple[bool, int | None]:
+    """(the OOM killer killed it, the GPU error that ended it) per this boot's kernel log.
+
+    The OOM killer names the pid it kills, as the host numbers it: matched only for a process
+    of the host's pid namespace (a container's pid 1 is not the host's). A GPU error (a fatal
+    NVIDIA Xid, :data:`~trainguard.shared.kernlog.FATAL_XIDS`) counts when the driver names
+    the process, at any time in its life, or, naming none (79 "fallen off the bus" never
+    does) or a process of another namespace, when it was logged after the process's last
+    sign of progress (its last step, else its last heartbeat) less :data:`XID_SLACK`: a
+    process whose GPU failed stops stepping at once, but may hang on for minutes (a
+    collective's timeout) writing heartbeats before it dies. The earliest such error is the
+    one that ended it; one naming another host process is that process's."""
+    lines = kernlog.read_kernel_log(prev.create_time - 1.0)
+    if not lines:
+        return False, None
+    global_pid = prev.pid_ns in (None, procinfo.INIT_PID_NS)  # the kernel logs host pids
+    if global_pid and any(kernlog.oom_pid(line.text) == prev.pid for line in lines):
+        return True, None
+    progress = min(prev.time, prev.step_time if prev.step_time is not None else prev.time)
+    window = progress - XID_SLACK
+    for line in lines:  # oldest first
+        found = kernlog.parse_xid(line.text)
+        if found is None or found.code not in kernlog.FATAL_XIDS:
+            continue
+        if global_pid and found.pid is not None:
+            if found.pid == prev.pid:
+                return False, found.code
+            continue  # the driver pinned it on another process
+        if line.time is not None and line.time >= window:
+            return False, found.code
+    return False, None
 
 
 def _maybe_alive(prev: Heartbeat, me: Identity, boot: bool | None) -> bool:

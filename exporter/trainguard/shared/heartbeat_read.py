@@ -28,6 +28,7 @@ from trainguard.shared.heartbeat import (
     MAX_RANK,
     MAX_SCALARS,
     MAX_TIME,
+    MAX_XID,
     MIRROR_NAME_RE,
     SCALAR_NAME_RE,
     STATES,
@@ -330,12 +331,17 @@ class _Fields:
         out = []
         for i, item in enumerate(self.items(key, MAX_DEATH_HISTORY)):
             f = _Fields(self.source, f"{self.where}{key}[{i}].", item)
+            cause = f.get("cause", _one_of(CAUSES))
+            xid = f.integer("xid", 0, MAX_XID, optional=True)
+            if cause == "unknown" and xid is not None:
+                cause = "gpu_xid"  # how a death by a GPU error is written (see Death.to_dict)
             out.append(
                 Death(
                     step=f.integer("step", 0, MAX_INT, optional=True),
                     time=f.timestamp("time"),
                     detected=f.timestamp("detected"),
-                    cause=f.get("cause", _one_of(CAUSES)),
+                    cause=cause,
+                    xid=xid,
                 )
             )
         return tuple(out)

@@ -1,6 +1,7 @@
 """What this host says about processes, shared by the reporter (recording itself) and the
-exporter (checking a recorded process): boot identity, pid namespace, "is this the same
-process", and whether the kernel's OOM killer killed a pid.
+exporter (checking a recorded process): boot identity, pid namespaces, "is this the same
+process", and where a process of another pid namespace is. (What the kernel log says about a
+death is :mod:`trainguard.shared.kernlog`.)
 
 A process is identified by its pid and when it started. On Linux the start is exact: field 22
 of ``/proc/PID/stat``, clock ticks since boot, the same number in every pid namespace, and
@@ -14,13 +15,8 @@ Every read degrades to "unknown" (None) rather than raising: a /proc file that d
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-import shutil
-import subprocess
-import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
@@ -35,15 +31,8 @@ BOOT_TIME_TOLERANCE = 5.0
 #: sees every process of the host in /proc, so one it cannot find is gone
 INIT_PID_NS = 0xEFFFFFFC
 
-_OOM_PATTERNS = (
-    re.compile(r"\bKill(?:ed)? process (\d+)\b"),  # "Out of memory: Killed process 123 (python)"
-    re.compile(r"\boom-kill:.*?[,:]pid=(\d+)\b"),  # "oom-kill:constraint=...,task=x,pid=123,"
-    re.compile(r"\boom_reaper: reaped process (\d+)\b"),
-)
 #: states in /proc/PID/stat of a process that is no longer running (zombie, dead)
 _DEAD_STATES = ("Z", "X", "x")
-_KMSG_MAX_RECORDS = 200_000
-_KERNEL_LOG_SECONDS = 2.0
 
 
 def boot_id() -> str | None:
@@ -318,111 +307,6 @@ def _clock_ticks() -> int | None:
     except (AttributeError, ValueError, OSError):
         return None
     return hz if hz > 0 else None
-
-
-def oom_killed(pid: int, since: float) -> bool:
-    """Best effort: does the kernel log say the OOM killer killed ``pid`` after ``since``
-    (seconds since the epoch)? Reads /dev/kmsg, else ``journalctl -k``, else ``dmesg``;
-    bounded to about two seconds; any failure means "not known to be", i.e. False."""
-    deadline = time.monotonic() + _KERNEL_LOG_SECONDS
-    try:
-        lines = _kmsg_lines(since, deadline)
-        if lines is None:
-            lines = _command_lines(
-                ["journalctl", "-k", "-q", "--no-pager", "-o", "cat", f"--since=@{int(since)}"],
-                deadline,
-            )
-        if lines is None:
-            lines = _dmesg_after(_command_lines(["dmesg"], deadline), since)
-        return lines is not None and any(_oom_pid(line) == pid for line in lines)
-    except Exception:
-        return False
-
-
-def _oom_pid(line: str) -> int | None:
-    for pattern in _OOM_PATTERNS:
-        m = pattern.search(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def _kmsg_lines(since: float, deadline: float) -> list[str] | None:
-    """Records of /dev/kmsg logged after ``since`` (its timestamps are microseconds since
-    boot), or None when it cannot be read (no permission, not Linux)."""
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    booted = boot_time() or 0.0
-    lines: list[str] = []
-    with contextlib.closing(_Fd(fd)):
-        for _ in range(_KMSG_MAX_RECORDS):
-            if time.monotonic() > deadline:
-                break
-            try:
-                record = os.read(fd, 8192)
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # overwritten while reading: skip ahead
-                    continue
-                if exc.errno == errno.EAGAIN:
-                    break
-                return lines or None
-            if not record:
-                break
-            head, _, message = record.decode("utf-8", "replace").partition(";")
-            fields = head.split(",")
-            try:
-                logged = booted + int(fields[2]) / 1e6
-            except (IndexError, ValueError):
-                logged = since
-            if logged >= since:
-                lines.append(message)
-    return lines
-
-
-def _command_lines(cmd: list[str], deadline: float) -> list[str] | None:
-    exe = shutil.which(cmd[0])
-    remaining = deadline - time.monotonic()
-    if exe is None or remaining <= 0:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, *cmd[1:]],
-            capture_output=True,
-            timeout=remaining,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0 or not out.stdout:
-        return None
-    return out.stdout[-8 * 1024 * 1024 :].decode("utf-8", "replace").splitlines()
-
-
-_DMESG_TIME = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
-
-
-def _dmesg_after(lines: list[str] | None, since: float) -> list[str] | None:
-    """dmesg's lines logged after ``since`` (its prefix is seconds since boot)."""
-    if lines is None:
-        return None
-    booted = boot_time() or 0.0
-    out = []
-    for line in lines:
-        m = _DMESG_TIME.match(line)
-        if m is None or booted + float(m.group(1)) >= since:
-            out.append(line)
-    return out
-
-
-class _Fd:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 def iter_matching(

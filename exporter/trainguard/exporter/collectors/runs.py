@@ -132,7 +132,13 @@ LAST_DEATH_INFO = MetricSpec(
     "trainguard_run_last_death_info",
     "gauge",
     ("run", "cause"),
-    "Always 1; cause of the run's last death: reboot, oom_killer, exception or unknown.",
+    "Always 1; cause of the run's last death: reboot, oom_killer, gpu_xid, exception or unknown.",
+)
+LAST_DEATH_XID = MetricSpec(
+    "trainguard_run_last_death_xid",
+    "gauge",
+    ("run",),
+    "NVIDIA Xid code of the GPU error the kernel logged around the run's last death.",
 )
 HEARTBEAT_FILES = MetricSpec(
     "trainguard_heartbeat_files",
@@ -147,8 +153,10 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
     "Heartbeat files in the state directory that could not be used in this scrape.",
 )
 
-#: which of several ranks' records of one death event names it: the most specific cause
-_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "exception": 2, "unknown": 3}
+#: which of several ranks' records of one death event names it: the most specific cause (a
+#: GPU error before an exception: the other ranks' collectives fail because one rank's GPU
+#: did)
+_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "gpu_xid": 2, "exception": 3, "unknown": 4}
 #: restarts of different ranks noticed within this many seconds are one death event
 _SAME_EVENT_SECONDS = 60.0
 
@@ -176,6 +184,7 @@ class RunsCollector(Collector):
         LAST_DEATH_STEP,
         LAST_DEATH_TIMESTAMP,
         LAST_DEATH_INFO,
+        LAST_DEATH_XID,
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
     )
@@ -241,6 +250,8 @@ class RunsCollector(Collector):
                 fam[LAST_DEATH_STEP.name].add_metric([run], last.step)
             fam[LAST_DEATH_TIMESTAMP.name].add_metric([run], last.time)
             fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
+            if last.xid is not None:
+                fam[LAST_DEATH_XID.name].add_metric([run], last.xid)
 
     def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
         for log in view.log_files:
