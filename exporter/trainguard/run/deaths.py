@@ -42,7 +42,7 @@ def death_of(
         if prev.pid != me.pid or prev.pid_ns != me.pid_ns:
             on_duplicate(prev)
         return None  # alive: not a death (or an earlier Run in this same process)
-    oom, xid = None, None
+    oom, xid = False, None
     if same_host and boot is not False:  # this boot's kernel log may say what happened
         oom, xid = _kernel_says(prev)
     if prev.state == "failed":
