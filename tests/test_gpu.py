@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -151,8 +152,10 @@ def test_driver_not_loaded_then_loaded(tmp_path: Path) -> None:
     assert log.count("NVML is not available: Driver Not Loaded") == 1, log
     assert "Traceback" not in log
     calls = log_path.read_text().split()
-    # once NVML started, later scrapes reuse it instead of initialising again
-    assert calls.count("nvmlInitWithFlags") == 4
+    # once NVML started, later scrapes reuse it instead of initialising again; the fifth is
+    # the Xid watcher's own reference, taken once with its event set
+    assert calls.count("nvmlInitWithFlags") == 5
+    assert calls.count("nvmlEventSetCreate") == 1
     assert calls.count("nvmlDeviceGetHandleByIndex_v2") == 1
 
 
@@ -251,3 +254,68 @@ def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
         log = exp.stop()
     assert log.count("collector gpu: did not finish within 1 s") == 1, log
     assert "collector gpu recovered" in log
+
+
+def xids(s: dict[Any, float]) -> dict[tuple[str, str], float]:
+    """{(gpu, xid): count} of trainguard_gpu_xid_errors_total."""
+    return {
+        (dict(lbl)["gpu"], dict(lbl)["xid"]): v
+        for lbl, v in select(s, "trainguard_gpu_xid_errors_total").items()
+    }
+
+
+def test_xid_errors_are_counted_per_gpu_and_code(tmp_path: Path, live_pids: list[int]) -> None:
+    """Critical Xid events (NVML's event API) counted per GPU and Xid code since the exporter
+    started; a GPU whose driver offers no Xid events says so. The counts survive the GPU
+    falling off the bus (Xid 79, then every query fails) and NVML failing to start again,
+    and events are not counted twice when NVML is started afresh."""
+    state = two_gpus(live_pids, dead_pid())
+    state.gpus[1].xid_events = False  # e.g. WDDM: no Xid events
+    path = state.write(tmp_path / "nvml.state")
+    g0 = {"gpu": "0", "uuid": g0_uuid()}
+    g1 = {"gpu": "1", "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000"}
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        assert value(s, "trainguard_gpu_xid_events_supported", **g0) == 1
+        assert value(s, "trainguard_gpu_xid_events_supported", **g1) == 0
+        assert xids(s) == {}
+        for code in (48, 13, 48):
+            state.add_xid(0, code)
+        state.add_xid(1, 31)  # not watched: the driver does not offer it
+        state.write(path)
+        s = poll(exp, lambda s: xids(s) == {("0", "48"): 2, ("0", "13"): 1}, 60)
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1}
+        assert value(s, "trainguard_gpu_xid_errors_total", **g0, xid="48") == 2
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+
+        # GPU 0 falls off the bus: Xid 79 arrives, then every query on it fails
+        state.add_xid(0, 79)
+        state.gpus[0].lost = True
+        state.write(path)
+        s = poll(exp, lambda s: ("0", "79") in xids(s), 60)
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+        s = poll(exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 0)
+        assert value(s, "trainguard_gpu_memory_used_bytes", **g0) is None
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+
+        # the driver is gone altogether: NVML cannot start, the counts are still published
+        state.init_error = "driver_not_loaded"
+        state.write(path)
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 0
+        assert value(s, "trainguard_gpu_info", **g1, name="NVIDIA A100-SXM4-40GB") is None
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+
+        # back (GPU reset, driver reloaded): NVML starts afresh, nothing counted twice
+        state.init_error = None
+        state.gpus[0].lost = False
+        state.write(path)
+        s = poll(exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 1)
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+        state.add_xid(0, 48)
+        state.write(path)
+        s = poll(exp, lambda s: xids(s).get(("0", "48")) == 3, 60)
+        assert xids(s) == {("0", "48"): 3, ("0", "13"): 1, ("0", "79"): 1}
+        log = exp.stop()
+    assert "Traceback" not in log
+    assert "GPU 0 (GPU-aaaaaaaa-0000-0000-0000-000000000000): Xid 79" in log

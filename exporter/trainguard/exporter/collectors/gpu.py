@@ -1,5 +1,6 @@
 """GPU memory as the driver sees it (NVML through pynvml): per device, per process, and the
-part of device memory that no live process accounts for (ghost memory)."""
+part of device memory that no live process accounts for (ghost memory); and the critical Xid
+errors the driver reported per GPU (read on a thread of their own, see ``exporter/xid.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,19 @@ UNATTRIBUTED = MetricSpec(
     "Device memory used minus what live processes account for; absent when any process's "
     "memory is unknown.",
 )
+XID_ERRORS = MetricSpec(
+    "trainguard_gpu_xid_errors_total",
+    "counter",
+    ("gpu", "uuid", "xid"),
+    "Critical Xid errors the driver reported for the GPU since the exporter started, per Xid code.",
+)
+XID_SUPPORTED = MetricSpec(
+    "trainguard_gpu_xid_events_supported",
+    "gauge",
+    ("gpu", "uuid"),
+    "1 if the exporter receives the GPU's critical Xid events, 0 if the driver offers none "
+    "(then Xid errors are unknown, not zero).",
+)
 RUN_MEMORY = MetricSpec(
     "trainguard_run_gpu_memory_used_bytes",
     "gauge",
@@ -94,6 +109,8 @@ class GpuCollector(Collector):
         PROCESSES_UNKNOWN,
         UNATTRIBUTED,
         RUN_MEMORY,
+        XID_ERRORS,
+        XID_SUPPORTED,
     )
 
     def __init__(self, pid_runs: PidRuns | None = None) -> None:
@@ -103,6 +120,8 @@ class GpuCollector(Collector):
         self._driver = ""
         self._uuids: dict[int, str] = {}  # remembered so a GPU lost at start is still named
         self._started_with: tuple[str, int] | None = None
+        self._xids = XidCounts()  # since the exporter started, across NVML restarts
+        self._xid_watcher: XidWatcher | None = None
 
     def _start(self, scrape: Scrape) -> tuple[_Device, ...]:
         """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver."""
@@ -138,29 +157,68 @@ class GpuCollector(Collector):
             pynvml.nvmlShutdown()
 
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
+        families = {spec.name: spec.family() for spec in self.metrics}
+        run_memory: dict[tuple[str, str, str], int | None] = {}
         with self._lock:
-            failed = False
-            if self._devices is None:
-                self._devices = self._start(scrape)
-                failed = bool(scrape.errors)
-            devices = self._devices
-            pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
-            families = {spec.name: spec.family() for spec in self.metrics}
-            run_memory: dict[tuple[str, str, str], int | None] = {}
-            alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
-            for dev in devices:
-                try:
-                    self._gather_device(dev, pid_runs, families, run_memory, alive)
-                except pynvml.NVMLError as exc:
-                    scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
-                    failed = True
-            if failed:
-                self._stop()  # start afresh next scrape: a lost GPU may come back
+            try:
+                self._gather_devices(scrape, families, run_memory)
+            except CollectorError as exc:  # NVML did not start: no GPU series this time...
+                scrape.error(str(exc))
+        # ...but the Xid counts are the exporter's own memory: a GPU that fell off the bus
+        # (Xid 79) and took the driver with it must not take its Xid count along
+        xid_family = families[XID_ERRORS.name]
+        for (index, uuid, xid), count in self._xids.items():
+            xid_family.add_metric([index, uuid, xid], count)
         run_family = families[RUN_MEMORY.name]
         for (run, rank, gpu), used in sorted(run_memory.items()):
             if used is not None:
                 run_family.add_metric([run, rank, gpu], used)
         return families.values()
+
+    def _gather_devices(
+        self,
+        scrape: Scrape,
+        families: dict[str, Any],
+        run_memory: dict[tuple[str, str, str], int | None],
+    ) -> None:
+        failed = False
+        if self._devices is None:
+            self._devices = self._start(scrape)
+            failed = bool(scrape.errors)
+        devices = self._devices
+        if not self._watch_xids(devices, scrape):
+            failed = True
+        pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
+        alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
+        for dev in devices:
+            try:
+                self._gather_device(dev, pid_runs, families, run_memory, alive)
+            except pynvml.NVMLError as exc:
+                scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
+                failed = True
+        if failed:
+            self._stop()  # start afresh next scrape: a lost GPU may come back
+
+    def _watch_xids(self, devices: tuple[_Device, ...], scrape: Scrape) -> bool:
+        """Keep a watcher on these GPUs' Xid events: a new one when a GPU appears that the
+        current one does not watch, or when its wait failed. False when that failed."""
+        watcher = self._xid_watcher
+        if watcher is not None and not watcher.alive:
+            scrape.error(f"Xid events: {watcher.error}")
+            self._xid_watcher = watcher = None
+            return False
+        if watcher is not None and watcher.covers(d.uuid for d in devices):
+            return True
+        replacement = XidWatcher(self._xids)
+        try:
+            replacement.start(XidDevice(d.index, d.uuid, d.handle) for d in devices)
+        except pynvml.NVMLError as exc:
+            scrape.error(f"cannot watch Xid events: {exc}")
+            return False
+        if watcher is not None:
+            watcher.stop()  # after the replacement registered: no gap without a watcher
+        self._xid_watcher = replacement
+        return True
 
     def _gather_device(
         self,
@@ -208,5 +266,8 @@ class GpuCollector(Collector):
             if exists:
                 attributed += used
         families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
+        watcher = self._xid_watcher
+        if watcher is not None and dev.uuid in watcher.supported:
+            families[XID_SUPPORTED.name].add_metric(labels, 1 if watcher.supported[dev.uuid] else 0)
         if unknown == 0:
             families[UNATTRIBUTED.name].add_metric(labels, max(mem.used - attributed, 0))
