@@ -1,5 +1,5 @@
-"""Is VRAM held by something that no longer trains? GPUGhostMemory, GPUUnattributedMemory,
-DuplicateHostProcess."""
+"""Is VRAM held by something that no longer trains, or did a GPU fail? GPUGhostMemory,
+GPUUnattributedMemory, GPUXidError, DuplicateHostProcess."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ SNIPPETS = {
         ' ({{ . | first | label "name" }}){{ end }}'
     ),
     "gpu_total": query_bytes("trainguard_gpu_memory_total_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    "xid_count": query_value(
+        "trainguard_gpu_xid_errors_total{" + GPU_SEL + ",xid=%q}",
+        GPU_ARGS + " $labels.xid",
+        unknown="an unknown number of",
+    ),
 }
 
 GROUP = Group(
@@ -76,6 +81,40 @@ GROUP = Group(
             accounts for (threshold ${unattributed_floor_h}, sustained ${unattributed_for}).
             Memory of crashed processes the driver never released; it stays lost until the
             driver session (the VM, under WSL) is restarted.
+            """,
+        ),
+        Alert(
+            "GPUXidError",
+            "critical",
+            expr='gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_critical}"}',
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported critical Xid
+            {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the critical list (${xid_critical_list}):
+            the GPU needs a reset, a reboot or service before it can train again, and the runs
+            on it have most likely died. See the runbook's table for this code.
+            """,
+        ),
+        Alert(
+            "GPUXidError",
+            "warning",
+            expr="""
+            gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_warning}",xid!~"${xid_critical}"}
+            """,
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the warning list (${xid_warning_list}):
+            the application that hit it was most likely killed, the GPU stays usable; a GPU
+            that keeps reporting it needs a reset or service. See the runbook's table for this
+            code.
             """,
         ),
         Alert(

@@ -84,5 +84,24 @@ GROUP = Group(
             / run_rank:trainguard_run_allocator_reserved_bytes:sum
             """,
         ),
+        # Xid errors counted within the window, per GPU and code. The counter is the exporter's
+        # count since it started, and a code's series appears with its first event, which
+        # increase() cannot see (it needs two samples): a series that exists now and did not
+        # a window ago is news too, provided Prometheus was scraping the target then (else it
+        # is a count seen again after the target was unreachable, or by a new Prometheus).
+        Record(
+            "gpu:trainguard_gpu_xid_errors:recent",
+            """
+            increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
+            or
+            (
+              (
+                trainguard_gpu_xid_errors_total
+                unless trainguard_gpu_xid_errors_total offset ${xid_window}
+              )
+              and on (job, instance) (up offset ${xid_window} == 1)
+            )
+            """,
+        ),
     ),
 )
