@@ -159,12 +159,54 @@ def test_driver_not_loaded_then_loaded(tmp_path: Path) -> None:
     assert calls.count("nvmlDeviceGetHandleByIndex_v2") == 1
 
 
-def test_nvml_library_absent(tmp_path: Path) -> None:
+def test_no_nvidia_driver_is_not_a_failure(tmp_path: Path) -> None:
+    """A checkpoint server or CPU node, watched for runs and checkpoints only: no NVML library
+    at all. Not a standing TrainguardCollectorFailing: the collector succeeds with no GPUs, a
+    gauge says why there are none, and the log says it once, at info."""
     with Exporter(env={"LD_LIBRARY_PATH": str(tmp_path)}, state_dir=tmp_path / "s") as exp:
-        s = exp.scrape()
+        for _ in range(3):
+            s = exp.scrape()
+            assert value(s, "trainguard_collector_success", collector="gpu") == 1
+            assert value(s, "trainguard_gpu_nvml_available") == 0
+            assert [
+                n
+                for n, _ in s
+                if n.startswith("trainguard_gpu_") and n != "trainguard_gpu_nvml_available"
+            ] == []
         log = exp.stop()
-    assert value(s, "trainguard_collector_success", collector="gpu") == 0
-    assert "NVML is not available: NVML Shared Library Not Found" in log
+    assert log.count("no NVIDIA driver") == 1, log
+    (line,) = [line for line in log.splitlines() if "no NVIDIA driver" in line]
+    assert "level=INFO" in line and "--no-collector.gpu" in line, line
+    assert "level=WARNING" not in log, log
+
+
+def test_an_installed_driver_that_fails_is_a_failure(tmp_path: Path) -> None:
+    """The library loads but the driver does not answer (kernel module not loaded, a
+    library/kernel version mismatch after an upgrade): that stays a failure, with no
+    nvml_available series (it is not known whether the GPUs are fine)."""
+    for error, text in [
+        ("driver_not_loaded", "Driver Not Loaded"),
+        ("lib_rm_version_mismatch", "RM has detected an NVML/RM version mismatch."),
+    ]:
+        state = FakeNvmlState(init_error=error)
+        state.add_gpu(g0_uuid())
+        path = state.write(tmp_path / "nvml.state")
+        with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+            s = exp.scrape()
+            log = exp.stop()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 0, error
+        assert value(s, "trainguard_gpu_nvml_available") is None, error
+        assert f"NVML is not available: {text}" in log, log
+        assert "no NVIDIA driver" not in log, log
+
+
+def test_nvml_available_once_started(tmp_path: Path) -> None:
+    state = FakeNvmlState()
+    path = state.write(tmp_path / "nvml.state")  # a driver, no GPU (all of them lost)
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert value(s, "trainguard_gpu_nvml_available") == 1
 
 
 def test_many_processes_use_the_insufficient_size_protocol(tmp_path: Path) -> None:

@@ -24,6 +24,13 @@ log = logging.getLogger(__name__)
 #: pid -> (run, rank) for the processes of runs that are alive now
 PidRuns = Callable[[Scrape], Mapping[int, tuple[str, str]]]
 
+NVML_AVAILABLE = MetricSpec(
+    "trainguard_gpu_nvml_available",
+    "gauge",
+    (),
+    "1 if NVML started, 0 if no NVIDIA driver is installed (no NVML library: no GPU series, "
+    "and not a failure); absent while an installed driver fails.",
+)
 GPU_INFO = MetricSpec(
     "trainguard_gpu_info",
     "gauge",
@@ -102,6 +109,7 @@ class GpuCollector(Collector):
 
     name = "gpu"
     metrics = (
+        NVML_AVAILABLE,
         GPU_INFO,
         MEMORY_TOTAL,
         MEMORY_USED,
@@ -122,13 +130,28 @@ class GpuCollector(Collector):
         self._started_with: tuple[str, int] | None = None
         self._xids = XidCounts()  # since the exporter started, across NVML restarts
         self._xid_watcher: XidWatcher | None = None
+        self._told_no_driver = False
 
-    def _start(self, scrape: Scrape) -> tuple[_Device, ...]:
-        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver."""
+    def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
+        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
+        when no NVIDIA driver is installed at all."""
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound:
+            # A checkpoint server or a CPU node: nothing is wrong, there is nothing to watch.
+            # Tried again at every scrape (a failed dlopen is cheap): a driver installed later
+            # is picked up.
+            if not self._told_no_driver:
+                self._told_no_driver = True
+                log.info(
+                    "no NVIDIA driver (the NVML library cannot be loaded): no GPU metrics; "
+                    "trainguard_gpu_nvml_available is 0 (run with --no-collector.gpu to skip "
+                    "the GPU collector on this host)"
+                )
+            return None
         except pynvml.NVMLError as exc:
             raise CollectorError(f"NVML is not available: {exc}") from exc
+        self._told_no_driver = False
         try:
             self._driver = _text(pynvml.nvmlSystemGetDriverVersion())
             count = pynvml.nvmlDeviceGetCount()
@@ -183,9 +206,14 @@ class GpuCollector(Collector):
     ) -> None:
         failed = False
         if self._devices is None:
-            self._devices = self._start(scrape)
+            started = self._start(scrape)
+            if started is None:
+                families[NVML_AVAILABLE.name].add_metric([], 0)
+                return
+            self._devices = started
             failed = bool(scrape.errors)
         devices = self._devices
+        families[NVML_AVAILABLE.name].add_metric([], 1)
         if not self._watch_xids(devices, scrape):
             failed = True
         pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
