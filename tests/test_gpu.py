@@ -9,10 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from helpers.exporter_proc import Exporter, poll, select, value
 from helpers.nvml_fake import FakeNvmlState
+from helpers.run_child import own_heartbeat, put
+from trainguard.run.allocator import allocator_stats
 
 GIB = 1 << 30
 
@@ -361,3 +364,64 @@ def test_xid_errors_are_counted_per_gpu_and_code(tmp_path: Path, live_pids: list
         log = exp.stop()
     assert "Traceback" not in log
     assert "GPU 0 (GPU-aaaaaaaa-0000-0000-0000-000000000000): Xid 79" in log
+
+
+def test_wsl_memory_is_compared_per_device(tmp_path: Path, live_pids: list[int]) -> None:
+    """Windows/WSL (WDDM): NVML lists a process without its memory, or no process at all, so
+    nothing can be attributed per process. What the device-level comparison needs is there:
+    each GPU's used memory, how many processes NVML lists on it, and each live run's allocator
+    devices joined to their GPU by UUID, whatever CUDA_VISIBLE_DEVICES made of the index and
+    whichever spelling each side uses."""
+    a, b, _ = live_pids
+    uuid0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+    uuid1 = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+    state = FakeNvmlState()
+    state.add_gpu(uuid0, used=20 * GIB, total=24 * GIB)
+    state.add_gpu(uuid1.upper(), used=11 * GIB, total=24 * GIB)
+    state.add_process(0, a, None)  # WDDM: listed, memory not available
+    path = state.write(tmp_path / "nvml.state")  # GPU 1: WSL lists no process at all
+    heartbeats = tmp_path / "s"
+    heartbeats.mkdir()
+    stats = {"reserved_bytes.all.current": 10 * GIB, "allocated_bytes.all.peak": 9 * GIB}
+    for run, pid, uuid in [
+        ("wsl-a", a, "AAAAAAAA-1111-2222-3333-444444444444"),  # torch's spelling
+        ("wsl-b", b, uuid1),  # CUDA_VISIBLE_DEVICES=1: its device 0 is GPU 1
+        ("old-reporter", b, None),  # an older trainguard: no uuid
+    ]:
+        put(
+            heartbeats,
+            own_heartbeat(
+                run,
+                pid=pid,
+                create_time=psutil.Process(pid).create_time(),
+                allocator=(allocator_stats(0, stats, uuid),),
+            ),
+        )
+    g0 = {"gpu": "0", "uuid": uuid0}
+    g1 = {"gpu": "1", "uuid": uuid1}
+    with Exporter(env=state.env(path), state_dir=heartbeats) as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert value(s, "trainguard_collector_success", collector="runs") == 1
+    # NVML's own uuid spelling is normalised too: both sides meet on one label value
+    assert {dict(lbl)["uuid"] for lbl in select(s, "trainguard_gpu_info")} == {uuid0, uuid1}
+    info = select(s, "trainguard_run_allocator_device_info")
+    assert {(dict(lbl)["run"], dict(lbl)["device"], dict(lbl)["uuid"]) for lbl in info} == {
+        ("wsl-a", "0", uuid0),
+        ("wsl-b", "0", uuid1),
+    }
+    assert set(info.values()) == {1}
+    # GPU 0: one process, memory unknown: nothing attributed, no driver view for the run
+    assert value(s, "trainguard_gpu_processes", **g0) == 1
+    assert value(s, "trainguard_gpu_processes_memory_unknown", **g0) == 1
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g0) is None
+    assert select(s, "trainguard_run_gpu_memory_used_bytes") == {}
+    # GPU 1: NVML lists nobody, so "unattributed" is all of it: the rules must not read that
+    # as ghost memory while a live run's allocator accounts for it
+    assert value(s, "trainguard_gpu_processes", **g1) == 0
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g1) == 11 * GIB
+    assert value(s, "trainguard_gpu_memory_used_bytes", **g1) == 11 * GIB
+    assert (
+        value(s, "trainguard_run_allocator_reserved_bytes", run="wsl-b", rank="0", device="0")
+        == 10 * GIB
+    )

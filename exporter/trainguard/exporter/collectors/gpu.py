@@ -18,6 +18,7 @@ from prometheus_client.core import Metric
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,13 @@ PROCESS_MEMORY = MetricSpec(
     ("gpu", "uuid", "pid", "run"),
     "Device memory the driver attributes to a process; run is empty when the pid belongs to "
     "no known run.",
+)
+PROCESSES = MetricSpec(
+    "trainguard_gpu_processes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Processes NVML lists on the GPU (compute and graphics, each once), whether or not their "
+    "memory is known; 0 under WSL, which lists none.",
 )
 PROCESSES_UNKNOWN = MetricSpec(
     "trainguard_gpu_processes_memory_unknown",
@@ -114,6 +122,7 @@ class GpuCollector(Collector):
         MEMORY_TOTAL,
         MEMORY_USED,
         PROCESS_MEMORY,
+        PROCESSES,
         PROCESSES_UNKNOWN,
         UNATTRIBUTED,
         RUN_MEMORY,
@@ -162,7 +171,9 @@ class GpuCollector(Collector):
         for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                raw = _text(pynvml.nvmlDeviceGetUUID(handle))
+                # one spelling with the training side's, so the two join exactly
+                uuid = normalize_gpu_uuid(raw) or raw
                 name = _text(pynvml.nvmlDeviceGetName(handle))
             except pynvml.NVMLError as exc:
                 scrape.error(f"GPU {i} ({self._uuids.get(i, 'uuid unknown')}): {exc}")
@@ -293,6 +304,7 @@ class GpuCollector(Collector):
                 exists = alive[pid] = psutil.pid_exists(pid)
             if exists:
                 attributed += used
+        families[PROCESSES.name].add_metric(labels, len(used_by_pid))
         families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
         watcher = self._xid_watcher
         if watcher is not None and dev.uuid in watcher.supported:
