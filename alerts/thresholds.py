@@ -159,6 +159,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "GPUGhostMemory: ...and then for this long before the alert fires.",
     ),
     Threshold(
+        "ghost_context_allowance",
+        "600MiB",
+        BYTES,
+        "GPUGhostMemory per GPU (where NVML cannot attribute memory to processes: WDDM/WSL): "
+        "device memory each live process is allowed beyond its allocator's reserved bytes (its "
+        "CUDA context, cuBLAS/cuDNN workspaces)...",
+    ),
+    Threshold(
+        "ghost_device_floor",
+        "3GiB",
+        BYTES,
+        "GPUGhostMemory per GPU: ...and the device's used memory must exceed that by this much "
+        "(and by ghost_ratio), for ghost_window and ghost_for. Above the per-rank ghost_floor: "
+        "on a desktop the display and other applications use the GPU too.",
+    ),
+    Threshold(
         "unattributed_floor",
         "1GiB",
         BYTES,
