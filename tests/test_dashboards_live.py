@@ -51,13 +51,14 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     children: list[subprocess.Popen[bytes]] = []
     try:
         # a run whose heartbeat carries CUDA allocator stats (recorded with torch's key names)
+        # and its device's GPU UUID (torch's spelling), which joins it to GPU 0
         put(
             stack.state_dir,
             own_heartbeat(
                 "cuda-sim",
                 pid=sleeper.pid,
                 create_time=psutil.Process(sleeper.pid).create_time(),
-                allocator=(allocator_stats(0, CUDA_STATS),),
+                allocator=(allocator_stats(0, CUDA_STATS, "e2e00000-0000-0000-0000-000000000000"),),
             ),
         )
         stack.nvml.add_process(0, sleeper.pid, 12 * GIB)
@@ -66,6 +67,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.nvml.add_gpu("GPU-e2e00001-0000-0000-0000-000000000000", used=3 * GIB)
         stack.nvml.add_process(1, 4_000_000, None, kind="graphics")
         stack.nvml.gpus[0].used += 12 * GIB
+        stack.nvml.add_xid(1, 94)  # a contained ECC error on GPU 1
         stack.nvml.write(stack.nvml_path)
         # the toy example: checkpoints, a mirror, a log
         children.append(
