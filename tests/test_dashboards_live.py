@@ -16,8 +16,9 @@ from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
-from helpers.run_child import own_heartbeat, put
+from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from trainguard.run.allocator import allocator_stats
+from trainguard.shared.heartbeat import heartbeat_filename
 
 pytestmark = pytest.mark.skipif(
     not (PROMETHEUS and ALERTMANAGER),
@@ -93,7 +94,12 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         for _ in range(2):
             victim = stack.start_training("victim")
             stack.prometheus.wait_until('trainguard_run_process_up{run="victim"} == 1')
-            time.sleep(0.5)
+            # killed once its heartbeat holds a step (a death's step is what the panel shows);
+            # a fixed pause was not always enough on a busy machine
+            wait_heartbeat(
+                stack.state_dir / heartbeat_filename("victim", 0),
+                lambda hb, pid=victim.pid: hb.pid == pid and hb.step is not None,
+            )
             stack.kill(victim)
         stack.prometheus.wait_until('ALERTS{alertname="TrainingProcessDied",run="victim"}')
         stack.prometheus.wait_until(
