@@ -425,3 +425,28 @@ def test_wsl_memory_is_compared_per_device(tmp_path: Path, live_pids: list[int])
         value(s, "trainguard_run_allocator_reserved_bytes", run="wsl-b", rank="0", device="0")
         == 10 * GIB
     )
+
+
+def test_a_failing_xid_wait_fails_the_collector_until_it_works(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    """The watcher's wait keeps failing (a driver in a bad state): that is not hidden, the
+    collector fails at every scrape (the watcher is replaced each time) and the memory series
+    are still published; once waits work again, so does the collector, and Xids count."""
+    state = two_gpus(live_pids, dead_pid())
+    state.fail("nvmlEventSetWait_v2", "unknown")
+    path = state.write(tmp_path / "nvml.state")
+    failing = lambda s: value(s, "trainguard_collector_success", collector="gpu") == 0  # noqa: E731
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        poll(exp, failing, 60)
+        for _ in range(3):
+            s = exp.scrape()
+            assert failing(s)
+            assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == 10 * GIB
+        state.failures.clear()
+        state.add_xid(0, 95)
+        state.write(path)
+        s = poll(exp, lambda s: not failing(s) and xids(s) == {("0", "95"): 1}, 60)
+        assert not failing(s) and xids(s) == {("0", "95"): 1}
+        log = exp.stop()
+    assert "collector gpu: Xid events: waiting for Xid events failed: Unknown Error" in log

@@ -240,14 +240,16 @@ class GpuCollector(Collector):
 
     def _watch_xids(self, devices: tuple[_Device, ...], scrape: Scrape) -> bool:
         """Keep a watcher on these GPUs' Xid events: a new one when a GPU appears that the
-        current one does not watch, or when its wait failed. False when that failed."""
+        current one does not watch, or when its wait failed (reported, and replaced at once,
+        so that a wait that keeps failing fails every scrape). False when anything failed."""
+        ok = True
         watcher = self._xid_watcher
         if watcher is not None and not watcher.alive:
             scrape.error(f"Xid events: {watcher.error}")
             self._xid_watcher = watcher = None
-            return False
+            ok = False
         if watcher is not None and watcher.covers(d.uuid for d in devices):
-            return True
+            return ok
         replacement = XidWatcher(self._xids)
         try:
             replacement.start(XidDevice(d.index, d.uuid, d.handle) for d in devices)
@@ -257,7 +259,7 @@ class GpuCollector(Collector):
         if watcher is not None:
             watcher.stop()  # after the replacement registered: no gap without a watcher
         self._xid_watcher = replacement
-        return True
+        return ok
 
     def _gather_device(
         self,
