@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import yaml
 
-from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, Kind
+from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind
 
 Value = str | int | float
 
@@ -159,6 +159,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "GPUGhostMemory: ...and then for this long before the alert fires.",
     ),
     Threshold(
+        "ghost_context_allowance",
+        "600MiB",
+        BYTES,
+        "GPUGhostMemory per GPU (where NVML cannot attribute memory to processes: WDDM/WSL): "
+        "device memory each live process is allowed beyond its allocator's reserved bytes (its "
+        "CUDA context, cuBLAS/cuDNN workspaces)...",
+    ),
+    Threshold(
+        "ghost_device_floor",
+        "3GiB",
+        BYTES,
+        "GPUGhostMemory per GPU: ...and the device's used memory must exceed that by this much "
+        "(and by ghost_ratio), for ghost_window and ghost_for. Above the per-rank ghost_floor: "
+        "on a desktop the display and other applications use the GPU too.",
+    ),
+    Threshold(
         "unattributed_floor",
         "1GiB",
         BYTES,
@@ -175,6 +191,29 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "5m",
         DURATION,
         "DuplicateHostProcess: more than one instance of a configured host process for this long.",
+    ),
+    Threshold(
+        "xid_critical",
+        "48,62,64,74,79,95,119,120,140,154",
+        XIDS,
+        "GPUXidError (critical): Xid codes after which the GPU needs a reset, a reboot or "
+        "service before it can train again (fallen off the bus, uncontained ECC, GSP, "
+        "NVLink...; the table is in the runbook).",
+    ),
+    Threshold(
+        "xid_warning",
+        "13,31,43,61,63,69,92,94,109",
+        XIDS,
+        "GPUXidError (warning): Xid codes that killed or hurt the application but leave the GPU "
+        "usable (a contained ECC error, a page fault, a retired page...). A code in both lists "
+        "is critical; codes in neither (45, a follow-up of others) do not alert.",
+    ),
+    Threshold(
+        "xid_window",
+        "1h",
+        DURATION,
+        "GPUXidError: an Xid counted within this window fires at once and resolves when the "
+        "window holds no new one.",
     ),
     Threshold(
         "alloc_retry_window",

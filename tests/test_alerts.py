@@ -34,6 +34,7 @@ DESIGN_ALERTS = {
     "CheckpointVolumeFillingUp",
     "GPUGhostMemory",
     "GPUUnattributedMemory",
+    "GPUXidError",
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",
@@ -175,6 +176,8 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
         {"ghost_ratio": 0},
         {"job_selector": ""},
         {"runbook_base": "https://example.com/runbook.md#x"},
+        {"xid_critical": "79,0"},
+        {"xid_warning": [13, True]},
     ],
 )
 def test_bad_overrides_are_errors(overrides: dict[str, Any]) -> None:
@@ -191,6 +194,8 @@ BAD_VALUES = [
     ("ghost_floor", "2 gigs", "bytes"),
     ("job_selector", "job=trainguard", "selector"),
     ("runbook_base", "runbook.md", "url"),
+    ("xid_critical", "79,fatal", "xid codes"),
+    ("xid_warning", "", "xid codes"),
 ]
 
 

@@ -39,7 +39,9 @@ METRICS_WITHOUT_RUN = {
     "trainguard_gpu_info",
     "trainguard_gpu_memory_total_bytes",
     "trainguard_gpu_memory_used_bytes",
+    "trainguard_gpu_processes",
     "trainguard_gpu_processes_memory_unknown",
+    "trainguard_gpu_xid_errors_total",
     "trainguard_gpu_memory_unattributed_bytes",
     "trainguard_process_count",
 }
@@ -58,6 +60,7 @@ METRICS_WITH_RUN = {
     "trainguard_run_allocator_inactive_split_bytes",
     "trainguard_run_allocator_alloc_retries_total",
     "trainguard_run_allocator_ooms_total",
+    "trainguard_run_allocator_device_info",
     "trainguard_run_memory_snapshots_total",
     "trainguard_run_deaths_total",
     "trainguard_run_last_death_step",

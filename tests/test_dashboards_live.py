@@ -16,8 +16,9 @@ from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
-from helpers.run_child import own_heartbeat, put
+from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from trainguard.run.allocator import allocator_stats
+from trainguard.shared.heartbeat import heartbeat_filename
 
 pytestmark = pytest.mark.skipif(
     not (PROMETHEUS and ALERTMANAGER),
@@ -51,13 +52,14 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     children: list[subprocess.Popen[bytes]] = []
     try:
         # a run whose heartbeat carries CUDA allocator stats (recorded with torch's key names)
+        # and its device's GPU UUID (torch's spelling), which joins it to GPU 0
         put(
             stack.state_dir,
             own_heartbeat(
                 "cuda-sim",
                 pid=sleeper.pid,
                 create_time=psutil.Process(sleeper.pid).create_time(),
-                allocator=(allocator_stats(0, CUDA_STATS),),
+                allocator=(allocator_stats(0, CUDA_STATS, "e2e00000-0000-0000-0000-000000000000"),),
             ),
         )
         stack.nvml.add_process(0, sleeper.pid, 12 * GIB)
@@ -66,6 +68,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.nvml.add_gpu("GPU-e2e00001-0000-0000-0000-000000000000", used=3 * GIB)
         stack.nvml.add_process(1, 4_000_000, None, kind="graphics")
         stack.nvml.gpus[0].used += 12 * GIB
+        stack.nvml.add_xid(1, 94)  # a contained ECC error on GPU 1
         stack.nvml.write(stack.nvml_path)
         # the toy example: checkpoints, a mirror, a log
         children.append(
@@ -91,7 +94,12 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         for _ in range(2):
             victim = stack.start_training("victim")
             stack.prometheus.wait_until('trainguard_run_process_up{run="victim"} == 1')
-            time.sleep(0.5)
+            # killed once its heartbeat holds a step (a death's step is what the panel shows);
+            # a fixed pause was not always enough on a busy machine
+            wait_heartbeat(
+                stack.state_dir / heartbeat_filename("victim", 0),
+                lambda hb, pid=victim.pid: hb.pid == pid and hb.step is not None,
+            )
             stack.kill(victim)
         stack.prometheus.wait_until('ALERTS{alertname="TrainingProcessDied",run="victim"}')
         stack.prometheus.wait_until(

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import (
     CAUSES,
     MAX_BYTES,
@@ -185,6 +186,16 @@ def write_doc(tmp_path: Path, doc: Any, name: str | None = None) -> Path:
             {"allocator": [vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1))] * 2},
             "allocator[1].device",
             "listed twice",
+        ),
+        (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "uuid": "GPU-1"}]},
+            "allocator[0].uuid",
+            "expected a GPU UUID",
+        ),
+        (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "uuid": 7}]},
+            "allocator[0].uuid",
+            "expected a string",
         ),
         (
             {"death_history": [{"time": 1, "detected": 2, "cause": "x"}]},
@@ -369,3 +380,67 @@ def test_valid_heartbeats_round_trip(
     path = tmp_path / hb.filename
     write_heartbeat(path, hb)
     assert read_heartbeat(path) == hb
+
+
+# -- GPU UUIDs: the join between a process's CUDA devices and NVML's GPUs ---------------------
+
+NVML_SPELLING = "GPU-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f"
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        NVML_SPELLING,  # nvmlDeviceGetUUID
+        "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",  # str(torch.cuda.get_device_properties(i).uuid)
+        "GPU-5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F",
+        "gpu-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",
+        "  5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F\n",
+    ],
+)
+def test_both_spellings_of_a_gpu_uuid_normalise_to_nvmls(spelling: str) -> None:
+    assert normalize_gpu_uuid(spelling) == NVML_SPELLING
+
+
+class _CudaUuid:
+    """Like torch's ``_CUuuid``: str() gives the bare hex with dashes."""
+
+    def __str__(self) -> str:
+        return "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "GPU-",
+        "MIG-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",  # a MIG instance is not a GPU
+        "5d6c1b0b4b3cfa1e8f072a9b3c4d5e6f",  # no dashes: not how either side writes it
+        "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6",
+        "GPU-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6fx",
+        "zz6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",
+        None,
+        12,
+    ],
+)
+def test_what_is_not_a_gpu_uuid(value: Any) -> None:
+    assert normalize_gpu_uuid(value) is None
+
+
+def test_a_cuda_uuid_object_normalises_through_str() -> None:
+    assert normalize_gpu_uuid(_CudaUuid()) == NVML_SPELLING
+
+
+def test_allocator_uuid_round_trips_and_is_optional(tmp_path: Path) -> None:
+    hb = sample_heartbeat(allocator=(AllocatorStats(0, 10, 20, 15, 3, 1, 0, NVML_SPELLING),))
+    path = tmp_path / hb.filename
+    write_heartbeat(path, hb)
+    assert read_heartbeat(path).allocator[0].uuid == NVML_SPELLING
+    # written by an older reporter: no uuid key at all
+    doc = hb.to_dict()
+    del doc["allocator"][0]["uuid"]
+    path.write_text(json.dumps(doc))
+    assert read_heartbeat(path).allocator[0].uuid is None
+    # the reader accepts torch's spelling and keeps NVML's
+    doc["allocator"][0]["uuid"] = "5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F"
+    path.write_text(json.dumps(doc))
+    assert read_heartbeat(path).allocator[0].uuid == NVML_SPELLING

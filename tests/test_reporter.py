@@ -488,6 +488,85 @@ def test_allocator_stats_reach_the_heartbeat_when_cuda_is_in_use(
     assert (a.device, a.reserved_bytes, a.ooms) == (0, 12 << 30, 1)
 
 
+class FakeProps:
+    """What torch.cuda.get_device_properties(i) returns, as far as the reporter looks."""
+
+    def __init__(self, uuid: object) -> None:
+        self.uuid = uuid
+
+
+class CudaUuid:
+    """Like torch's ``_CUuuid``: str() gives the bare hex with dashes."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each allocator device records its GPU's UUID (what survives CUDA_VISIBLE_DEVICES
+    renumbering), in NVML's spelling, read once per device and process. CUDA is simulated."""
+    asked: list[int] = []
+
+    def props(device: int) -> FakeProps:
+        asked.append(device)
+        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"))
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: REAL_STATS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    run = Run("uuids", state_dir=tmp_path, interval=0.01, keepalive=0.02)
+    first = wait_heartbeat(run.path, lambda hb: len(hb.allocator) == 2)
+    wait_heartbeat(run.path, lambda hb: hb.time > first.time, timeout=30)
+    run.close()
+    assert [(a.device, a.uuid) for a in read(run).allocator] == [
+        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+    ]
+    assert sorted(asked) == [0, 1]  # once per device, not at every heartbeat
+
+
+def test_allocator_stats_without_a_uuid_are_still_reported(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torch too old for .uuid, a ROCm build's other spelling, or a failing call: the
+    allocator stats stay, the uuid is left out (logged once)."""
+    caplog.set_level(logging.WARNING, "trainguard")
+
+    def broken(device: int) -> FakeProps:
+        if device == 0:
+            raise RuntimeError("no properties")
+        return FakeProps("not-a-uuid")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: REAL_STATS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    with Run("no-uuid", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert [(a.device, a.reserved_bytes, a.uuid) for a in read(run).allocator] == [
+        (0, 12 << 30, None),
+        (1, 12 << 30, None),
+    ]
+    warned = [r for r in caplog.records if "GPU UUID" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+
+def test_the_uuid_is_never_read_before_cuda_is_initialised(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """get_device_properties would initialise CUDA: the reporter asks only once the script
+    has (the real CPU build of torch: never)."""
+    asked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: asked.append(d))
+    with Run("no-cuda", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert read(run).allocator == () and asked == []
+
+
 def test_without_cuda_there_are_no_allocator_stats_and_oom_capture_is_a_no_op(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

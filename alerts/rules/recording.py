@@ -84,5 +84,87 @@ GROUP = Group(
             / run_rank:trainguard_run_allocator_reserved_bytes:sum
             """,
         ),
+        # The device-level view of ghost memory, for GPUs whose memory NVML cannot attribute
+        # to processes (WDDM/WSL): what the live runs' allocators reserved on each GPU (joined
+        # by UUID, whatever CUDA_VISIBLE_DEVICES did to the index), how many processes that
+        # is, and the GPU's used memory beyond it and a CUDA context per process.
+        Record(
+            "uuid:trainguard_run_allocator_reserved_bytes:sum",
+            """
+            sum by (job, instance, uuid) (
+              trainguard_run_allocator_reserved_bytes
+              * on (job, instance, run, rank, device) group_left (uuid)
+              trainguard_run_allocator_device_info
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+            )
+            """,
+        ),
+        Record(
+            "uuid:trainguard_run_allocator_devices:count",
+            """
+            count by (job, instance, uuid) (
+              trainguard_run_allocator_device_info
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+            )
+            """,
+        ),
+        Record(
+            "gpu:trainguard_gpu_memory_ghost_bytes:sum",
+            """
+            trainguard_gpu_memory_used_bytes
+            - on (job, instance, uuid) group_left ()
+            (
+              uuid:trainguard_run_allocator_reserved_bytes:sum
+              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
+            )
+            """,
+        ),
+        Record(
+            "gpu:trainguard_gpu_memory_used_over_accounted:ratio",
+            """
+            trainguard_gpu_memory_used_bytes
+            / on (job, instance, uuid) group_left ()
+            (
+              uuid:trainguard_run_allocator_reserved_bytes:sum
+              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
+            )
+            """,
+        ),
+        # Live allocator devices that cannot be put on a GPU of their host (no uuid: an older
+        # reporter; a uuid no GPU has: a MIG instance): their memory is somewhere unknown, so
+        # no GPU of that host is judged per device.
+        Record(
+            "instance:trainguard_run_allocator_devices_unplaced:count",
+            """
+            count by (job, instance) (
+              trainguard_run_allocator_reserved_bytes
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank, device)
+              (
+                trainguard_run_allocator_device_info
+                and on (job, instance, uuid) trainguard_gpu_info
+              )
+            )
+            """,
+        ),
+        # Xid errors counted within the window, per GPU and code. The counter is the exporter's
+        # count since it started, and a code's series appears with its first event, which
+        # increase() cannot see (it needs two samples): a series that exists now and did not
+        # a window ago is news too, provided Prometheus was scraping the target then (else it
+        # is a count seen again after the target was unreachable, or by a new Prometheus).
+        Record(
+            "gpu:trainguard_gpu_xid_errors:recent",
+            """
+            increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
+            or
+            (
+              (
+                trainguard_gpu_xid_errors_total
+                unless trainguard_gpu_xid_errors_total offset ${xid_window}
+              )
+              and on (job, instance) (up offset ${xid_window} == 1)
+            )
+            """,
+        ),
     ),
 )

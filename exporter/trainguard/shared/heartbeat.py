@@ -68,6 +68,16 @@ class AllocatorStats:
     inactive_split_bytes: int
     alloc_retries: int
     ooms: int
+    #: the GPU's UUID in NVML's spelling (``trainguard.shared.gpu_uuid``), which joins this
+    #: device to the exporter's GPUs; None when the process could not tell (older reporters)
+    uuid: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; ``uuid`` only when known (older readers ignore it either way)."""
+        out = vars(self).copy()
+        if self.uuid is None:
+            del out["uuid"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -151,7 +161,7 @@ class Heartbeat:
             "checkpoint_dir": self.checkpoint_dir,
             "mirrors": dict(self.mirrors),
             "log_file": self.log_file,
-            "allocator": [vars(a).copy() for a in self.allocator],
+            "allocator": [a.to_dict() for a in self.allocator],
             "memory_snapshots": self.memory_snapshots,
             "deaths": self.deaths,
             "death_history": [d.to_dict() for d in self.death_history],

@@ -15,6 +15,7 @@ import stat
 from typing import Any
 
 from trainguard.shared.fileio import FILE_FLAGS, O_NOFOLLOW, O_NONBLOCK
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import (
     CAUSES,
     FORMAT,
@@ -323,9 +324,20 @@ class _Fields:
                     inactive_split_bytes=f.integer("inactive_split_bytes", 0, MAX_INT),
                     alloc_retries=f.integer("alloc_retries", 0, MAX_INT),
                     ooms=f.integer("ooms", 0, MAX_INT),
+                    uuid=f.gpu_uuid("uuid"),
                 )
             )
         return tuple(out)
+
+    def gpu_uuid(self, key: str) -> str | None:
+        """An optional GPU UUID in either spelling, returned in NVML's."""
+        value = self.text(key, 64, optional=True)
+        if value is None:
+            return None
+        uuid = normalize_gpu_uuid(value)
+        if uuid is None:
+            raise self.fail(key, "expected a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+        return uuid
 
     def deaths(self, key: str) -> tuple[Death, ...]:
         out = []

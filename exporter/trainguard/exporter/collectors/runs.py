@@ -104,6 +104,13 @@ OOMS = MetricSpec(
     RRD,
     "Out-of-memory errors the allocator raised.",
 )
+DEVICE_INFO = MetricSpec(
+    "trainguard_run_allocator_device_info",
+    "gauge",
+    ("run", "rank", "device", "uuid"),
+    "Always 1 for each allocator device whose GPU is known; uuid is the GPU's (as in "
+    "trainguard_gpu_info), to join the allocator's bytes to the driver's view of that GPU.",
+)
 SNAPSHOTS = MetricSpec(
     "trainguard_run_memory_snapshots_total",
     "counter",
@@ -179,6 +186,7 @@ class RunsCollector(Collector):
         INACTIVE_SPLIT,
         ALLOC_RETRIES,
         OOMS,
+        DEVICE_INFO,
         SNAPSHOTS,
         DEATHS,
         LAST_DEATH_STEP,
@@ -232,6 +240,8 @@ class RunsCollector(Collector):
             fam[INACTIVE_SPLIT.name].add_metric(dev, a.inactive_split_bytes)
             fam[ALLOC_RETRIES.name].add_metric(dev, a.alloc_retries)
             fam[OOMS.name].add_metric(dev, a.ooms)
+            if a.uuid is not None:
+                fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
         fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
 
     def _deaths(self, fam: dict[str, Any], view: RunView) -> None:
