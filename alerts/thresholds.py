@@ -55,6 +55,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
     ),
     Threshold(
+        "keep_firing_for",
+        "10m",
+        DURATION,
+        "TrainingProcessDied and the other alerts on a lasting state of a run keep firing this "
+        "long after their condition was last seen (Prometheus' keep_firing_for): a missed scrape, "
+        "an exporter or Prometheus restart must not resolve them and page a second time.",
+    ),
+    Threshold(
         "stall",
         "30m",
         DURATION,

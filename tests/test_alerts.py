@@ -246,7 +246,8 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
         for rule in group.rules:
             texts.append(rule.expr)
             if isinstance(rule, Alert):
-                texts += [rule.for_ or "", rule.summary, rule.description]
+                texts += [rule.for_ or "", rule.keep_firing_for or ""]
+                texts += [rule.summary, rule.description]
     used = {name for text in texts for name in PLACEHOLDER.findall(text)}
     placeholders = set(thresholds.resolve())
     assert not snippets & placeholders, "snippet names shadow thresholds"
@@ -299,9 +300,11 @@ def test_pages_are_critical(groups: list[dict[str, Any]]) -> None:
     assert severities["TrainguardExporterDown"] == {"critical", "warning"}
 
 
-def test_death_pages_without_delay(groups: list[dict[str, Any]]) -> None:
+def test_death_pages_without_delay_and_holds_through_gaps(groups: list[dict[str, Any]]) -> None:
     (died,) = [r for r in alert_rules(groups) if r["alert"] == "TrainingProcessDied"]
     assert died.get("for", "0m") in {"0m", "0s"}
+    # a missed scrape must not resolve the page and send a second one (runs_test.yml)
+    assert died["keep_firing_for"] == "10m"
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:

@@ -45,6 +45,7 @@ GROUP = Group(
               unless on (job, instance, run, rank) trainguard_run_finished == 1
             )
             """,
+            keep_firing_for="${keep_firing_for}",
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
             description="""
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
