@@ -222,6 +222,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "last evaluation before it vanished, looking back at most this far.",
     ),
     Threshold(
+        "restart_window",
+        "1h",
+        DURATION,
+        "TrainingProcessRestarted: a restarted run recorded a death whose last heartbeat is less "
+        "than this old (one alert per death, firing this long).",
+    ),
+    Threshold(
         "repeated_death_window",
         "24h",
         DURATION,

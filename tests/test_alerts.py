@@ -25,6 +25,7 @@ TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 # The alert set of the design (docs: /alerts/runbook.md is the project's own description).
 DESIGN_ALERTS = {
     "TrainingProcessDied",
+    "TrainingProcessRestarted",
     "TrainingStalled",
     "TrainingLogStale",
     "CheckpointStale",
