@@ -384,6 +384,7 @@ def test_ages_are_measured_on_the_exporters_clock(tmp_path: Path) -> None:
         ),
     )
     put(state, own_heartbeat("no-step", step=None, step_time=None, time=written + 30))
+    put(state, own_heartbeat("unknown-times", time=0.0, step_time=0.0, started=0.0))
     with Exporter(state_dir=state) as exp:
         s = exp.scrape()
     slack = time.time() - written  # how long writing and scraping took: ages grow by at most this
@@ -401,6 +402,9 @@ def test_ages_are_measured_on_the_exporters_clock(tmp_path: Path) -> None:
     assert select(s, "trainguard_run_step_age_seconds", run="no-step") == {}
     assert sample(s, "trainguard_run_heartbeat_age_seconds", run="no-step", rank="0") == 0
     assert select(s, "trainguard_run_last_death_age_seconds", run="no-step") == {}
+    # a time of 0 is unknown (the heartbeat format allows it): no age rather than a huge one
+    for metric in ("step", "heartbeat", "start"):
+        assert select(s, f"trainguard_run_{metric}_age_seconds", run="unknown-times") == {}
 
 
 def test_dead_and_finished_runs_are_dropped_after_retention(tmp_path: Path) -> None:

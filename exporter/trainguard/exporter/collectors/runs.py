@@ -243,11 +243,15 @@ class RunsCollector(Collector):
             fam[STEP.name].add_metric(labels, hb.step)
         if hb.step_time is not None:
             fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
-            fam[STEP_AGE.name].add_metric(labels, age(now, hb.step_time))
         fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
-        fam[HEARTBEAT_AGE.name].add_metric(labels, age(now, hb.time))
         fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
-        fam[START_AGE.name].add_metric(labels, age(now, hb.started))
+        for spec, then in (
+            (STEP_AGE, hb.step_time),
+            (HEARTBEAT_AGE, hb.time),
+            (START_AGE, hb.started),
+        ):
+            if then:  # 0 is an unknown time: no age, never a huge one
+                fam[spec.name].add_metric(labels, age(now, then))
         for name, value in sorted(hb.scalars.items()):
             fam[SCALAR.name].add_metric([*labels, name], value)
         for a in hb.allocator:
@@ -275,7 +279,8 @@ class RunsCollector(Collector):
             if last.step is not None:
                 fam[LAST_DEATH_STEP.name].add_metric([run], last.step)
             fam[LAST_DEATH_TIMESTAMP.name].add_metric([run], last.time)
-            fam[LAST_DEATH_AGE.name].add_metric([run], age(now, last.time))
+            if last.time:
+                fam[LAST_DEATH_AGE.name].add_metric([run], age(now, last.time))
             fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
 
     def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
