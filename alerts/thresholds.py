@@ -64,16 +64,45 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
     Threshold(
         "stall",
-        "30m",
+        "10m",
         DURATION,
-        "TrainingStalled: no new step / heartbeat for this long while the process is alive.",
+        "TrainingStalled: the least time without a new step (or without a heartbeat) that is a "
+        "stall, however fast the run steps.",
+    ),
+    Threshold(
+        "stall_factor",
+        3,
+        NUMBER,
+        "TrainingStalled: a run is stalled after this many times its longest recent interval "
+        "between two steps (its own pace: slow steps are not a stall)...",
+    ),
+    Threshold(
+        "stall_window",
+        "6h",
+        DURATION,
+        "TrainingStalled: ...the longest interval between steps seen within this window "
+        "(recording rule run_rank:trainguard_run_step_gap_seconds:max)...",
+    ),
+    Threshold(
+        "stall_max",
+        "4h",
+        DURATION,
+        "TrainingStalled: ...but never more than this, which is also the threshold while the "
+        "run's pace is not known yet (before it completed an interval between two steps).",
+    ),
+    Threshold(
+        "first_step",
+        "1h",
+        DURATION,
+        "TrainingNoFirstStep: a live process that has reported no step this long after it "
+        "started (NCCL rendezvous, data loader, checkpoint loading hung).",
     ),
     Threshold(
         "log_stale",
         "30m",
         DURATION,
-        "TrainingLogStale: the run's log file not modified for this long while the process is "
-        "alive.",
+        "TrainingLogStale: the run's log file not modified for this long (by Prometheus's "
+        "clock: no change of its mtime) while the run is alive, and was alive this long ago.",
     ),
     Threshold(
         "checkpoint_stale",

@@ -27,6 +27,7 @@ DESIGN_ALERTS = {
     "TrainingProcessDied",
     "TrainingProcessRestarted",
     "TrainingStalled",
+    "TrainingNoFirstStep",
     "TrainingLogStale",
     "CheckpointStale",
     "CheckpointTruncated",
@@ -137,8 +138,8 @@ def test_script_runs_from_any_directory(tmp_path: Path) -> None:
 
 def test_overrides_change_only_what_they_name() -> None:
     text = build.render({"stall": "1h", "ghost_floor": "4GiB", "job_selector": 'job="gpu"'})
-    assert "time() - (trainguard_run_heartbeat_timestamp_seconds > 0) > 3600" in text
-    assert "changes(trainguard_run_step[1h])" in text
+    assert "trainguard_run_heartbeat_age_seconds > 3600" in text
+    assert re.search(r"run_rank:trainguard_run_step_gap_seconds:max\[4h\]\),\s+3600,", text)
     assert "> 4294967296" in text
     assert 'up{job="gpu"} == 0' in text
     descriptions = [
@@ -147,7 +148,7 @@ def test_overrides_change_only_what_they_name() -> None:
         for rule in group["rules"]
         if rule.get("alert") == "TrainingStalled"
     ]
-    assert descriptions and "(threshold 1h)" in descriptions[0]
+    assert descriptions and "at least 1h and at most 4h" in descriptions[0]
     # Untouched thresholds keep their defaults.
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
@@ -158,12 +159,12 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
     out = tmp_path / "rules.yml"
     assert build.main(["--config", str(config), "-o", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    assert "changes(trainguard_run_step[45m])" in text
+    assert "trainguard_run_heartbeat_age_seconds > 2700" in text
     assert ") <= 200" in text
-    assert "(threshold 1h)" in text  # plain seconds are shown as a PromQL duration
+    assert "changes(trainguard_run_log_modified_timestamp_seconds[1h])" in text  # seconds shown
     # --set wins over --config.
     assert build.main(["--config", str(config), "--set", "stall=2h", "-o", str(out)]) == 0
-    assert "changes(trainguard_run_step[2h])" in out.read_text(encoding="utf-8")
+    assert "trainguard_run_heartbeat_age_seconds > 7200" in out.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
