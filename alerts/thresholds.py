@@ -98,6 +98,33 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "started (NCCL rendezvous, data loader, checkpoint loading hung).",
     ),
     Threshold(
+        "throughput_ratio",
+        0.5,
+        NUMBER,
+        "TrainingThroughputDropped: a live run stepping at less than this fraction of its usual "
+        "rate...",
+    ),
+    Threshold(
+        "throughput_window",
+        "10m",
+        DURATION,
+        "TrainingThroughputDropped: ...its rate now being deriv(step) over this window, within "
+        "the current process (a just started or resumed process has no rate for this long)...",
+    ),
+    Threshold(
+        "throughput_baseline",
+        "6h",
+        DURATION,
+        "TrainingThroughputDropped: ...its usual rate the 90th percentile of that rate over "
+        "this window (earlier processes of the run included: a slower relaunch counts)...",
+    ),
+    Threshold(
+        "throughput_for",
+        "15m",
+        DURATION,
+        "TrainingThroughputDropped: ...for this long.",
+    ),
+    Threshold(
         "log_stale",
         "30m",
         DURATION,

@@ -28,6 +28,7 @@ DESIGN_ALERTS = {
     "TrainingProcessRestarted",
     "TrainingStalled",
     "TrainingNoFirstStep",
+    "TrainingThroughputDropped",
     "TrainingLogStale",
     "CheckpointStale",
     "CheckpointTruncated",

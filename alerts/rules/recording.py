@@ -68,6 +68,21 @@ GROUP = Group(
             run_rank:trainguard_run_step_age_seconds:running * 0 + ${stall_max_s}
             """,
         ),
+        # Steps per second of a live, unfinished rank, within its current process only (the
+        # process has been up for the whole window: a resume, whose step goes down, is never in
+        # it). deriv() and not rate(): the step is a gauge.
+        Record(
+            "run_rank:trainguard_run_steps_per_second:deriv",
+            """
+            max by (job, instance, run, rank) (
+              clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
+              and on (job, instance, run, rank)
+                trainguard_run_start_age_seconds > ${throughput_window_s}
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
         Record(
             "run:trainguard_run_steps_since_checkpoint:max",
             """

@@ -1,5 +1,5 @@
 """Is the training run alive and making progress? TrainingProcessDied, TrainingStalled,
-TrainingNoFirstStep, TrainingLogStale.
+TrainingNoFirstStep, TrainingThroughputDropped, TrainingLogStale.
 
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
@@ -37,6 +37,18 @@ SNIPPETS = {
         RUN_ARGS,
         "humanizeDuration",
         unknown="not known yet",
+    ),
+    "rate_now": query_value(
+        "min(run_rank:trainguard_run_steps_per_second:deriv{" + RUN_SEL + "}) * 60",
+        RUN_ARGS,
+        'printf "%.3g"',
+    ),
+    "rate_usual": query_value(
+        "max(quantile_over_time(0.9, run_rank:trainguard_run_steps_per_second:deriv{"
+        + RUN_SEL
+        + "}[${throughput_baseline}])) * 60",
+        RUN_ARGS,
+        'printf "%.3g"',
     ),
     # A whole sentence: whether the driver still holds VRAM of the dead ranks.
     "dead_vram": (
@@ -124,6 +136,33 @@ GROUP = Group(
             {{ $value | humanizeDuration }} ago (threshold ${first_step}) and is alive, its
             reporter writes heartbeats, but it has not reported a single step: hung before
             training started (NCCL rendezvous or init, a data loader, loading a checkpoint).
+            """,
+        ),
+        Alert(
+            "TrainingThroughputDropped",
+            "warning",
+            expr="""
+            min by (job, instance, run) (
+              (run_rank:trainguard_run_steps_per_second:deriv > 0)
+              / on (job, instance, run, rank)
+              quantile_over_time(
+                0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
+              )
+            ) < ${throughput_ratio}
+            """,
+            for_="${throughput_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Training run {{ $labels.run }} on {{ $labels.instance }} steps at
+            {{ $value | humanizePercentage }} of its usual rate.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} has stepped at less than
+            ${throughput_ratio}x its usual rate for ${throughput_for}: now ${rate_now} steps/min,
+            usually ${rate_usual} (the 90th percentile over ${throughput_baseline}, earlier
+            processes of the run included). The field reports' symptom of ghost GPU memory after
+            crashes (a relaunched run at a fraction of its speed); also a straggler rank,
+            thermal or power throttling, a slow data source or swapping.
             """,
         ),
         Alert(
