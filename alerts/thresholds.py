@@ -275,7 +275,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "1d",
         DURATION,
         "TrainguardExporterDown is critical when the target was watching an active run at the "
-        "last evaluation before it vanished, looking back at most this far.",
+        "last evaluation before it vanished, looking back at most this far; a target that left "
+        "service discovery is remembered (and alerted on) this long.",
     ),
     Threshold(
         "restart_window",
