@@ -135,8 +135,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "checkpoint_stale",
         "3h",
         DURATION,
-        "CheckpointStale: newest complete checkpoint older than this while the run is alive "
-        "(and the run has been alive that long, so a freshly resumed run does not fire).",
+        "CheckpointStale: newest complete checkpoint unchanged for this long (Prometheus's "
+        "clock) while the run is alive (and was alive this long ago, so a freshly resumed run "
+        "does not fire).",
     ),
     Threshold(
         "steps_at_risk_factor",
