@@ -55,24 +55,89 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
     ),
     Threshold(
-        "stall",
-        "30m",
+        "keep_firing_for",
+        "10m",
         DURATION,
-        "TrainingStalled: no new step / heartbeat for this long while the process is alive.",
+        "TrainingProcessDied and the other alerts on a lasting state of a run keep firing this "
+        "long after their condition was last seen (Prometheus' keep_firing_for): a missed scrape, "
+        "an exporter or Prometheus restart must not resolve them and page a second time.",
+    ),
+    Threshold(
+        "stall",
+        "10m",
+        DURATION,
+        "TrainingStalled: the least time without a new step (or without a heartbeat) that is a "
+        "stall, however fast the run steps.",
+    ),
+    Threshold(
+        "stall_factor",
+        3,
+        NUMBER,
+        "TrainingStalled: a run is stalled after this many times its longest recent interval "
+        "between two steps (its own pace: slow steps are not a stall)...",
+    ),
+    Threshold(
+        "stall_window",
+        "6h",
+        DURATION,
+        "TrainingStalled: ...the longest interval between steps seen within this window "
+        "(recording rule run_rank:trainguard_run_step_gap_seconds:max)...",
+    ),
+    Threshold(
+        "stall_max",
+        "4h",
+        DURATION,
+        "TrainingStalled: ...but never more than this, which is also the threshold while the "
+        "run's pace is not known yet (before it completed an interval between two steps).",
+    ),
+    Threshold(
+        "first_step",
+        "1h",
+        DURATION,
+        "TrainingNoFirstStep: a live process that has reported no step this long after it "
+        "started (NCCL rendezvous, data loader, checkpoint loading hung).",
+    ),
+    Threshold(
+        "throughput_ratio",
+        0.5,
+        NUMBER,
+        "TrainingThroughputDropped: a live run stepping at less than this fraction of its usual "
+        "rate...",
+    ),
+    Threshold(
+        "throughput_window",
+        "10m",
+        DURATION,
+        "TrainingThroughputDropped: ...its rate now being deriv(step) over this window, within "
+        "the current process (a just started or resumed process has no rate for this long)...",
+    ),
+    Threshold(
+        "throughput_baseline",
+        "6h",
+        DURATION,
+        "TrainingThroughputDropped: ...its usual rate the 90th percentile of that rate over "
+        "this window (earlier processes of the run included: a slower relaunch counts)...",
+    ),
+    Threshold(
+        "throughput_for",
+        "15m",
+        DURATION,
+        "TrainingThroughputDropped: ...for this long.",
     ),
     Threshold(
         "log_stale",
         "30m",
         DURATION,
-        "TrainingLogStale: the run's log file not modified for this long while the process is "
-        "alive.",
+        "TrainingLogStale: the run's log file not modified for this long (by Prometheus's "
+        "clock: no change of its mtime) while the run is alive, and was alive this long ago.",
     ),
     Threshold(
         "checkpoint_stale",
         "3h",
         DURATION,
-        "CheckpointStale: newest complete checkpoint older than this while the run is alive "
-        "(and the run has been alive that long, so a freshly resumed run does not fire).",
+        "CheckpointStale: newest complete checkpoint unchanged for this long (Prometheus's "
+        "clock) while the run is alive (and was alive this long ago, so a freshly resumed run "
+        "does not fire).",
     ),
     Threshold(
         "steps_at_risk_factor",
@@ -250,7 +315,15 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "1d",
         DURATION,
         "TrainguardExporterDown is critical when the target was watching an active run at the "
-        "last evaluation before it vanished, looking back at most this far.",
+        "last evaluation before it vanished, looking back at most this far; a target that left "
+        "service discovery is remembered (and alerted on) this long.",
+    ),
+    Threshold(
+        "restart_window",
+        "1h",
+        DURATION,
+        "TrainingProcessRestarted: a restarted run recorded a death whose last heartbeat is less "
+        "than this old (one alert per death, firing this long).",
     ),
     Threshold(
         "repeated_death_window",

@@ -93,7 +93,13 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         # a run that dies twice: deaths, last death step and TrainingProcessDied in ALERTS
         for _ in range(2):
             victim = stack.start_training("victim")
-            stack.prometheus.wait_until('trainguard_run_process_up{run="victim"} == 1')
+            # this process's own heartbeat (not the previous one's, still up until the next
+            # scrape): the second one has recorded the first one's death by then
+            stack.prometheus.wait_until(
+                f'trainguard_run_info{{run="victim",pid="{victim.pid}"}}'
+                " and on (instance, run, rank) trainguard_run_process_up == 1",
+                timeout=60,
+            )
             # killed once its heartbeat holds a step (a death's step is what the panel shows);
             # a fixed pause was not always enough on a busy machine
             wait_heartbeat(

@@ -182,7 +182,10 @@ def test_death_history_across_restarts(tmp_path: Path) -> None:
         assert hb.started >= old.started
         with Exporter(state_dir=state) as exp:
             s = exp.scrape()
+        scraped = time.time()
         assert sample(s, "trainguard_run_deaths_total", run="resumed") == 1
+        death_age = sample(s, "trainguard_run_last_death_age_seconds", run="resumed")
+        assert death_age is not None and 0 <= death_age <= scraped - dead.time
         assert sample(s, "trainguard_run_last_death_step", run="resumed") == 41
         assert sample(s, "trainguard_run_last_death_timestamp_seconds", run="resumed") == dead.time
         assert sample(s, "trainguard_run_last_death_info", run="resumed", cause="unknown") == 1
@@ -502,6 +505,51 @@ runs:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_ages_are_measured_on_the_exporters_clock(tmp_path: Path) -> None:
+    """Step, heartbeat, start and last-death ages: the exporter's now minus the timestamps the
+    trainer wrote on the same host, so the alerts need no time() from Prometheus (whose clock
+    may be an hour off this host's). A timestamp ahead of the exporter's clock is age 0."""
+    state = tmp_path / "state"
+    state.mkdir()
+    written = time.time()
+    put(
+        state,
+        own_heartbeat(
+            "ages",
+            started=written - 3600,
+            time=written - 5,
+            step=41,
+            step_time=written - 600,
+            deaths=1,
+            death_history=(
+                Death(step=40, time=written - 900, detected=written - 3600, cause="unknown"),
+            ),
+        ),
+    )
+    put(state, own_heartbeat("no-step", step=None, step_time=None, time=written + 30))
+    put(state, own_heartbeat("unknown-times", time=0.0, step_time=0.0, started=0.0))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    slack = time.time() - written  # how long writing and scraping took: ages grow by at most this
+    run = {"run": "ages", "rank": "0"}
+    for metric, expected in [
+        ("trainguard_run_step_age_seconds", 600),
+        ("trainguard_run_heartbeat_age_seconds", 5),
+        ("trainguard_run_start_age_seconds", 3600),
+    ]:
+        got = sample(s, metric, **run)
+        assert got is not None and expected <= got <= expected + slack, (metric, got)
+    got = sample(s, "trainguard_run_last_death_age_seconds", run="ages")
+    assert got is not None and 900 <= got <= 900 + slack
+    # no step yet: no step age (not 0, not huge); a heartbeat from the future: age 0
+    assert select(s, "trainguard_run_step_age_seconds", run="no-step") == {}
+    assert sample(s, "trainguard_run_heartbeat_age_seconds", run="no-step", rank="0") == 0
+    assert select(s, "trainguard_run_last_death_age_seconds", run="no-step") == {}
+    # a time of 0 is unknown (the heartbeat format allows it): no age rather than a huge one
+    for metric in ("step", "heartbeat", "start"):
+        assert select(s, f"trainguard_run_{metric}_age_seconds", run="unknown-times") == {}
 
 
 def test_dead_and_finished_runs_are_dropped_after_retention(tmp_path: Path) -> None:

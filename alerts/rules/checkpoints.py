@@ -32,7 +32,9 @@ GROUP = Group(
             "CheckpointStale",
             "warning",
             expr="""
-            (time() - (trainguard_checkpoint_last_timestamp_seconds > 0)) > ${checkpoint_stale_s}
+            changes(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}]) == 0
+            and trainguard_checkpoint_last_timestamp_seconds > 0
+            and trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
             and on (job, instance, run) run:trainguard_run_active_ranks:count
             and on (job, instance, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
@@ -40,12 +42,12 @@ GROUP = Group(
             for_="5m",
             summary="""
             No new checkpoint of run {{ $labels.run }} at {{ $labels.location }} for
-            {{ $value | humanizeDuration }}.
+            ${checkpoint_stale}.
             """,
             description="""
             The newest complete checkpoint of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} is {{ $value | humanizeDuration }}
-            old (threshold ${checkpoint_stale}) while the run has been alive for at least that
+            {{ $labels.location }} on {{ $labels.instance }} has not changed for at least
+            ${checkpoint_stale} (threshold) while the run has been alive for at least that
             long. Everything trained since then is lost if the run dies now.
             """,
         ),

@@ -31,6 +31,58 @@ GROUP = Group(
             "run:trainguard_run_step:max",
             "max by (job, instance, run) (trainguard_run_step)",
         ),
+        # A live, unfinished rank's age of its last step, by the exporter's clock (skew-free).
+        Record(
+            "run_rank:trainguard_run_step_age_seconds:running",
+            """
+            max by (job, instance, run, rank) (
+              trainguard_run_step_age_seconds
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
+        # The rank's longest interval between two steps in the window: the highest step age
+        # seen, recorded only while the current age is below it, so the peak is a completed
+        # interval. While the rank stalls (its age passes every earlier peak) nothing is
+        # recorded, and last_over_time() keeps the pace it had before the stall.
+        Record(
+            "run_rank:trainguard_run_step_gap_seconds:max",
+            """
+            max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_window}])
+            > run_rank:trainguard_run_step_age_seconds:running
+            """,
+        ),
+        # How long the rank may go without a step: stall_factor x its longest recent interval
+        # between steps, within [stall, stall_max]; stall_max while that interval is unknown.
+        Record(
+            "run_rank:trainguard_run_stall_threshold_seconds:clamp",
+            """
+            clamp(
+              ${stall_factor}
+                * last_over_time(run_rank:trainguard_run_step_gap_seconds:max[${stall_max}]),
+              ${stall_s},
+              ${stall_max_s}
+            )
+            or
+            run_rank:trainguard_run_step_age_seconds:running * 0 + ${stall_max_s}
+            """,
+        ),
+        # Steps per second of a live, unfinished rank, within its current process only (the
+        # process has been up for the whole window: a resume, whose step goes down, is never in
+        # it). deriv() and not rate(): the step is a gauge.
+        Record(
+            "run_rank:trainguard_run_steps_per_second:deriv",
+            """
+            max by (job, instance, run, rank) (
+              clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
+              and on (job, instance, run, rank)
+                trainguard_run_start_age_seconds > ${throughput_window_s}
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
         Record(
             "run:trainguard_run_steps_since_checkpoint:max",
             """
