@@ -214,7 +214,8 @@ def _location(t: CheckpointTarget, step: int | None, targets: list[CheckpointTar
     except (OSError, ManifestError, ValueError) as exc:
         return Location(t.location, str(t.path), None, None, str(exc))
     newest = found.step if found else None
-    risk = step - newest if step is not None and newest is not None else None
+    # the heartbeat lags the step by up to its interval: a checkpoint may already be newer
+    risk = max(0, step - newest) if step is not None and newest is not None else None
     return Location(t.location, str(t.path), newest, risk)
 
 
