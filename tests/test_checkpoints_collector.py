@@ -487,3 +487,21 @@ def test_mirror_smaller_than_the_settled_primary_is_truncated_whatever_the_trust
     assert v("truncated_files", "backup") == 1
     assert v("last_step", "backup") is None
     assert v("last_step", "primary") == (1 if trust else None)
+
+
+def test_location_info_says_whether_unrecorded_files_are_trusted(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Rules alert on unrecorded files only where the location is expected to have records: the
+    exporter says which locations trust unrecorded files, also while a location cannot be read."""
+    (tmp_path / "legacy").mkdir()
+    setup.extra = [
+        CheckpointTarget("legacy", "primary", tmp_path / "legacy", trust_unrecorded=True),
+        CheckpointTarget("gone", "primary", tmp_path / "missing"),
+    ]
+    s, _ = setup.scrape()
+    info = "trainguard_checkpoint_location_info"
+    assert value(s, info, run=RUN, location="primary", trust_unrecorded="false") == 1
+    assert value(s, info, run=RUN, location="backup", trust_unrecorded="false") == 1
+    assert value(s, info, run="legacy", location="primary", trust_unrecorded="true") == 1
+    assert value(s, info, run="gone", location="primary", trust_unrecorded="false") == 1
