@@ -173,6 +173,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "CheckpointPartialOrphaned: a .part file not modified for this long.",
     ),
     Threshold(
+        "checkpoint_unjudged_for",
+        "30m",
+        DURATION,
+        "CheckpointUnknownMtime, CheckpointUnrecordedFiles: how long checkpoint files that cannot "
+        "be judged (mtime 0; no record where records are expected) are seen before warning.",
+    ),
+    Threshold(
         "volume_fill_window",
         "6h",
         DURATION,
