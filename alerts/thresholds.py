@@ -303,7 +303,17 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "oom_window",
         "5m",
         DURATION,
-        "AllocatorOOM: an OOM (or OOM memory snapshot) within this window.",
+        "AllocatorOOM, AllocatorOOMCaught: a rank that stepped within this window is still "
+        "making progress after its OOM (warning); one that did not, or whose process is gone, "
+        "pages.",
+    ),
+    Threshold(
+        "oom_recent",
+        "30m",
+        DURATION,
+        "AllocatorOOM, AllocatorOOMCaught: an OOM (or OOM memory snapshot) within this window is "
+        "news; also a counter that appeared above 0 within it while Prometheus was scraping the "
+        "exporter (an OOM in the first batch).",
     ),
     Threshold(
         "collector_failing_for",

@@ -44,6 +44,7 @@ DESIGN_ALERTS = {
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",
+    "AllocatorOOMCaught",
     "TrainguardCollectorFailing",
     "TrainguardExporterDown",
     "StepsAtRisk",
