@@ -173,6 +173,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "CheckpointPartialOrphaned: a .part file not modified for this long.",
     ),
     Threshold(
+        "checkpoint_unjudged_for",
+        "30m",
+        DURATION,
+        "CheckpointUnknownMtime, CheckpointUnrecordedFiles: how long checkpoint files that cannot "
+        "be judged (mtime 0; no record where records are expected) are seen before warning.",
+    ),
+    Threshold(
         "volume_fill_window",
         "6h",
         DURATION,
@@ -296,7 +303,17 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "oom_window",
         "5m",
         DURATION,
-        "AllocatorOOM: an OOM (or OOM memory snapshot) within this window.",
+        "AllocatorOOM, AllocatorOOMCaught: a rank that stepped within this window is still "
+        "making progress after its OOM (warning); one that did not, or whose process is gone, "
+        "pages.",
+    ),
+    Threshold(
+        "oom_recent",
+        "30m",
+        DURATION,
+        "AllocatorOOM, AllocatorOOMCaught: an OOM (or OOM memory snapshot) within this window is "
+        "news; also a counter that appeared above 0 within it while Prometheus was scraping the "
+        "exporter (an OOM in the first batch).",
     ),
     Threshold(
         "collector_failing_for",

@@ -199,6 +199,33 @@ GROUP = Group(
             )
             """,
         ),
+        # OOMs (or OOM memory snapshots) of a rank within oom_recent. increase() needs two
+        # samples, so a counter whose first sample is already above 0 (the run OOMed in its
+        # first batch) counts too when it did not exist oom_recent ago while Prometheus was
+        # scraping the exporter then (not an old count seen by a Prometheus just started).
+        Record(
+            "run_rank:trainguard_run_allocator_ooms:recent",
+            """
+            sum by (job, instance, run, rank) (
+              increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
+              or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
+              or (
+                (
+                  trainguard_run_allocator_ooms_total > 0
+                  unless trainguard_run_allocator_ooms_total offset ${oom_recent}
+                )
+                and on (job, instance) (up offset ${oom_recent} == 1)
+              )
+              or (
+                (
+                  trainguard_run_memory_snapshots_total > 0
+                  unless trainguard_run_memory_snapshots_total offset ${oom_recent}
+                )
+                and on (job, instance) (up offset ${oom_recent} == 1)
+              )
+            )
+            """,
+        ),
         # Xid errors counted within the window, per GPU and code. The counter is the exporter's
         # count since it started, and a code's series appears with its first event, which
         # increase() cannot see (it needs two samples): a series that exists now and did not
