@@ -185,6 +185,11 @@ class GpuCollector(Collector):
             log.info("NVML started: driver %s, %d GPU(s)", self._driver, count)
         return tuple(devices)
 
+    def close(self) -> None:
+        """Shut NVML down (the exporter never does: it keeps NVML between scrapes)."""
+        with self._lock:
+            self._stop()
+
     def _stop(self) -> None:
         self._devices = None
         with contextlib.suppress(pynvml.NVMLError):

@@ -103,7 +103,7 @@ class Status:
         self._rates: dict[tuple[str, str], float] = {}
 
     def close(self) -> None:
-        self.gpu._stop()
+        self.gpu.close()
 
     def read(self) -> Snapshot:
         scrape = Scrape()
