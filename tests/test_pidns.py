@@ -59,7 +59,7 @@ def sigkill(pid: int) -> None:
 def stop(*procs: subprocess.Popen[str] | None) -> None:
     for p in procs:
         if p is not None and p.poll() is None:
-            p.kill()  # unshare: its child, pid 1 of the namespace, goes with it
+            p.kill()  # unshare --kill-child: its child, pid 1 of the namespace, goes with it
             p.wait(60)
 
 

@@ -93,7 +93,9 @@ def start_child(name: str, state_dir: Path, steps: int, mode: str) -> subprocess
     )
 
 
-UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+# --kill-child: the training child (pid 1 of the namespace) dies with unshare, so a test that
+# kills unshare leaves no process behind (init of a pid namespace ignores all but SIGKILL)
+UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
 
 
 def unshare_problem() -> str | None:
