@@ -76,6 +76,8 @@ def _rule(rule: Record | Alert, table: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"alert": rule.name, "expr": fill(expr(rule.expr), table)}
     if rule.for_ is not None:
         out["for"] = fill(rule.for_, table)
+    if rule.keep_firing_for is not None:
+        out["keep_firing_for"] = fill(rule.keep_firing_for, table)
     out["labels"] = {"severity": rule.severity}
     out["annotations"] = {
         "summary": Folded(fill(para(rule.summary), table)),

@@ -109,6 +109,38 @@ def parse_url(value: object) -> str:
     return text
 
 
+#: the largest Xid code accepted; NVIDIA's catalogue ends well below it
+MAX_XID = 9999
+
+
+def parse_xids(value: object) -> list[int]:
+    """Xid codes: "79,48,95" (or one code, or a YAML list of codes), sorted, each once."""
+    items: list[object]
+    if isinstance(value, list):
+        items = list(value)
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    else:
+        items = [_plain(value)]
+    codes: set[int] = set()
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"not an Xid code: {item!r}")
+        text = str(item).strip()
+        if not text.isdigit() or not 0 < int(text) <= MAX_XID:
+            raise ValueError(f"not an Xid code (1-{MAX_XID}): {item!r} in {value!r}")
+        codes.add(int(text))
+    if not codes:
+        raise ValueError(f"no Xid codes in {value!r}")
+    return sorted(codes)
+
+
+def _xid_placeholders(value: object) -> dict[str, str]:
+    codes = [str(c) for c in parse_xids(value)]
+    # ${k}: a regex for PromQL's xid=~"..." (anchored by Prometheus); ${k_list}: as written
+    return {"": "|".join(codes), "_list": ", ".join(codes)}
+
+
 @dataclass(frozen=True)
 class Kind:
     """How a threshold's value is written, checked and turned into placeholders."""
@@ -144,4 +176,5 @@ SELECTOR = Kind(
     "selector", 'job=~"trainguard.*" or job="gpu",env="prod"', lambda v: {"": parse_selector(v)}
 )
 URL = Kind("url", "https://wiki.example.com/trainguard/runbook", lambda v: {"": parse_url(v)})
-KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL)
+XIDS = Kind("xid codes", "79,48,95 (comma-separated Xid codes)", _xid_placeholders, "_list")
+KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL, XIDS)

@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 import yaml
 
-from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, Kind
+from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind
 
 Value = str | int | float
 
@@ -55,24 +55,89 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
     ),
     Threshold(
-        "stall",
-        "30m",
+        "keep_firing_for",
+        "10m",
         DURATION,
-        "TrainingStalled: no new step / heartbeat for this long while the process is alive.",
+        "TrainingProcessDied and the other alerts on a lasting state of a run keep firing this "
+        "long after their condition was last seen (Prometheus' keep_firing_for): a missed scrape, "
+        "an exporter or Prometheus restart must not resolve them and page a second time.",
+    ),
+    Threshold(
+        "stall",
+        "10m",
+        DURATION,
+        "TrainingStalled: the least time without a new step (or without a heartbeat) that is a "
+        "stall, however fast the run steps.",
+    ),
+    Threshold(
+        "stall_factor",
+        3,
+        NUMBER,
+        "TrainingStalled: a run is stalled after this many times its longest recent interval "
+        "between two steps (its own pace: slow steps are not a stall)...",
+    ),
+    Threshold(
+        "stall_window",
+        "6h",
+        DURATION,
+        "TrainingStalled: ...the longest interval between steps seen within this window "
+        "(recording rule run_rank:trainguard_run_step_gap_seconds:max)...",
+    ),
+    Threshold(
+        "stall_max",
+        "4h",
+        DURATION,
+        "TrainingStalled: ...but never more than this, which is also the threshold while the "
+        "run's pace is not known yet (before it completed an interval between two steps).",
+    ),
+    Threshold(
+        "first_step",
+        "1h",
+        DURATION,
+        "TrainingNoFirstStep: a live process that has reported no step this long after it "
+        "started (NCCL rendezvous, data loader, checkpoint loading hung).",
+    ),
+    Threshold(
+        "throughput_ratio",
+        0.5,
+        NUMBER,
+        "TrainingThroughputDropped: a live run stepping at less than this fraction of its usual "
+        "rate...",
+    ),
+    Threshold(
+        "throughput_window",
+        "10m",
+        DURATION,
+        "TrainingThroughputDropped: ...its rate now being deriv(step) over this window, within "
+        "the current process (a just started or resumed process has no rate for this long)...",
+    ),
+    Threshold(
+        "throughput_baseline",
+        "6h",
+        DURATION,
+        "TrainingThroughputDropped: ...its usual rate the 90th percentile of that rate over "
+        "this window (earlier processes of the run included: a slower relaunch counts)...",
+    ),
+    Threshold(
+        "throughput_for",
+        "15m",
+        DURATION,
+        "TrainingThroughputDropped: ...for this long.",
     ),
     Threshold(
         "log_stale",
         "30m",
         DURATION,
-        "TrainingLogStale: the run's log file not modified for this long while the process is "
-        "alive.",
+        "TrainingLogStale: the run's log file not modified for this long (by Prometheus's "
+        "clock: no change of its mtime) while the run is alive, and was alive this long ago.",
     ),
     Threshold(
         "checkpoint_stale",
         "3h",
         DURATION,
-        "CheckpointStale: newest complete checkpoint older than this while the run is alive "
-        "(and the run has been alive that long, so a freshly resumed run does not fire).",
+        "CheckpointStale: newest complete checkpoint unchanged for this long (Prometheus's "
+        "clock) while the run is alive (and was alive this long ago, so a freshly resumed run "
+        "does not fire).",
     ),
     Threshold(
         "steps_at_risk_factor",
@@ -106,6 +171,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "30m",
         DURATION,
         "CheckpointPartialOrphaned: a .part file not modified for this long.",
+    ),
+    Threshold(
+        "checkpoint_unjudged_for",
+        "30m",
+        DURATION,
+        "CheckpointUnknownMtime, CheckpointUnrecordedFiles: how long checkpoint files that cannot "
+        "be judged (mtime 0; no record where records are expected) are seen before warning.",
     ),
     Threshold(
         "volume_fill_window",
@@ -159,6 +231,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "GPUGhostMemory: ...and then for this long before the alert fires.",
     ),
     Threshold(
+        "ghost_context_allowance",
+        "600MiB",
+        BYTES,
+        "GPUGhostMemory per GPU (where NVML cannot attribute memory to processes: WDDM/WSL): "
+        "device memory each live process is allowed beyond its allocator's reserved bytes (its "
+        "CUDA context, cuBLAS/cuDNN workspaces)...",
+    ),
+    Threshold(
+        "ghost_device_floor",
+        "3GiB",
+        BYTES,
+        "GPUGhostMemory per GPU: ...and the device's used memory must exceed that by this much "
+        "(and by ghost_ratio), for ghost_window and ghost_for. Above the per-rank ghost_floor: "
+        "on a desktop the display and other applications use the GPU too.",
+    ),
+    Threshold(
         "unattributed_floor",
         "1GiB",
         BYTES,
@@ -177,6 +265,29 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "DuplicateHostProcess: more than one instance of a configured host process for this long.",
     ),
     Threshold(
+        "xid_critical",
+        "48,62,64,74,79,95,119,120,140,154",
+        XIDS,
+        "GPUXidError (critical): Xid codes after which the GPU needs a reset, a reboot or "
+        "service before it can train again (fallen off the bus, uncontained ECC, GSP, "
+        "NVLink...; the table is in the runbook).",
+    ),
+    Threshold(
+        "xid_warning",
+        "13,31,43,61,63,69,92,94,109",
+        XIDS,
+        "GPUXidError (warning): Xid codes that killed or hurt the application but leave the GPU "
+        "usable (a contained ECC error, a page fault, a retired page...). A code in both lists "
+        "is critical; codes in neither (45, a follow-up of others) do not alert.",
+    ),
+    Threshold(
+        "xid_window",
+        "1h",
+        DURATION,
+        "GPUXidError: an Xid counted within this window fires at once and resolves when the "
+        "window holds no new one.",
+    ),
+    Threshold(
         "alloc_retry_window",
         "10m",
         DURATION,
@@ -192,7 +303,17 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "oom_window",
         "5m",
         DURATION,
-        "AllocatorOOM: an OOM (or OOM memory snapshot) within this window.",
+        "AllocatorOOM, AllocatorOOMCaught: a rank that stepped within this window is still "
+        "making progress after its OOM (warning); one that did not, or whose process is gone, "
+        "pages.",
+    ),
+    Threshold(
+        "oom_recent",
+        "30m",
+        DURATION,
+        "AllocatorOOM, AllocatorOOMCaught: an OOM (or OOM memory snapshot) within this window is "
+        "news; also a counter that appeared above 0 within it while Prometheus was scraping the "
+        "exporter (an OOM in the first batch).",
     ),
     Threshold(
         "collector_failing_for",
@@ -211,7 +332,15 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "1d",
         DURATION,
         "TrainguardExporterDown is critical when the target was watching an active run at the "
-        "last evaluation before it vanished, looking back at most this far.",
+        "last evaluation before it vanished, looking back at most this far; a target that left "
+        "service discovery is remembered (and alerted on) this long.",
+    ),
+    Threshold(
+        "restart_window",
+        "1h",
+        DURATION,
+        "TrainingProcessRestarted: a restarted run recorded a death whose last heartbeat is less "
+        "than this old (one alert per death, firing this long).",
     ),
     Threshold(
         "repeated_death_window",

@@ -41,7 +41,8 @@ _ALERT_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def alert_names(rules_file: Path = RULES_FILE) -> list[str]:
-    """Every ``alert:`` name of a Prometheus rules file, sorted, each once.
+    """Every ``alert:`` name of a Prometheus rules file, sorted, each once; except alerts of
+    ``severity: none`` (the Watchdog, which always fires: it tells of no problem).
 
     Raises ``OSError``, ``yaml.YAMLError`` or ``ValueError`` (not a rules file, no alerts, a
     name that is not a plain identifier).
@@ -54,7 +55,9 @@ def alert_names(rules_file: Path = RULES_FILE) -> list[str]:
         rule["alert"]
         for group in groups
         for rule in (group or {}).get("rules") or []
-        if isinstance(rule, dict) and "alert" in rule
+        if isinstance(rule, dict)
+        and "alert" in rule
+        and (rule.get("labels") or {}).get("severity") != "none"
     }
     if not names:
         raise ValueError(f"{rules_file}: no alerting rules")

@@ -25,23 +25,34 @@ TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 # The alert set of the design (docs: /alerts/runbook.md is the project's own description).
 DESIGN_ALERTS = {
     "TrainingProcessDied",
+    "TrainingProcessRestarted",
     "TrainingStalled",
+    "TrainingNoFirstStep",
+    "TrainingThroughputDropped",
     "TrainingLogStale",
     "CheckpointStale",
+    "CheckpointNeverCompleted",
+    "CheckpointUnknownMtime",
+    "CheckpointUnrecordedFiles",
     "CheckpointTruncated",
     "CheckpointHashMismatch",
     "CheckpointPartialOrphaned",
     "CheckpointVolumeFillingUp",
     "GPUGhostMemory",
     "GPUUnattributedMemory",
+    "GPUXidError",
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",
+    "AllocatorOOMCaught",
     "TrainguardCollectorFailing",
     "TrainguardExporterDown",
     "StepsAtRisk",
     "RepeatedDeathNearSameStep",
+    "Watchdog",
 }
+# Alerts that always fire (a dead man's switch): severity none, no quiet case.
+ALWAYS_FIRING = {"Watchdog"}
 RUNBOOK_BASE = "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md"
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -137,8 +148,8 @@ def test_script_runs_from_any_directory(tmp_path: Path) -> None:
 
 def test_overrides_change_only_what_they_name() -> None:
     text = build.render({"stall": "1h", "ghost_floor": "4GiB", "job_selector": 'job="gpu"'})
-    assert "time() - (trainguard_run_heartbeat_timestamp_seconds > 0) > 3600" in text
-    assert "changes(trainguard_run_step[1h])" in text
+    assert "trainguard_run_heartbeat_age_seconds > 3600" in text
+    assert re.search(r"run_rank:trainguard_run_step_gap_seconds:max\[4h\]\),\s+3600,", text)
     assert "> 4294967296" in text
     assert 'up{job="gpu"} == 0' in text
     descriptions = [
@@ -147,7 +158,7 @@ def test_overrides_change_only_what_they_name() -> None:
         for rule in group["rules"]
         if rule.get("alert") == "TrainingStalled"
     ]
-    assert descriptions and "(threshold 1h)" in descriptions[0]
+    assert descriptions and "at least 1h and at most 4h" in descriptions[0]
     # Untouched thresholds keep their defaults.
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
@@ -158,12 +169,12 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
     out = tmp_path / "rules.yml"
     assert build.main(["--config", str(config), "-o", str(out)]) == 0
     text = out.read_text(encoding="utf-8")
-    assert "changes(trainguard_run_step[45m])" in text
+    assert "trainguard_run_heartbeat_age_seconds > 2700" in text
     assert ") <= 200" in text
-    assert "(threshold 1h)" in text  # plain seconds are shown as a PromQL duration
+    assert "changes(trainguard_run_log_modified_timestamp_seconds[1h])" in text  # seconds shown
     # --set wins over --config.
     assert build.main(["--config", str(config), "--set", "stall=2h", "-o", str(out)]) == 0
-    assert "changes(trainguard_run_step[2h])" in out.read_text(encoding="utf-8")
+    assert "trainguard_run_heartbeat_age_seconds > 7200" in out.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(
@@ -176,6 +187,8 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
         {"ghost_ratio": 0},
         {"job_selector": ""},
         {"runbook_base": "https://example.com/runbook.md#x"},
+        {"xid_critical": "79,0"},
+        {"xid_warning": [13, True]},
     ],
 )
 def test_bad_overrides_are_errors(overrides: dict[str, Any]) -> None:
@@ -192,6 +205,8 @@ BAD_VALUES = [
     ("ghost_floor", "2 gigs", "bytes"),
     ("job_selector", "job=trainguard", "selector"),
     ("runbook_base", "runbook.md", "url"),
+    ("xid_critical", "79,fatal", "xid codes"),
+    ("xid_warning", "", "xid codes"),
 ]
 
 
@@ -247,7 +262,8 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
         for rule in group.rules:
             texts.append(rule.expr)
             if isinstance(rule, Alert):
-                texts += [rule.for_ or "", rule.summary, rule.description]
+                texts += [rule.for_ or "", rule.keep_firing_for or ""]
+                texts += [rule.summary, rule.description]
     used = {name for text in texts for name in PLACEHOLDER.findall(text)}
     placeholders = set(thresholds.resolve())
     assert not snippets & placeholders, "snippet names shadow thresholds"
@@ -278,7 +294,8 @@ def test_every_alert_has_labels_and_annotations(groups: list[dict[str, Any]]) ->
     for rule in alert_rules(groups):
         name = rule["alert"]
         assert re.fullmatch(r"[A-Z][A-Za-z0-9]+", name), f"{name}: not CamelCase"
-        assert rule["labels"].get("severity") in {"critical", "warning"}, name
+        severities = {"none"} if name in ALWAYS_FIRING else {"critical", "warning"}
+        assert rule["labels"].get("severity") in severities, name
         annotations = rule["annotations"]
         for key in ("summary", "description", "runbook_url"):
             assert annotations.get(key, "").strip(), f"{name}: missing {key}"
@@ -300,9 +317,11 @@ def test_pages_are_critical(groups: list[dict[str, Any]]) -> None:
     assert severities["TrainguardExporterDown"] == {"critical", "warning"}
 
 
-def test_death_pages_without_delay(groups: list[dict[str, Any]]) -> None:
+def test_death_pages_without_delay_and_holds_through_gaps(groups: list[dict[str, Any]]) -> None:
     (died,) = [r for r in alert_rules(groups) if r["alert"] == "TrainingProcessDied"]
     assert died.get("for", "0m") in {"0m", "0s"}
+    # a missed scrape must not resolve the page and send a second one (runs_test.yml)
+    assert died["keep_firing_for"] == "10m"
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:
@@ -352,7 +371,9 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
     for _, case in unit_test_cases():
         (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
     assert not DESIGN_ALERTS - firing, f"no firing case: {sorted(DESIGN_ALERTS - firing)}"
-    assert not DESIGN_ALERTS - quiet, f"no non-firing case: {sorted(DESIGN_ALERTS - quiet)}"
+    quiet_needed = DESIGN_ALERTS - ALWAYS_FIRING
+    assert not quiet_needed - quiet, f"no non-firing case: {sorted(quiet_needed - quiet)}"
+    assert not quiet & ALWAYS_FIRING, "an always-firing alert with a quiet case"
 
 
 def test_firing_cases_pin_labels(groups: list[dict[str, Any]]) -> None:

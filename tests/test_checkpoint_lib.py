@@ -308,3 +308,21 @@ def test_latest_of_a_mirror_without_records_uses_the_primary(tmp_path: Path) -> 
     assert latest(n, primary=q) is None  # the primary may still be being written
     age(q / "step_7.bin", 1000)
     assert latest(n, primary=q).step == 7  # type: ignore[union-attr]
+
+
+def test_latest_never_returns_a_mirror_copy_smaller_than_the_settled_primary(
+    tmp_path: Path,
+) -> None:
+    """The field report scaled down (2.47 GB primary, 1.82 GB mirror copy of the same step): a
+    copy taken while the unrecorded primary was still being written carries a record of its own
+    short size, and must not be returned once the primary has settled larger."""
+    p, m = tmp_path / "p", tmp_path / "m"
+    p.mkdir()
+    m.mkdir()
+    (p / "step_1.bin").write_bytes(os.urandom(1820))
+    mirror(p / "step_1.bin", m)
+    with open(p / "step_1.bin", "ab") as f:
+        f.write(os.urandom(650))
+    age(p / "step_1.bin", 1000)
+    age(m / "step_1.bin", 1000)
+    assert latest(m, primary=p) is None

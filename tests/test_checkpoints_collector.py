@@ -475,3 +475,61 @@ def test_unrecorded_checkpoints_are_complete_only_when_trusted(tmp_path: Path) -
     # the mirror's copy of step 200 is judged against the settled primary file: truncated
     assert value(s, "trainguard_checkpoint_truncated_files", **backup) == 1
     assert value(s, "trainguard_checkpoint_last_step", **backup) is None
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_mirror_smaller_than_the_settled_primary_is_truncated_whatever_the_trust(
+    tmp_path: Path, trust: bool
+) -> None:
+    """The field report scaled down: a 2.47 GB primary (saved without records, the config
+    trusting unrecorded files) mirrored while it was still being written, the copy stopping at
+    1.82 GB and recorded at that size in the mirror's own manifest. Once the primary has
+    settled, the copy is smaller than the primary of the same step: truncated, never complete,
+    whatever the trust setting and whatever the mirror's own record says."""
+    p, m = tmp_path / "p", tmp_path / "m"
+    p.mkdir()
+    m.mkdir()
+    (p / "step_1.pt").write_bytes(os.urandom(1820))  # still being written
+    mirror(p / "step_1.pt", m)  # the copy and its record: 1820 bytes
+    with open(p / "step_1.pt", "ab") as f:
+        f.write(os.urandom(650))  # the save completes: 2470 bytes
+    now = time.time_ns()
+    verifier = Verifier(1e9)
+    collector = CheckpointsCollector(
+        lambda _scrape: [
+            CheckpointTarget(RUN, "primary", p, trust_unrecorded=trust),
+            CheckpointTarget(RUN, "backup", m, trust_unrecorded=trust),
+        ],
+        CheckpointSettings(),
+        verifier=verifier,
+        clock_ns=lambda: now + 301 * 10**9,
+    )
+    try:
+        s, _ = samples_of(collector)
+    finally:
+        verifier.stop()
+
+    def v(name: str, location: str) -> float | None:
+        return value(s, f"trainguard_checkpoint_{name}", run=RUN, location=location)
+
+    assert v("truncated_files", "backup") == 1
+    assert v("last_step", "backup") is None
+    assert v("last_step", "primary") == (1 if trust else None)
+
+
+def test_location_info_says_whether_unrecorded_files_are_trusted(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Rules alert on unrecorded files only where the location is expected to have records: the
+    exporter says which locations trust unrecorded files, also while a location cannot be read."""
+    (tmp_path / "legacy").mkdir()
+    setup.extra = [
+        CheckpointTarget("legacy", "primary", tmp_path / "legacy", trust_unrecorded=True),
+        CheckpointTarget("gone", "primary", tmp_path / "missing"),
+    ]
+    s, _ = setup.scrape()
+    info = "trainguard_checkpoint_location_info"
+    assert value(s, info, run=RUN, location="primary", trust_unrecorded="false") == 1
+    assert value(s, info, run=RUN, location="backup", trust_unrecorded="false") == 1
+    assert value(s, info, run="legacy", location="primary", trust_unrecorded="true") == 1
+    assert value(s, info, run="gone", location="primary", trust_unrecorded="false") == 1

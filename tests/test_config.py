@@ -46,6 +46,29 @@ def test_example_config_is_valid() -> None:
     assert cfg.process_counts[0].match.search("vmmemWSL")
     assert cfg.checkpoints.grace_period_seconds == 300
     assert cfg.checkpoints.verify_bytes_per_second == 200 * 1024**2
+    # it identifies each run: no process name that any interpreter has
+    assert cfg.warnings == ()
+    assert cfg.runs[1].cmdline_match is not None and cfg.runs[1].process_match is None
+
+
+@pytest.mark.parametrize("pattern", ["^python3?$", "python", "^(python|java)$", "sh$"])
+def test_process_match_of_an_interpreter_name_is_warned_about(pattern: str) -> None:
+    cfg = parse_config({"runs": [{"name": "a", "process_match": pattern}]}, "tg.yml")
+    (warning,) = cfg.warnings
+    assert warning.startswith("tg.yml: runs[0].process_match: ")
+    assert "matches the interpreter name" in warning and "cmdline_match" in warning
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        {"name": "a", "process_match": "^llama-train$"},
+        {"name": "a", "cmdline_match": "python3? train[.]py --run a"},
+        {"name": "a", "pid_file": "/run/a.pid"},
+    ],
+)
+def test_runs_that_identify_their_process_are_not_warned_about(run: dict[str, str]) -> None:
+    assert parse_config({"runs": [run]}, "tg.yml").warnings == ()
 
 
 def test_empty_and_missing(tmp_path: Path) -> None:

@@ -99,13 +99,14 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     children: list[subprocess.Popen[bytes]] = []
     try:
         # a run whose heartbeat carries CUDA allocator stats (recorded with torch's key names)
+        # and its device's GPU UUID (torch's spelling), which joins it to GPU 0
         put(
             stack.state_dir,
             own_heartbeat(
                 "cuda-sim",
                 pid=sleeper.pid,
                 create_time=psutil.Process(sleeper.pid).create_time(),
-                allocator=(allocator_stats(0, CUDA_STATS),),
+                allocator=(allocator_stats(0, CUDA_STATS, "e2e00000-0000-0000-0000-000000000000"),),
             ),
         )
         stack.nvml.add_process(0, sleeper.pid, 12 * GIB)
@@ -114,6 +115,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.nvml.add_gpu("GPU-e2e00001-0000-0000-0000-000000000000", used=3 * GIB)
         stack.nvml.add_process(1, 4_000_000, None, kind="graphics")
         stack.nvml.gpus[0].used += 12 * GIB
+        stack.nvml.add_xid(1, 94)  # a contained ECC error on GPU 1
         stack.nvml.write(stack.nvml_path)
         # the toy example: checkpoints, a mirror, a log
         children.append(
@@ -141,13 +143,19 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         # "last death step" panels show; killed before its first step, there is none to show.
         for deaths in range(2):
             victim = stack.start_training("victim")
+            # this process's own heartbeat (not the previous one's, still up until the next
+            # scrape): the second one has recorded the first one's death by then
+            stack.prometheus.wait_until(
+                f'trainguard_run_info{{run="victim",pid="{victim.pid}"}}'
+                " and on (instance, run, rank) trainguard_run_process_up == 1",
+                timeout=60,
+            )
             wait_heartbeat(
                 heartbeat_path(stack.state_dir, "victim"),
                 lambda hb, pid=victim.pid, deaths=deaths: (
                     hb.pid == pid and (hb.step or 0) >= 1 and hb.deaths == deaths
                 ),
             )
-            stack.prometheus.wait_until('trainguard_run_process_up{run="victim"} == 1')
             stack.kill(victim)
         stack.prometheus.wait_until('ALERTS{alertname="TrainingProcessDied",run="victim"}')
         stack.prometheus.wait_until(  # the toy imports torch first: slow on a busy machine

@@ -198,9 +198,38 @@ def test_alertmanager_config() -> None:
     result = _run(amtool, "check-config", "deploy/alertmanager.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     config = _load(DEPLOY / "alertmanager.yml")
-    (receiver,) = config["receivers"]
+    receivers = {r["name"]: r for r in config["receivers"]}
+    assert set(receivers) == {"trainguard-webhook", "deadmansswitch"}
     assert "placeholder" in (DEPLOY / "alertmanager.yml").read_text(encoding="utf-8")
-    assert receiver["webhook_configs"][0]["url"].startswith("http")
+    for receiver in receivers.values():
+        assert receiver["webhook_configs"][0]["url"].startswith("http")
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        # the always-firing Watchdog goes to the dead man's switch, and only there
+        (("alertname=Watchdog", "severity=none"), "deadmansswitch"),
+        (("alertname=TrainingProcessDied", "severity=critical", "run=x"), "trainguard-webhook"),
+        (("alertname=TrainingProcessRestarted", "severity=warning"), "trainguard-webhook"),
+    ],
+)
+def test_alertmanager_routes(labels: tuple[str, ...], receiver: str) -> None:
+    amtool = _tool("amtool", "install the Debian package 'prometheus-alertmanager'")
+    result = _run(
+        amtool, "config", "routes", "test", "--config.file=deploy/alertmanager.yml", *labels
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == [receiver]
+
+
+def test_watchdog_reaches_the_dead_mans_switch_often() -> None:
+    """Its repeat interval is what the dead man's switch's period must be set to."""
+    routes = _load(DEPLOY / "alertmanager.yml")["route"]["routes"]
+    assert routes[0]["matchers"] == ['alertname="Watchdog"'], "first, before severity routes"
+    assert routes[0]["receiver"] == "deadmansswitch"
+    assert routes[0]["repeat_interval"] == "5m"
+    assert not routes[0].get("continue", False)
 
 
 # --- Kubernetes -------------------------------------------------------------------------------

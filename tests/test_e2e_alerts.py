@@ -1,7 +1,8 @@
-"""kill -9 to Alertmanager webhook: the shipped rules page for a silent death, stay quiet for a
-clean exit, and page for a truncated mirror. (How fast the page comes, within one scrape and
-one evaluation, is measured by bench/bench_detection.py: a pass/fail test on a shared machine
-asserts what happens, not how long it takes.)"""
+"""kill -9 to Alertmanager webhook: the shipped rules page for a silent death, warn once for a
+death hidden by an immediate restart, stay quiet for a clean exit, and page for a truncated
+mirror. (How fast the page comes, within one scrape and one evaluation, is measured by
+bench/bench_detection.py: a pass/fail test on a shared machine asserts what happens, not how
+long it takes.)"""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = [
 ]
 
 
-def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
+def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
     from trainguard import checkpoint
 
     primary, mirror_dir = tmp_path / "ckpt", tmp_path / "mirror"
@@ -41,6 +42,7 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         rule_overrides=("checkpoint_damage_for=1s",),
     )
     prom, hook = stack.prometheus, stack.webhook
+    successor = None
     try:
         # 1. a silent death pages
         victim = stack.start_training("e2e-died")
@@ -51,7 +53,33 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         assert alert["labels"]["severity"] == "critical"
         assert "e2e-died" in alert["annotations"]["description"]
 
-        # 2. a clean exit delivers nothing
+        # 2. a death the supervisor hides by restarting the run at once (torchrun, systemd,
+        # Kubernetes): the restarted process records it, and it warns, once
+        victim = stack.start_training("e2e-restarted")
+        prom.wait_until(
+            f'trainguard_run_info{{run="e2e-restarted",pid="{victim.pid}"}}'
+            " and on (instance, run, rank) trainguard_run_process_up == 1",
+            timeout=60,
+        )
+        stack.kill(victim)
+        successor = stack.start_training("e2e-restarted")
+        _, alert = hook.wait_for("TrainingProcessRestarted", timeout=60, run="e2e-restarted")
+        assert alert["labels"]["severity"] == "warning"
+        assert "(cause: unknown)" in alert["annotations"]["description"]
+        # several evaluations and Alertmanager flushes later, still one notification for it
+        prom.wait_until(
+            'count_over_time(ALERTS{alertname="TrainingProcessRestarted",run="e2e-restarted",'
+            'alertstate="firing"}[1m]) >= 5',
+            timeout=60,
+        )
+        notified = [
+            msg
+            for _, msg in hook.received
+            if msg["groupLabels"].get("alertname") == "TrainingProcessRestarted"
+        ]
+        assert len(notified) == 1, notified
+
+        # 3. a clean exit delivers nothing
         clean = stack.start_training("e2e-clean", steps=20)
         assert clean.wait(60) == 0
         stack.driver_frees(clean.pid)
@@ -62,7 +90,7 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         delivered = [a["labels"] for _, a in hook.alerts() if a["labels"].get("run") == "e2e-clean"]
         assert delivered == []
 
-        # 3. a mirror truncated at 73% after it was written pages
+        # 4. a mirror truncated at 73% after it was written pages
         checkpoint.save(os.urandom(1 << 20), primary / "step_100.pt")
         checkpoint.mirror(primary / "step_100.pt", mirror_dir)
         copy = mirror_dir / "step_100.pt"
@@ -82,4 +110,7 @@ def test_kill_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             == []
         )
     finally:
+        if successor is not None:
+            successor.kill()
+            successor.wait()
         stack.close()

@@ -548,6 +548,103 @@ out([sorted(map(str, seen)), errors[:5]])
     assert str((100, 101, 102)) in seen
 
 
+def test_xid_events_arrive_once_on_the_gpus_a_set_watches(lib_dir: Path, state_path: Path) -> None:
+    """The event API as pynvml drives it: supported types per GPU, registration refused where
+    Xid events are not offered, a zero-timeout wait that says TIMEOUT when nothing is pending,
+    each injected event delivered once (file rewrites do not repeat it), in file order."""
+    state = two_gpus()
+    state.gpus[1].xid_events = False
+    state.write(state_path)
+    child = Child(
+        """
+n.nvmlInit()
+h0, h1 = n.nvmlDeviceGetHandleByIndex(0), n.nvmlDeviceGetHandleByIndex(1)
+X = n.nvmlEventTypeXidCriticalError
+s = n.nvmlEventSetCreate()
+n.nvmlDeviceRegisterEvents(h0, X, s)
+def drain():
+    got = []
+    while True:
+        try:
+            d = n.nvmlEventSetWait_v2(s, 0)
+        except n.NVMLError_Timeout:
+            return got
+        got.append([n.nvmlDeviceGetIndex(d.device), d.eventType, d.eventData,
+                    d.gpuInstanceId, d.computeInstanceId])
+out([
+    bool(n.nvmlDeviceGetSupportedEventTypes(h0) & X),
+    bool(n.nvmlDeviceGetSupportedEventTypes(h1) & X),
+    err(n.nvmlDeviceRegisterEvents, h1, X, s),
+    drain(),
+]); wait()
+out(drain()); wait()
+out(drain())
+n.nvmlEventSetFree(s)
+out(err(n.nvmlEventSetWait_v2, s, 0))
+""",
+        state.env(state_path),
+    )
+    try:
+        assert child.recv() == [True, False, "NVMLError_NotSupported", []]
+        state.add_xid(0, 79)
+        state.add_xid(1, 13)  # GPU 1 is not watched: never delivered
+        state.add_xid(0, 48)
+        state.write(state_path)
+        child.go()
+        x = 0x8
+        assert child.recv() == [[0, x, 79, NA32, NA32], [0, x, 48, NA32, NA32]]
+        state.write(state_path)  # the same events again: already delivered
+        child.go()
+        assert child.recv() == []
+        assert child.recv() == "NVMLError_InvalidArgument"
+    finally:
+        child.close()
+
+
+def test_a_waiting_set_gets_an_event_written_meanwhile(lib_dir: Path, state_path: Path) -> None:
+    state = two_gpus()
+    state.write(state_path)
+    child = Child(
+        """
+n.nvmlInit()
+s = n.nvmlEventSetCreate()
+n.nvmlDeviceRegisterEvents(n.nvmlDeviceGetHandleByIndex(1), n.nvmlEventTypeXidCriticalError, s)
+out(err(n.nvmlEventSetWait_v2, s, 1))
+out("waiting")
+d = n.nvmlEventSetWait_v2(s, 120_000)
+out([n.nvmlDeviceGetIndex(d.device), d.eventData])
+""",
+        state.env(state_path),
+    )
+    try:
+        assert child.recv() == "NVMLError_Timeout"
+        assert child.recv() == "waiting"
+        state.add_xid(1, 94)
+        state.write(state_path)
+        assert child.recv() == [1, 94]
+    finally:
+        child.close()
+
+
+def test_xid_lines_are_checked(lib_dir: Path, state_path: Path) -> None:
+    for bad, message in [
+        ("xid 0 79", "xid GPU CODE id=N"),
+        ("xid 5 79 id=1", "names gpu 5, which is not listed"),
+        ("xid 0 79 id=1\nxid 0 48 id=1", "id=1 listed twice"),
+    ]:
+        state_path.write_text(f"gpu 0\n{bad}\n")
+        proc = subprocess.run(
+            [sys.executable, "-c", PRELUDE + "out(err(n.nvmlInit))"],
+            env=fake_nvml_env(state_path, lib_dir=lib_dir),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        assert json.loads(proc.stdout) == "NVMLError_Unknown", bad
+        assert message in proc.stderr, (bad, proc.stderr)
+
+
 def test_build_is_idempotent(lib_dir: Path) -> None:
     lib = lib_dir / LIB_NAME
     before = lib.stat().st_mtime_ns

@@ -6,11 +6,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from helpers.exporter_proc import Exporter, poll, select, value
 from helpers.nvml_fake import FakeNvmlState
+from helpers.run_child import own_heartbeat, put
+from trainguard.run.allocator import allocator_stats
 
 GIB = 1 << 30
 
@@ -150,17 +154,61 @@ def test_driver_not_loaded_then_loaded(tmp_path: Path) -> None:
     assert log.count("NVML is not available: Driver Not Loaded") == 1, log
     assert "Traceback" not in log
     calls = log_path.read_text().split()
-    # once NVML started, later scrapes reuse it instead of initialising again
-    assert calls.count("nvmlInitWithFlags") == 4
+    # once NVML started, later scrapes reuse it instead of initialising again; the fifth is
+    # the Xid watcher's own reference, taken once with its event set
+    assert calls.count("nvmlInitWithFlags") == 5
+    assert calls.count("nvmlEventSetCreate") == 1
     assert calls.count("nvmlDeviceGetHandleByIndex_v2") == 1
 
 
-def test_nvml_library_absent(tmp_path: Path) -> None:
+def test_no_nvidia_driver_is_not_a_failure(tmp_path: Path) -> None:
+    """A checkpoint server or CPU node, watched for runs and checkpoints only: no NVML library
+    at all. Not a standing TrainguardCollectorFailing: the collector succeeds with no GPUs, a
+    gauge says why there are none, and the log says it once, at info."""
     with Exporter(env={"LD_LIBRARY_PATH": str(tmp_path)}, state_dir=tmp_path / "s") as exp:
-        s = exp.scrape()
+        for _ in range(3):
+            s = exp.scrape()
+            assert value(s, "trainguard_collector_success", collector="gpu") == 1
+            assert value(s, "trainguard_gpu_nvml_available") == 0
+            assert [
+                n
+                for n, _ in s
+                if n.startswith("trainguard_gpu_") and n != "trainguard_gpu_nvml_available"
+            ] == []
         log = exp.stop()
-    assert value(s, "trainguard_collector_success", collector="gpu") == 0
-    assert "NVML is not available: NVML Shared Library Not Found" in log
+    assert log.count("no NVIDIA driver") == 1, log
+    (line,) = [line for line in log.splitlines() if "no NVIDIA driver" in line]
+    assert "level=INFO" in line and "--no-collector.gpu" in line, line
+    assert "level=WARNING" not in log, log
+
+
+def test_an_installed_driver_that_fails_is_a_failure(tmp_path: Path) -> None:
+    """The library loads but the driver does not answer (kernel module not loaded, a
+    library/kernel version mismatch after an upgrade): that stays a failure, with no
+    nvml_available series (it is not known whether the GPUs are fine)."""
+    for error, text in [
+        ("driver_not_loaded", "Driver Not Loaded"),
+        ("lib_rm_version_mismatch", "RM has detected an NVML/RM version mismatch."),
+    ]:
+        state = FakeNvmlState(init_error=error)
+        state.add_gpu(g0_uuid())
+        path = state.write(tmp_path / "nvml.state")
+        with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+            s = exp.scrape()
+            log = exp.stop()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 0, error
+        assert value(s, "trainguard_gpu_nvml_available") is None, error
+        assert f"NVML is not available: {text}" in log, log
+        assert "no NVIDIA driver" not in log, log
+
+
+def test_nvml_available_once_started(tmp_path: Path) -> None:
+    state = FakeNvmlState()
+    path = state.write(tmp_path / "nvml.state")  # a driver, no GPU (all of them lost)
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert value(s, "trainguard_gpu_nvml_available") == 1
 
 
 def test_many_processes_use_the_insufficient_size_protocol(tmp_path: Path) -> None:
@@ -253,3 +301,154 @@ def test_a_hung_driver_costs_a_scrape_the_timeout_not_the_exporter(
         log = exp.stop()
     assert log.count("collector gpu: did not finish within 1 s") == 1, log
     assert "collector gpu recovered" in log
+
+
+def xids(s: dict[Any, float]) -> dict[tuple[str, str], float]:
+    """{(gpu, xid): count} of trainguard_gpu_xid_errors_total."""
+    return {
+        (dict(lbl)["gpu"], dict(lbl)["xid"]): v
+        for lbl, v in select(s, "trainguard_gpu_xid_errors_total").items()
+    }
+
+
+def test_xid_errors_are_counted_per_gpu_and_code(tmp_path: Path, live_pids: list[int]) -> None:
+    """Critical Xid events (NVML's event API) counted per GPU and Xid code since the exporter
+    started; a GPU whose driver offers no Xid events says so. The counts survive the GPU
+    falling off the bus (Xid 79, then every query fails) and NVML failing to start again,
+    and events are not counted twice when NVML is started afresh."""
+    state = two_gpus(live_pids, dead_pid())
+    state.gpus[1].xid_events = False  # e.g. WDDM: no Xid events
+    path = state.write(tmp_path / "nvml.state")
+    g0 = {"gpu": "0", "uuid": g0_uuid()}
+    g1 = {"gpu": "1", "uuid": "GPU-bbbbbbbb-0000-0000-0000-000000000000"}
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        assert value(s, "trainguard_gpu_xid_events_supported", **g0) == 1
+        assert value(s, "trainguard_gpu_xid_events_supported", **g1) == 0
+        assert xids(s) == {}
+        for code in (48, 13, 48):
+            state.add_xid(0, code)
+        state.add_xid(1, 31)  # not watched: the driver does not offer it
+        state.write(path)
+        s = poll(exp, lambda s: xids(s) == {("0", "48"): 2, ("0", "13"): 1}, 60)
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1}
+        assert value(s, "trainguard_gpu_xid_errors_total", **g0, xid="48") == 2
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+
+        # GPU 0 falls off the bus: Xid 79 arrives, then every query on it fails
+        state.add_xid(0, 79)
+        state.gpus[0].lost = True
+        state.write(path)
+        s = poll(exp, lambda s: ("0", "79") in xids(s), 60)
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+        s = poll(exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 0)
+        assert value(s, "trainguard_gpu_memory_used_bytes", **g0) is None
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+
+        # the driver is gone altogether: NVML cannot start, the counts are still published
+        state.init_error = "driver_not_loaded"
+        state.write(path)
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="gpu") == 0
+        assert value(s, "trainguard_gpu_info", **g1, name="NVIDIA A100-SXM4-40GB") is None
+        assert xids(s) == {("0", "48"): 2, ("0", "13"): 1, ("0", "79"): 1}
+
+        # back (GPU reset, driver reloaded): NVML starts afresh, nothing counted twice
+        state.init_error = None
+        state.gpus[0].lost = False
+        state.write(path)
+        s = poll(exp, lambda s: value(s, "trainguard_collector_success", collector="gpu") == 1)
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+        state.add_xid(0, 48)
+        state.write(path)
+        s = poll(exp, lambda s: xids(s).get(("0", "48")) == 3, 60)
+        assert xids(s) == {("0", "48"): 3, ("0", "13"): 1, ("0", "79"): 1}
+        log = exp.stop()
+    assert "Traceback" not in log
+    assert "GPU 0 (GPU-aaaaaaaa-0000-0000-0000-000000000000): Xid 79" in log
+
+
+def test_wsl_memory_is_compared_per_device(tmp_path: Path, live_pids: list[int]) -> None:
+    """Windows/WSL (WDDM): NVML lists a process without its memory, or no process at all, so
+    nothing can be attributed per process. What the device-level comparison needs is there:
+    each GPU's used memory, how many processes NVML lists on it, and each live run's allocator
+    devices joined to their GPU by UUID, whatever CUDA_VISIBLE_DEVICES made of the index and
+    whichever spelling each side uses."""
+    a, b, _ = live_pids
+    uuid0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+    uuid1 = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+    state = FakeNvmlState()
+    state.add_gpu(uuid0, used=20 * GIB, total=24 * GIB)
+    state.add_gpu(uuid1.upper(), used=11 * GIB, total=24 * GIB)
+    state.add_process(0, a, None)  # WDDM: listed, memory not available
+    path = state.write(tmp_path / "nvml.state")  # GPU 1: WSL lists no process at all
+    heartbeats = tmp_path / "s"
+    heartbeats.mkdir()
+    stats = {"reserved_bytes.all.current": 10 * GIB, "allocated_bytes.all.peak": 9 * GIB}
+    for run, pid, uuid in [
+        ("wsl-a", a, "AAAAAAAA-1111-2222-3333-444444444444"),  # torch's spelling
+        ("wsl-b", b, uuid1),  # CUDA_VISIBLE_DEVICES=1: its device 0 is GPU 1
+        ("old-reporter", b, None),  # an older trainguard: no uuid
+    ]:
+        put(
+            heartbeats,
+            own_heartbeat(
+                run,
+                pid=pid,
+                create_time=psutil.Process(pid).create_time(),
+                allocator=(allocator_stats(0, stats, uuid),),
+            ),
+        )
+    g0 = {"gpu": "0", "uuid": uuid0}
+    g1 = {"gpu": "1", "uuid": uuid1}
+    with Exporter(env=state.env(path), state_dir=heartbeats) as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert value(s, "trainguard_collector_success", collector="runs") == 1
+    # NVML's own uuid spelling is normalised too: both sides meet on one label value
+    assert {dict(lbl)["uuid"] for lbl in select(s, "trainguard_gpu_info")} == {uuid0, uuid1}
+    info = select(s, "trainguard_run_allocator_device_info")
+    assert {(dict(lbl)["run"], dict(lbl)["device"], dict(lbl)["uuid"]) for lbl in info} == {
+        ("wsl-a", "0", uuid0),
+        ("wsl-b", "0", uuid1),
+    }
+    assert set(info.values()) == {1}
+    # GPU 0: one process, memory unknown: nothing attributed, no driver view for the run
+    assert value(s, "trainguard_gpu_processes", **g0) == 1
+    assert value(s, "trainguard_gpu_processes_memory_unknown", **g0) == 1
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g0) is None
+    assert select(s, "trainguard_run_gpu_memory_used_bytes") == {}
+    # GPU 1: NVML lists nobody, so "unattributed" is all of it: the rules must not read that
+    # as ghost memory while a live run's allocator accounts for it
+    assert value(s, "trainguard_gpu_processes", **g1) == 0
+    assert value(s, "trainguard_gpu_memory_unattributed_bytes", **g1) == 11 * GIB
+    assert value(s, "trainguard_gpu_memory_used_bytes", **g1) == 11 * GIB
+    assert (
+        value(s, "trainguard_run_allocator_reserved_bytes", run="wsl-b", rank="0", device="0")
+        == 10 * GIB
+    )
+
+
+def test_a_failing_xid_wait_fails_the_collector_until_it_works(
+    tmp_path: Path, live_pids: list[int]
+) -> None:
+    """The watcher's wait keeps failing (a driver in a bad state): that is not hidden, the
+    collector fails at every scrape (the watcher is replaced each time) and the memory series
+    are still published; once waits work again, so does the collector, and Xids count."""
+    state = two_gpus(live_pids, dead_pid())
+    state.fail("nvmlEventSetWait_v2", "unknown")
+    path = state.write(tmp_path / "nvml.state")
+    failing = lambda s: value(s, "trainguard_collector_success", collector="gpu") == 0  # noqa: E731
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        poll(exp, failing, 60)
+        for _ in range(3):
+            s = exp.scrape()
+            assert failing(s)
+            assert value(s, "trainguard_gpu_memory_used_bytes", gpu="0", uuid=g0_uuid()) == 10 * GIB
+        state.failures.clear()
+        state.add_xid(0, 95)
+        state.write(path)
+        s = poll(exp, lambda s: not failing(s) and xids(s) == {("0", "95"): 1}, 60)
+        assert not failing(s) and xids(s) == {("0", "95"): 1}
+        log = exp.stop()
+    assert "collector gpu: Xid events: waiting for Xid events failed: Unknown Error" in log

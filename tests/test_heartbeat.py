@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import (
     CAUSES,
     MAX_BYTES,
@@ -46,6 +47,7 @@ def sample_heartbeat(**over: Any) -> Heartbeat:
         boot_id="4ec813df-a3b7-4a83-b474-cd978df6b91d",
         boot_time=1_699_999_000.0,
         pid_ns=4026531836,
+        start_ticks=12_345_678,
         checkpoint_dir="/data/ckpt",
         mirrors={"backup": "/mnt/d/ckpt"},
         log_file="/data/train.log",
@@ -93,6 +95,26 @@ def test_write_then_read_round_trips(tmp_path: Path) -> None:
     # a dict is accepted too (the format is plain JSON)
     write_heartbeat(path, {**hb.to_dict(), "step": 321})
     assert read_heartbeat(path).step == 321
+
+
+def test_a_gpu_error_death_reads_as_unknown_to_older_readers(tmp_path: Path) -> None:
+    """``gpu_xid`` is not a cause format-1 readers before it know (they would refuse the
+    whole file): it is written as ``unknown`` with the new field ``xid``, which newer
+    readers read back as ``gpu_xid``."""
+    death = Death(step=7, time=1e9, detected=1e9 + 5, cause="gpu_xid", xid=79)
+    hb = sample_heartbeat(
+        death_history=(
+            death,
+            Death(step=8, time=1e9 + 6, detected=1e9 + 9, cause="exception", xid=48),
+        )
+    )
+    path = tmp_path / hb.filename
+    write_heartbeat(path, hb)
+    written = json.loads(path.read_text())["death_history"]
+    assert written[0]["cause"] == "unknown" and written[0]["xid"] == 79
+    assert written[1]["cause"] == "exception" and written[1]["xid"] == 48
+    assert read_heartbeat(path) == hb
+    assert all(d["cause"] in ("reboot", "oom_killer", "exception", "unknown") for d in written)
 
 
 def test_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
@@ -143,6 +165,8 @@ def write_doc(tmp_path: Path, doc: Any, name: str | None = None) -> Path:
         ({"pid": 0}, "pid", "expected an integer in 1.."),
         ({"pid": None}, "pid", "missing"),
         ({"create_time": "yesterday"}, "create_time", "seconds since the epoch"),
+        ({"start_ticks": -1}, "start_ticks", "expected an integer in 0.."),
+        ({"start_ticks": 1.5}, "start_ticks", "expected an integer"),
         ({"time": -5}, "time", "seconds since the epoch in"),
         ({"time": 1e300}, "time", "seconds since the epoch in"),
         ({"state": "zombie"}, "state", "expected one of running, finished, failed"),
@@ -164,11 +188,26 @@ def write_doc(tmp_path: Path, doc: Any, name: str | None = None) -> Path:
             "listed twice",
         ),
         (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "uuid": "GPU-1"}]},
+            "allocator[0].uuid",
+            "expected a GPU UUID",
+        ),
+        (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "uuid": 7}]},
+            "allocator[0].uuid",
+            "expected a string",
+        ),
+        (
             {"death_history": [{"time": 1, "detected": 2, "cause": "x"}]},
             "death_history[0].cause",
             "one of",
         ),
         ({"death_history": [{}] * 21}, "death_history", "at most 20"),
+        (
+            {"death_history": [{"time": 1, "detected": 2, "cause": "unknown", "xid": -1}]},
+            "death_history[0].xid",
+            "expected an integer in",
+        ),
         ({"deaths": -1}, "deaths", "expected an integer in"),
     ],
 )
@@ -341,3 +380,67 @@ def test_valid_heartbeats_round_trip(
     path = tmp_path / hb.filename
     write_heartbeat(path, hb)
     assert read_heartbeat(path) == hb
+
+
+# -- GPU UUIDs: the join between a process's CUDA devices and NVML's GPUs ---------------------
+
+NVML_SPELLING = "GPU-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f"
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        NVML_SPELLING,  # nvmlDeviceGetUUID
+        "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",  # str(torch.cuda.get_device_properties(i).uuid)
+        "GPU-5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F",
+        "gpu-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",
+        "  5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F\n",
+    ],
+)
+def test_both_spellings_of_a_gpu_uuid_normalise_to_nvmls(spelling: str) -> None:
+    assert normalize_gpu_uuid(spelling) == NVML_SPELLING
+
+
+class _CudaUuid:
+    """Like torch's ``_CUuuid``: str() gives the bare hex with dashes."""
+
+    def __str__(self) -> str:
+        return "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "GPU-",
+        "MIG-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",  # a MIG instance is not a GPU
+        "5d6c1b0b4b3cfa1e8f072a9b3c4d5e6f",  # no dashes: not how either side writes it
+        "5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6",
+        "GPU-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6fx",
+        "zz6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f",
+        None,
+        12,
+    ],
+)
+def test_what_is_not_a_gpu_uuid(value: Any) -> None:
+    assert normalize_gpu_uuid(value) is None
+
+
+def test_a_cuda_uuid_object_normalises_through_str() -> None:
+    assert normalize_gpu_uuid(_CudaUuid()) == NVML_SPELLING
+
+
+def test_allocator_uuid_round_trips_and_is_optional(tmp_path: Path) -> None:
+    hb = sample_heartbeat(allocator=(AllocatorStats(0, 10, 20, 15, 3, 1, 0, NVML_SPELLING),))
+    path = tmp_path / hb.filename
+    write_heartbeat(path, hb)
+    assert read_heartbeat(path).allocator[0].uuid == NVML_SPELLING
+    # written by an older reporter: no uuid key at all
+    doc = hb.to_dict()
+    del doc["allocator"][0]["uuid"]
+    path.write_text(json.dumps(doc))
+    assert read_heartbeat(path).allocator[0].uuid is None
+    # the reader accepts torch's spelling and keeps NVML's
+    doc["allocator"][0]["uuid"] = "5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F"
+    path.write_text(json.dumps(doc))
+    assert read_heartbeat(path).allocator[0].uuid == NVML_SPELLING

@@ -17,7 +17,7 @@ from helpers.exporter_proc import child_env
 PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "trainguard"
 TRAINING_SIDE = ("run", "checkpoint", "shared")
 #: what the exporter needs and a training script must never load
-EXPORTER_ONLY = ("yaml", "prometheus_client", "bcrypt", "pynvml", "trainguard.exporter")
+EXPORTER_ONLY = ("yaml", "prometheus_client", "bcrypt", "pynvml", "rich", "trainguard.exporter")
 
 IMPORTS = """
 import json, sys

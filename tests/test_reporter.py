@@ -21,11 +21,11 @@ import torch
 
 import trainguard
 from helpers.exporter_proc import child_env
-from helpers.run_child import CHILD, wait_heartbeat
+from helpers.run_child import CHILD, stat_start_ticks, wait_heartbeat
 from trainguard.run import oom, reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
-from trainguard.shared import procinfo
+from trainguard.shared import kernlog, procinfo
 from trainguard.shared.heartbeat import Death, Heartbeat, write_heartbeat
 from trainguard.shared.heartbeat_read import read_heartbeat
 
@@ -301,7 +301,7 @@ def create_time_of(pid: int) -> float:
     return float(psutil.Process(pid).create_time())
 
 
-def previous(tmp_path: Path, **over: Any) -> Heartbeat:
+def previous(tmp_path: Path, *, extra: dict[str, Any] | None = None, **over: Any) -> Heartbeat:
     pid, create = dead_pid()
     now = time.time()
     fields: dict[str, Any] = dict(
@@ -320,8 +320,18 @@ def previous(tmp_path: Path, **over: Any) -> Heartbeat:
     )
     fields.update(over)
     hb = Heartbeat(**fields)
-    write_heartbeat(tmp_path / hb.filename, hb)
+    write_heartbeat(tmp_path / hb.filename, {**hb.to_dict(), **(extra or {})})
     return hb
+
+
+def kernel_says(monkeypatch: Any, *lines: tuple[float | None, str]) -> None:
+    """What the death-cause reader finds in the kernel log: (time, message) lines, those
+    logged since the time it asks for (a line without a time always)."""
+
+    def read(since: float) -> list[kernlog.KernelLine]:
+        return [kernlog.KernelLine(t, m) for t, m in lines if t is None or t >= since]
+
+    monkeypatch.setattr(kernlog, "read_kernel_log", read)
 
 
 def restart(tmp_path: Path) -> Heartbeat:
@@ -331,7 +341,7 @@ def restart(tmp_path: Path) -> Heartbeat:
 
 
 def test_restart_after_a_silent_death_records_it(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(procinfo, "oom_killed", lambda pid, since: False)
+    kernel_says(monkeypatch)
     old = previous(tmp_path)
     hb = restart(tmp_path)
     assert hb.deaths == 1
@@ -345,8 +355,9 @@ def test_restart_after_a_silent_death_records_it(tmp_path: Path, monkeypatch: An
 
 
 def test_death_causes(tmp_path: Path, monkeypatch: Any) -> None:
-    monkeypatch.setattr(procinfo, "oom_killed", lambda pid, since: True)
-    previous(tmp_path)
+    pid, create = dead_pid()
+    kernel_says(monkeypatch, (time.time(), f"Out of memory: Killed process {pid} (python)"))
+    previous(tmp_path, pid=pid, create_time=create)
     assert restart(tmp_path).death_history[-1].cause == "oom_killer"
     previous(tmp_path, boot_id="another-boot", deaths=1)
     assert restart(tmp_path).death_history[-1].cause == "reboot"
@@ -379,21 +390,74 @@ def test_history_is_bounded_and_a_live_predecessor_is_no_death(tmp_path: Path) -
         sleeper.wait()
 
 
-def test_kernel_log_lines_the_oom_killer_writes() -> None:
-    lines = {
-        "Out of memory: Killed process 4242 (python) total-vm:1kB, anon-rss:1kB": 4242,
-        "Memory cgroup out of memory: Killed process 77 (python3) total-vm:1kB": 77,
-        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,"
-        "global_oom,task_memcg=/user.slice,task=python,pid=31337,uid=1000": 31337,
-        "Out of memory: Kill process 9 (python) score 900 or sacrifice child": 9,
-        "oom_reaper: reaped process 55 (python), now anon-rss:0kB": 55,
-        "python invoked oom-killer: gfp_mask=0x100cca(GFP_HIGHUSER_MOVABLE), order=0": None,
-        "usb 1-1: new high-speed USB device number 2": None,
-    }
-    for line, pid in lines.items():
-        assert procinfo._oom_pid(line) == pid, line
-    # on this machine the real scan answers and never raises
-    assert procinfo.oom_killed(2**22 + 12345, time.time() - 10) is False
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_the_heartbeat_records_the_exact_start_and_a_pid_reused_within_the_second_is_a_death(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    kernel_says(monkeypatch)
+    with Run("ticks", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert read(run).start_ticks == stat_start_ticks(os.getpid())
+    # the predecessor's pid now belongs to a live process started within the same second
+    # (same create time to the tolerance), but at another clock tick: that is a death
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        live = {"pid": sleeper.pid, "create_time": create_time_of(sleeper.pid)}
+        previous(tmp_path, **live, extra={"start_ticks": stat_start_ticks(sleeper.pid) + 1})
+        assert restart(tmp_path).deaths == 1
+        previous(tmp_path, **live, deaths=1, extra={"start_ticks": stat_start_ticks(sleeper.pid)})
+        assert restart(tmp_path).deaths == 1  # that one is alive: no death
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+XID_79 = (
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
+
+
+def test_a_gpu_error_in_the_kernel_log_is_the_cause(tmp_path: Path, monkeypatch: Any) -> None:
+    """The dead predecessor (a real process, killed) last stepped 30 s and last wrote its
+    heartbeat 5 s before the restart; the driver logged a fatal Xid in between."""
+    now = time.time()
+    pid, _ = dead_pid()
+    life = {"pid": pid, "create_time": now - 200, "started": now - 190, "step_time": now - 30}
+
+    def cause(*lines: tuple[float | None, str], **over: Any) -> tuple[str, int | None]:
+        kernel_says(monkeypatch, *lines)
+        previous(tmp_path, **{**life, **over})
+        death = restart(tmp_path).death_history[-1]
+        return death.cause, death.xid
+
+    assert cause((now - 20, XID_79)) == ("gpu_xid", 79)
+    # the earliest fatal Xid after the last sign of progress is the one that ended it
+    assert cause((now - 20, XID_79), (now - 10, XID_79.replace(": 79,", ": 48,"))) == (
+        "gpu_xid",
+        79,
+    )
+    # Xid 45 is logged whenever a process on the GPU is killed: not a cause
+    xid45 = f"NVRM: Xid (PCI:0000:3b:00): 45, pid={pid}, name=python, Ch 00000010"
+    assert cause((now - 3, xid45)) == ("unknown", None)
+    # well before its last step, or before the process started: not this death
+    assert cause((now - 100, XID_79)) == ("unknown", None)
+    assert cause((now - 3600, XID_79)) == ("unknown", None)
+    # an error the driver pinned on another process is that process's
+    other = f"NVRM: Xid (PCI:0000:86:00): 13, pid={pid + 1}, name=python, Graphics Exception"
+    assert cause((now - 20, other)) == ("unknown", None)
+    # one it pinned on this process counts at any time in its life
+    own = f"NVRM: Xid (PCI:0000:86:00): 31, pid={pid}, name=python, Ch 00000010, MMU Fault"
+    assert cause((now - 150, own)) == ("gpu_xid", 31)
+    # more specific than a GPU error in the window: the OOM killer naming the pid, a reboot
+    oom = f"Out of memory: Killed process {pid} (python) total-vm:1kB"
+    assert cause((now - 20, XID_79), (now - 4, oom)) == ("oom_killer", None)
+    assert cause((now - 20, XID_79), boot_id="another-boot") == ("reboot", None)
+    # a process that recorded an exception says so; the GPU error is told beside it
+    assert cause((now - 20, XID_79), state="failed", error="RuntimeError") == ("exception", 79)
+    # a kernel log that cannot be read: unknown
+    monkeypatch.setattr(kernlog, "read_kernel_log", lambda since: None)
+    previous(tmp_path, **life)
+    assert restart(tmp_path).death_history[-1].cause == "unknown"
 
 
 # -- allocator stats and OOM snapshots ------------------------------------------------------
@@ -434,6 +498,85 @@ def test_allocator_stats_reach_the_heartbeat_when_cuda_is_in_use(
         run.step(1)
     (a,) = read(run).allocator
     assert (a.device, a.reserved_bytes, a.ooms) == (0, 12 << 30, 1)
+
+
+class FakeProps:
+    """What torch.cuda.get_device_properties(i) returns, as far as the reporter looks."""
+
+    def __init__(self, uuid: object) -> None:
+        self.uuid = uuid
+
+
+class CudaUuid:
+    """Like torch's ``_CUuuid``: str() gives the bare hex with dashes."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any) -> None:
+    """Each allocator device records its GPU's UUID (what survives CUDA_VISIBLE_DEVICES
+    renumbering), in NVML's spelling, read once per device and process. CUDA is simulated."""
+    asked: list[int] = []
+
+    def props(device: int) -> FakeProps:
+        asked.append(device)
+        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"))
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: REAL_STATS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    run = Run("uuids", state_dir=tmp_path, interval=0.01, keepalive=0.02)
+    first = wait_heartbeat(run.path, lambda hb: len(hb.allocator) == 2)
+    wait_heartbeat(run.path, lambda hb: hb.time > first.time, timeout=30)
+    run.close()
+    assert [(a.device, a.uuid) for a in read(run).allocator] == [
+        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+    ]
+    assert sorted(asked) == [0, 1]  # once per device, not at every heartbeat
+
+
+def test_allocator_stats_without_a_uuid_are_still_reported(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A torch too old for .uuid, a ROCm build's other spelling, or a failing call: the
+    allocator stats stay, the uuid is left out (logged once)."""
+    caplog.set_level(logging.WARNING, "trainguard")
+
+    def broken(device: int) -> FakeProps:
+        if device == 0:
+            raise RuntimeError("no properties")
+        return FakeProps("not-a-uuid")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: REAL_STATS)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
+    with Run("no-uuid", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert [(a.device, a.reserved_bytes, a.uuid) for a in read(run).allocator] == [
+        (0, 12 << 30, None),
+        (1, 12 << 30, None),
+    ]
+    warned = [r for r in caplog.records if "GPU UUID" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+
+def test_the_uuid_is_never_read_before_cuda_is_initialised(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """get_device_properties would initialise CUDA: the reporter asks only once the script
+    has (the real CPU build of torch: never)."""
+    asked: list[int] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: asked.append(d))
+    with Run("no-cuda", state_dir=tmp_path, interval=0.01) as run:
+        run.step(1)
+    assert read(run).allocator == () and asked == []
 
 
 def test_without_cuda_there_are_no_allocator_stats_and_oom_capture_is_a_no_op(

@@ -19,7 +19,14 @@ import pytest
 
 from helpers.exporter_proc import Exporter, Samples, select
 from helpers.nvml_fake import FakeNvmlState
-from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from helpers.run_child import (
+    heartbeat_path,
+    own_heartbeat,
+    put,
+    start_child,
+    stat_start_ticks,
+    wait_heartbeat,
+)
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import Death
@@ -91,6 +98,41 @@ def test_pid_alive_with_another_create_time_is_not_the_run(tmp_path: Path) -> No
     assert sample(s, "trainguard_run_process_up", run="mine", rank="0") == 1
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_pid_reused_within_the_same_second_is_not_the_run(tmp_path: Path) -> None:
+    """A crash-restart loop (or a small pid_max) can hand the dead run's pid to a process
+    started within the same second: its create time matches within the tolerance, its start
+    in clock ticks does not. The process's command name holds spaces and parentheses, as a
+    hostile or odd one may (/proc/PID/stat must be split after the last ')')."""
+    odd = tmp_path / "tg) (x y) 1 2"
+    shutil.copy("/bin/sleep", odd)
+    trainer = subprocess.Popen([str(odd), "60"])
+    try:
+        ticks = stat_start_ticks(trainer.pid)
+        state = tmp_path / "state"
+        state.mkdir()
+        create = psutil.Process(trainer.pid).create_time()
+        pid = trainer.pid
+        put(state, own_heartbeat("reused", pid=pid, create_time=create), start_ticks=ticks - 3)
+        put(state, own_heartbeat("itself", pid=pid, create_time=create), start_ticks=ticks)
+        put(state, own_heartbeat("old-writer", pid=pid, create_time=create))  # no start_ticks
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+            trainer.kill()
+            trainer.wait()
+            after = exp.scrape()
+    finally:
+        trainer.kill()
+        trainer.wait()
+    assert sample(s, "trainguard_run_process_up", run="reused", rank="0") == 0
+    assert sample(s, "trainguard_run_process_up", run="itself", rank="0") == 1
+    # a heartbeat of an older reporter, without start ticks: the create time tolerance
+    assert sample(s, "trainguard_run_process_up", run="old-writer", rank="0") == 1
+    assert sample(s, "trainguard_collector_success", collector="runs") == 1
+    for run in ("reused", "itself", "old-writer"):
+        assert sample(after, "trainguard_run_process_up", run=run, rank="0") == 0
+
+
 @pytest.mark.parametrize(
     ("mode", "finished", "error"),
     [("exit", 1, None), ("with-raise", 0, "ValueError"), ("uncaught", 0, "ZeroDivisionError")],
@@ -141,7 +183,10 @@ def test_death_history_across_restarts(tmp_path: Path) -> None:
         assert hb.started >= old.started
         with Exporter(state_dir=state) as exp:
             s = exp.scrape()
+        scraped = time.time()
         assert sample(s, "trainguard_run_deaths_total", run="resumed") == 1
+        death_age = sample(s, "trainguard_run_last_death_age_seconds", run="resumed")
+        assert death_age is not None and 0 <= death_age <= scraped - dead.time
         assert sample(s, "trainguard_run_last_death_step", run="resumed") == 41
         assert sample(s, "trainguard_run_last_death_timestamp_seconds", run="resumed") == dead.time
         assert sample(s, "trainguard_run_last_death_info", run="resumed", cause="unknown") == 1
@@ -192,6 +237,27 @@ def test_death_before_a_reboot_is_told_by_the_boot_id(tmp_path: Path) -> None:
     assert select(s, "trainguard_run_last_death_info", run="rebooted").keys() == {
         frozenset({("run", "rebooted"), ("cause", "reboot")})
     }
+
+
+def test_a_death_by_gpu_error_is_published_with_its_xid(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    now = time.time()
+    history = (
+        Death(step=100, time=now - 900, detected=now - 800, cause="oom_killer"),
+        Death(step=200, time=now - 90, detected=now - 60, cause="gpu_xid", xid=79),
+    )
+    put(state, own_heartbeat("xid", deaths=2, death_history=history))
+    put(state, own_heartbeat("plain", deaths=1, death_history=history[:1]))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    assert select(s, "trainguard_run_last_death_info", run="xid").keys() == {
+        frozenset({("run", "xid"), ("cause", "gpu_xid")})
+    }
+    assert sample(s, "trainguard_run_last_death_xid", run="xid") == 79
+    assert sample(s, "trainguard_run_last_death_step", run="xid") == 200
+    assert sample(s, "trainguard_run_last_death_info", run="plain", cause="oom_killer") == 1
+    assert sample(s, "trainguard_run_last_death_xid", run="plain") is None
 
 
 def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
@@ -328,11 +394,11 @@ runs:
 
     assert up("by-file") == 1
     assert up("stale-file") == 0  # pid reused after the pid file was written
-    assert up("no-file") == 0
+    assert up("no-file") is None  # never started: not a death
     assert up("garbage-file") is None
     assert up("by-name") == 1
-    assert up("by-name", s2) == 0
-    assert up("nothing-runs") == 0
+    assert up("by-name", s2) == 0  # seen alive, then gone
+    assert up("nothing-runs") is None
     assert up("reporting") == 1
     assert (
         sample(
@@ -345,8 +411,9 @@ runs:
         )
         == 1
     )
-    # a configured run without a heartbeat cannot tell a clean exit
-    assert sample(s, "trainguard_run_finished", run="by-file", rank="0") is None
+    # a run with a pid file tells a clean exit by the file's removal; a match cannot
+    assert sample(s, "trainguard_run_finished", run="by-file", rank="0") == 0
+    assert sample(s, "trainguard_run_finished", run="by-name", rank="0") is None
     assert sample(s, "trainguard_run_finished", run="reporting", rank="0") == 0
     # one row per run: the heartbeat's, not a second one from the config
     assert len(select(s, "trainguard_run_info", run="reporting")) == 1
@@ -359,6 +426,132 @@ runs:
     assert "modification time is 0" in log
     assert "missing.log: cannot stat" in log
     assert "garbage.pid: expected a process id" in log
+
+
+def test_configured_runs_page_only_for_a_process_seen_alive_that_vanished(tmp_path: Path) -> None:
+    """Runs declared in the config file without a heartbeat: not running yet is not a death
+    (no process_up at all), a pid file removed at exit is a clean finish, and only a process
+    seen alive that is gone while its pid file stays (or that no longer matches) pages."""
+    name_exe = tmp_path / "tgnamesleep"
+    shutil.copy("/bin/sleep", name_exe)
+    daemon_pid, crash_pid = tmp_path / "daemon.pid", tmp_path / "crash.pid"
+    config = tmp_path / "tg.yml"
+    config.write_text(
+        f"""
+runs:
+  - name: daemon
+    pid_file: {daemon_pid}
+  - name: crasher
+    pid_file: {crash_pid}
+  - name: by-name
+    process_match: "^tgnamesleep$"
+  - name: by-cmdline
+    cmdline_match: "^sleep 3600[.]271828$"
+"""
+    )
+    procs: list[subprocess.Popen[bytes]] = []
+    runs = ("daemon", "crasher", "by-name", "by-cmdline")
+
+    def up(s: Samples, run: str) -> float | None:
+        return sample(s, "trainguard_run_process_up", run=run, rank="0")
+
+    def finished(s: Samples, run: str) -> float | None:
+        return sample(s, "trainguard_run_finished", run=run, rank="0")
+
+    try:
+        with Exporter(args=[f"--config.file={config}"], state_dir=tmp_path / "state") as exp:
+            before = exp.scrape()
+            for run in runs:  # declared, not started: known, but nothing to page about
+                assert up(before, run) is None, run
+                assert finished(before, run) is None, run
+                assert len(select(before, "trainguard_run_info", run=run)) == 1
+            assert sample(before, "trainguard_collector_success", collector="runs") == 1
+            daemon = subprocess.Popen(["sleep", "3600"])
+            crasher = subprocess.Popen(["sleep", "3600"])
+            by_name = subprocess.Popen([str(name_exe), "3600"])
+            by_cmdline = subprocess.Popen(["sleep", "3600.271828"])
+            procs += [daemon, crasher, by_name, by_cmdline]
+            daemon_pid.write_text(f"{daemon.pid}\n")
+            crash_pid.write_text(f"{crasher.pid}\n")
+            alive = exp.scrape()
+            for run in runs:
+                assert up(alive, run) == 1, run
+            assert finished(alive, "daemon") == finished(alive, "crasher") == 0
+            assert finished(alive, "by-name") is None  # a process match cannot tell
+            assert select(alive, "trainguard_run_info", run="by-cmdline").keys() == {
+                frozenset(
+                    {("run", "by-cmdline"), ("rank", "0"), ("host", os.uname().nodename)}
+                    | {("pid", str(by_cmdline.pid))}
+                )
+            }
+            # a daemon's clean shutdown removes its pid file; a crash leaves it behind
+            daemon_pid.unlink()
+            daemon.kill()
+            crasher.kill()
+            by_name.kill()
+            by_cmdline.kill()
+            for p in procs:
+                p.wait()
+            after = exp.scrape()
+            assert (up(after, "daemon"), finished(after, "daemon")) == (0, 1)
+            assert (up(after, "crasher"), finished(after, "crasher")) == (0, 0)
+            assert up(after, "by-name") == 0 and up(after, "by-cmdline") == 0
+            assert sample(after, "trainguard_collector_success", collector="runs") == 1
+            # the crashed run's pid file removed by whoever decided not to restart it
+            crash_pid.unlink()
+            acknowledged = exp.scrape()
+            assert up(acknowledged, "crasher") is None
+            assert finished(acknowledged, "crasher") is None
+            assert (up(acknowledged, "daemon"), finished(acknowledged, "daemon")) == (0, 1)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_ages_are_measured_on_the_exporters_clock(tmp_path: Path) -> None:
+    """Step, heartbeat, start and last-death ages: the exporter's now minus the timestamps the
+    trainer wrote on the same host, so the alerts need no time() from Prometheus (whose clock
+    may be an hour off this host's). A timestamp ahead of the exporter's clock is age 0."""
+    state = tmp_path / "state"
+    state.mkdir()
+    written = time.time()
+    put(
+        state,
+        own_heartbeat(
+            "ages",
+            started=written - 3600,
+            time=written - 5,
+            step=41,
+            step_time=written - 600,
+            deaths=1,
+            death_history=(
+                Death(step=40, time=written - 900, detected=written - 3600, cause="unknown"),
+            ),
+        ),
+    )
+    put(state, own_heartbeat("no-step", step=None, step_time=None, time=written + 30))
+    put(state, own_heartbeat("unknown-times", time=0.0, step_time=0.0, started=0.0))
+    with Exporter(state_dir=state) as exp:
+        s = exp.scrape()
+    slack = time.time() - written  # how long writing and scraping took: ages grow by at most this
+    run = {"run": "ages", "rank": "0"}
+    for metric, expected in [
+        ("trainguard_run_step_age_seconds", 600),
+        ("trainguard_run_heartbeat_age_seconds", 5),
+        ("trainguard_run_start_age_seconds", 3600),
+    ]:
+        got = sample(s, metric, **run)
+        assert got is not None and expected <= got <= expected + slack, (metric, got)
+    got = sample(s, "trainguard_run_last_death_age_seconds", run="ages")
+    assert got is not None and 900 <= got <= 900 + slack
+    # no step yet: no step age (not 0, not huge); a heartbeat from the future: age 0
+    assert select(s, "trainguard_run_step_age_seconds", run="no-step") == {}
+    assert sample(s, "trainguard_run_heartbeat_age_seconds", run="no-step", rank="0") == 0
+    assert select(s, "trainguard_run_last_death_age_seconds", run="no-step") == {}
+    # a time of 0 is unknown (the heartbeat format allows it): no age rather than a huge one
+    for metric in ("step", "heartbeat", "start"):
+        assert select(s, f"trainguard_run_{metric}_age_seconds", run="unknown-times") == {}
 
 
 def test_dead_and_finished_runs_are_dropped_after_retention(tmp_path: Path) -> None:

@@ -175,3 +175,59 @@ def test_over_the_file_cap_the_newest_heartbeats_are_read(tmp_path: Path) -> Non
     view = RunTable(Config(), state, max_files=2).view()
     assert {row.run for row in view.rows} == {"live-a", "live-b"}
     assert any("only the 2 most recently written are read" in e for e in view.errors)
+
+
+def _config_row(table: RunTable, run: str) -> Any:
+    (row,) = [r for r in table.view().rows if r.run == run]
+    return row
+
+
+def _wait_row(table: RunTable, run: str, ok: Any, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        row = _config_row(table, run)
+        if ok(row) or time.monotonic() > deadline:
+            return row
+        time.sleep(0.05)
+
+
+def test_configured_runs_dead_longer_than_the_retention_are_no_longer_published(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "train.pid"
+    config = parse_config(
+        {
+            "run_retention": "1s",
+            "runs": [
+                {"name": "by-file", "pid_file": str(pid_file)},
+                {"name": "by-cmdline", "cmdline_match": "^sleep 30[.]5$"},
+            ],
+        },
+        "t",
+    )
+    table = RunTable(config, tmp_path / "state")
+    first = subprocess.Popen(["sleep", "30.5"])
+    second = None
+    try:
+        pid_file.write_text(f"{first.pid}\n")
+        for run in ("by-file", "by-cmdline"):
+            row = _wait_row(table, run, lambda r: r.up is True)
+            assert (row.up, row.pid, row.pids) == (True, first.pid, (first.pid,))
+        first.kill()
+        first.wait()
+        rows = {r.run: r for r in table.view().rows}
+        for run in ("by-file", "by-cmdline"):
+            assert (rows[run].up, rows[run].pid, rows[run].pids) == (False, first.pid, ())
+        for run in ("by-file", "by-cmdline"):
+            assert _wait_row(table, run, lambda r: r.up is None).up is None
+        assert _config_row(table, "by-file").finished is None
+        # a new process of the run is watched afresh
+        second = subprocess.Popen(["sleep", "30.5"])
+        pid_file.write_text(f"{second.pid}\n")
+        for run in ("by-file", "by-cmdline"):
+            assert _wait_row(table, run, lambda r: r.up is True).pid == second.pid
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()

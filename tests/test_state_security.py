@@ -114,6 +114,7 @@ def test_process_match_command_lines_and_environment_stay_out(tmp_path: Path) ->
         cfg = tmp_path / "tg.yml"
         cfg.write_text(
             f"runs:\n  - name: matched\n    process_match: '^{name}$'\n"
+            "  - name: by-cmdline\n    cmdline_match: 'tgsecretsleep --token='\n"
             f"process_counts:\n  - name: sleepers\n    match: '^{name}'\n"
         )
         deadline = time.monotonic() + 60  # until the shell runs under its copied name
@@ -128,6 +129,8 @@ def test_process_match_command_lines_and_environment_stay_out(tmp_path: Path) ->
         proc.wait()
     if value(s, "trainguard_run_process_up", run="matched", rank="0") != 1:
         pytest.fail(f"process not matched (exited early?):\n{text}")
+    # the command line is matched (secret and all), never published
+    assert value(s, "trainguard_run_process_up", run="by-cmdline", rank="0") == 1
     assert value(s, "trainguard_process_count", name="sleepers") == 1
     assert SECRET not in text and SECRET not in log
 

@@ -1,4 +1,5 @@
-"""Is the PyTorch CUDA allocator short of memory? AllocatorRetrying, AllocatorOOM."""
+"""Is the PyTorch CUDA allocator short of memory? AllocatorRetrying, AllocatorOOM (the run died
+or stopped after it), AllocatorOOMCaught (it caught the OOM and carries on)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ SNIPPETS = {
         + "."
     ),
     "snapshots": query_value(
-        "sum(increase(trainguard_run_memory_snapshots_total{" + RANK_SEL + "}[${oom_window}]))",
+        "sum(trainguard_run_memory_snapshots_total{" + RANK_SEL + "})",
         RANK_ARGS,
     ),
     "ooms": query_value(
-        "sum(increase(trainguard_run_allocator_ooms_total{" + RANK_SEL + "}[${oom_window}]))",
+        "sum(trainguard_run_allocator_ooms_total{" + RANK_SEL + "})",
         RANK_ARGS,
     ),
 }
@@ -52,20 +53,42 @@ GROUP = Group(
             "AllocatorOOM",
             "critical",
             expr="""
-            sum by (job, instance, run, rank) (
-              increase(trainguard_run_allocator_ooms_total[${oom_window}])
-            ) > 0
-            or
-            sum by (job, instance, run, rank) (
-              increase(trainguard_run_memory_snapshots_total[${oom_window}])
-            ) > 0
+            run_rank:trainguard_run_allocator_ooms:recent
+            unless on (job, instance, run, rank) (
+              trainguard_run_process_up == 1
+              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+            )
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
             description="""
             Run {{ $labels.run }} rank {{ $labels.rank }} on {{ $labels.instance }}
-            recorded a CUDA out-of-memory in the last ${oom_window} (OOMs: ${ooms}, memory
-            snapshots dumped: ${snapshots}). ${stats} Reserved far above allocated, or a large
-            inactive split, means fragmentation: "free" VRAM that no large block fits in.
+            recorded a CUDA out-of-memory in the last ${oom_recent} (OOMs so far: ${ooms},
+            memory snapshots dumped so far: ${snapshots}) and has not stepped in the last
+            ${oom_window}, or
+            its process is gone. ${stats} Reserved far above allocated, or a large inactive
+            split, means fragmentation: "free" VRAM that no large block fits in.
+            """,
+        ),
+        Alert(
+            "AllocatorOOMCaught",
+            "warning",
+            expr="""
+            run_rank:trainguard_run_allocator_ooms:recent
+            and on (job, instance, run, rank) (
+              trainguard_run_process_up == 1
+              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+            )
+            """,
+            summary="""
+            Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory and carried on.
+            """,
+            description="""
+            Run {{ $labels.run }} rank {{ $labels.rank }} on {{ $labels.instance }}
+            recorded a CUDA out-of-memory in the last ${oom_recent} (OOMs so far: ${ooms},
+            memory snapshots dumped so far: ${snapshots}) and is still stepping (a step within
+            the last
+            ${oom_window}): the script caught it (a batch-size finder, a skipped batch).
+            AllocatorOOM pages if it stops stepping. ${stats}
             """,
         ),
     ),

@@ -1,5 +1,6 @@
-"""Can the run be resumed, and from where? CheckpointStale, CheckpointTruncated,
-CheckpointHashMismatch, CheckpointPartialOrphaned, CheckpointVolumeFillingUp, StepsAtRisk."""
+"""Can the run be resumed, and from where? CheckpointStale, CheckpointNeverCompleted,
+CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
+CheckpointPartialOrphaned, CheckpointVolumeFillingUp, StepsAtRisk."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ SNIPPETS = {
         + ' | query | sortByLabel "step" }}{{ if $i }}, {{ end }}step {{ $s.Labels.step }} '
         "holds {{ $s.Value | humanizePercentage }}{{ end }}"
     ),
+    "files": query_value("trainguard_checkpoint_files{" + LOC_SEL + "}", LOC_ARGS),
+    "unrecorded": query_value("trainguard_checkpoint_unrecorded_files{" + LOC_SEL + "}", LOC_ARGS),
+    "partials": query_value("trainguard_checkpoint_partial_files{" + LOC_SEL + "}", LOC_ARGS),
     "cadence": query_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS),
     "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
     "avg_size": query_bytes(
@@ -32,7 +36,9 @@ GROUP = Group(
             "CheckpointStale",
             "warning",
             expr="""
-            (time() - (trainguard_checkpoint_last_timestamp_seconds > 0)) > ${checkpoint_stale_s}
+            changes(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}]) == 0
+            and trainguard_checkpoint_last_timestamp_seconds > 0
+            and trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
             and on (job, instance, run) run:trainguard_run_active_ranks:count
             and on (job, instance, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
@@ -40,13 +46,45 @@ GROUP = Group(
             for_="5m",
             summary="""
             No new checkpoint of run {{ $labels.run }} at {{ $labels.location }} for
-            {{ $value | humanizeDuration }}.
+            ${checkpoint_stale}.
             """,
             description="""
             The newest complete checkpoint of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} is {{ $value | humanizeDuration }}
-            old (threshold ${checkpoint_stale}) while the run has been alive for at least that
+            {{ $labels.location }} on {{ $labels.instance }} has not changed for at least
+            ${checkpoint_stale} (threshold) while the run has been alive for at least that
             long. Everything trained since then is lost if the run dies now.
+            """,
+        ),
+        Alert(
+            "CheckpointNeverCompleted",
+            "critical",
+            expr="""
+            (
+              min_over_time(
+                trainguard_checkpoint_location_up{location="primary"}[${checkpoint_stale}]
+              ) == 1
+              unless on (job, instance, run, location)
+                last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
+            )
+            and on (job, instance, run)
+              changes(run:trainguard_run_step:max[${checkpoint_stale}]) > 0
+            and on (job, instance, run) run:trainguard_run_active_ranks:count
+            and on (job, instance, run)
+              run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
+            """,
+            for_="5m",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Run {{ $labels.run }} has stepped for ${checkpoint_stale} without one complete
+            checkpoint.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} has been alive and stepping for at
+            least ${checkpoint_stale} (threshold) and its primary checkpoint location is
+            readable, but it holds no complete checkpoint (files matching the pattern:
+            ${files}, of which without a record: ${unrecorded}; .part files: ${partials}).
+            Every save fails, or the pattern matches nothing the script writes. If the run
+            dies now, everything is lost.
             """,
         ),
         Alert(
@@ -72,6 +110,42 @@ GROUP = Group(
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
             {{ $labels.location }} on {{ $labels.instance }} no longer match the sha256
             recorded when they were written. Do not resume from them.
+            """,
+        ),
+        Alert(
+            "CheckpointUnknownMtime",
+            "warning",
+            expr="trainguard_checkpoint_unknown_mtime_files > 0",
+            for_="${checkpoint_unjudged_for}",
+            summary="""
+            Checkpoint files of run {{ $labels.run }} at {{ $labels.location }} have no
+            modification time.
+            """,
+            description="""
+            {{ $value }} checkpoint or .part file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} report an mtime of 0 (a network or
+            FUSE bridge that does not pass it on), for ${checkpoint_unjudged_for}. Such files
+            are never judged settled: never complete, never truncated, never pruned.
+            """,
+        ),
+        Alert(
+            "CheckpointUnrecordedFiles",
+            "warning",
+            expr="""
+            trainguard_checkpoint_unrecorded_files > 0
+            and on (job, instance, run, location)
+              trainguard_checkpoint_location_info{trust_unrecorded="false"}
+            """,
+            for_="${checkpoint_unjudged_for}",
+            summary="""
+            Checkpoint files of run {{ $labels.run }} at {{ $labels.location }} have no record.
+            """,
+            description="""
+            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} have had no recorded size for
+            ${checkpoint_unjudged_for} (no manifest record, and for a mirror none on the
+            primary), and the location does not trust unrecorded files: they are never
+            complete. Saved without trainguard.checkpoint, or their records were lost.
             """,
         ),
         Alert(

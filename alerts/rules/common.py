@@ -48,6 +48,9 @@ class Alert:
     summary: str
     description: str
     for_: str | None = None
+    keep_firing_for: str | None = None
+    """Prometheus' ``keep_firing_for``: how long the alert stays firing after its expression
+    stops returning it (a missed scrape must not resolve it and page again)."""
 
 
 @dataclass(frozen=True)

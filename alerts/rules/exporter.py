@@ -1,11 +1,22 @@
 """Is trainguard itself watching? TrainguardCollectorFailing, TrainguardExporterDown (critical
-when the vanished exporter was watching active runs: a dead host cannot report their death)."""
+when the exporter, failing its scrapes or gone from service discovery, was watching active runs:
+a dead host cannot report their death), and Watchdog, which always fires so that a dead
+man's switch notices when the whole alerting pipeline stops."""
 
 from __future__ import annotations
 
 from alerts.rules.common import Alert, Group, query_value
 
 SNIPPETS = {
+    # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.
+    "down_how": (
+        "{{ with printf `up{job=%q,instance=%q}` $labels.job $labels.instance | query }}"
+        "has failed to scrape the trainguard exporter {{ $labels.instance }} (job"
+        " {{ $labels.job }}) for ${exporter_down_for}{{ else }}no longer has the trainguard"
+        " exporter {{ $labels.instance }} (job {{ $labels.job }}) among its targets, nor has it"
+        " scraped it for ${exporter_down_for}: it left service discovery (its DaemonSet pod"
+        " deleted or evicted, its host removed from file_sd or static_configs){{ end }}"
+    ),
     "active": query_value(
         "last_over_time(instance:trainguard_run_active_ranks:sum{job=%q,instance=%q}"
         "[${exporter_down_active_lookback}])",
@@ -36,7 +47,16 @@ GROUP = Group(
             "TrainguardExporterDown",
             "critical",
             expr="""
-            up{${job_selector}} == 0
+            (
+              max by (job, instance) (up{${job_selector}} == 0)
+              or
+              (
+                max by (job, instance) (
+                  last_over_time(up{${job_selector}}[${exporter_down_active_lookback}])
+                )
+                unless on (job, instance) up{${job_selector}}
+              )
+            )
             and on (job, instance)
             last_over_time(
               instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
@@ -48,17 +68,16 @@ GROUP = Group(
             active there.
             """,
             description="""
-            Prometheus has failed to scrape the trainguard exporter {{ $labels.instance }}
-            (job {{ $labels.job }}) for ${exporter_down_for}; when it was last seen it
-            watched ${active} active training rank(s). The host may have rebooted or the VM been
-            torn down, taking the runs with it; nothing can tell their death until it is back.
+            Prometheus ${down_how}; when it was last seen it watched ${active} active training
+            rank(s). The host may have rebooted or the VM been torn down, taking the runs with
+            it; nothing can tell their death until it is back.
             """,
         ),
         Alert(
             "TrainguardExporterDown",
             "warning",
             expr="""
-            up{${job_selector}} == 0
+            max by (job, instance) (up{${job_selector}} == 0)
             unless on (job, instance)
             last_over_time(
               instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
@@ -70,6 +89,18 @@ GROUP = Group(
             Prometheus has failed to scrape the trainguard exporter {{ $labels.instance }}
             (job {{ $labels.job }}) for ${exporter_down_for}. No active training run was
             watched there when it was last seen, but none will be watched until it is back.
+            """,
+        ),
+        Alert(
+            "Watchdog",
+            "none",
+            expr="vector(1)",
+            summary="The trainguard alerting pipeline is alive (this alert always fires).",
+            description="""
+            Always firing, on purpose: Prometheus evaluates the trainguard rules and reaches
+            Alertmanager. Route it to a dead man's switch that raises the alarm when it stops
+            arriving (see deploy/alertmanager.yml): then Prometheus is down, stuck or cut off
+            from Alertmanager, and no other trainguard alert can arrive either. Never silence it.
             """,
         ),
     ),

@@ -1,5 +1,5 @@
-"""Is VRAM held by something that no longer trains? GPUGhostMemory, GPUUnattributedMemory,
-DuplicateHostProcess."""
+"""Is VRAM held by something that no longer trains, or did a GPU fail? GPUGhostMemory,
+GPUUnattributedMemory, GPUXidError, DuplicateHostProcess."""
 
 from __future__ import annotations
 
@@ -26,6 +26,16 @@ SNIPPETS = {
         ' ({{ . | first | label "name" }}){{ end }}'
     ),
     "gpu_total": query_bytes("trainguard_gpu_memory_total_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    "gpu_used": query_bytes("trainguard_gpu_memory_used_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    "gpu_reserved": query_bytes(
+        "uuid:trainguard_run_allocator_reserved_bytes:sum{job=%q,instance=%q,uuid=%q}",
+        "$labels.job $labels.instance $labels.uuid",
+    ),
+    "xid_count": query_value(
+        "trainguard_gpu_xid_errors_total{" + GPU_SEL + ",xid=%q}",
+        GPU_ARGS + " $labels.xid",
+        unknown="an unknown number of",
+    ),
 }
 
 GROUP = Group(
@@ -58,12 +68,64 @@ GROUP = Group(
             restarted.
             """,
         ),
+        # Where NVML cannot attribute memory to processes (Windows WDDM: listed, memory not
+        # available; WSL: not listed at all) the rule above has no input: compare per GPU,
+        # the driver's used memory against what the live runs on that GPU reserved. Hosts
+        # where a live run's memory cannot be placed on a GPU are not judged.
+        Alert(
+            "GPUGhostMemory",
+            "warning",
+            expr="""
+            min_over_time(gpu:trainguard_gpu_memory_ghost_bytes:sum[${ghost_window}])
+              > ${ghost_device_floor}
+            and
+            min_over_time(gpu:trainguard_gpu_memory_used_over_accounted:ratio[${ghost_window}])
+              > ${ghost_ratio}
+            and on (job, instance, gpu, uuid)
+            (
+              trainguard_gpu_processes_memory_unknown > 0
+              or trainguard_gpu_processes == 0
+            )
+            unless on (job, instance)
+            instance:trainguard_run_allocator_devices_unplaced:count > 0
+            """,
+            for_="${ghost_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} has far more VRAM in use than the
+            live runs on it reserved.
+            """,
+            description="""
+            For at least ${ghost_window} GPU {{ $labels.gpu }}${gpu_name} on
+            {{ $labels.instance }} has had {{ $value | humanize1024 }}B or more in use beyond
+            what the live training runs on it account for (now: used ${gpu_used} of
+            ${gpu_total}, their allocator reserved ${gpu_reserved}, plus
+            ${ghost_context_allowance_h} of CUDA context per process; thresholds: ratio >
+            ${ghost_ratio} and gap > ${ghost_device_floor_h}). NVML cannot attribute memory to
+            processes here (WDDM/WSL), so this is judged per GPU. Typical of ghost memory left
+            by crashed runs: throughput drops until the driver session is restarted (wsl
+            --shutdown).
+            """,
+        ),
         Alert(
             "GPUUnattributedMemory",
             "warning",
+            # Not where NVML cannot tell: a process's memory unknown (WDDM), or no process
+            # listed while live runs report allocator memory on this GPU or on one of this
+            # host's that cannot be placed (WSL lists none): "unattributed" is then just
+            # "used", and GPUGhostMemory judges the GPU against the runs' allocators instead.
             expr="""
             trainguard_gpu_memory_unattributed_bytes > ${unattributed_floor}
             unless on (job, instance, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
+            unless on (job, instance, gpu, uuid)
+            (
+              trainguard_gpu_processes == 0
+              and on (job, instance, uuid) uuid:trainguard_run_allocator_reserved_bytes:sum
+            )
+            unless on (job, instance, gpu, uuid)
+            (
+              trainguard_gpu_processes == 0
+              and on (job, instance) instance:trainguard_run_allocator_devices_unplaced:count > 0
+            )
             """,
             for_="${unattributed_for}",
             summary="""
@@ -76,6 +138,40 @@ GROUP = Group(
             accounts for (threshold ${unattributed_floor_h}, sustained ${unattributed_for}).
             Memory of crashed processes the driver never released; it stays lost until the
             driver session (the VM, under WSL) is restarted.
+            """,
+        ),
+        Alert(
+            "GPUXidError",
+            "critical",
+            expr='gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_critical}"}',
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported critical Xid
+            {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the critical list (${xid_critical_list}):
+            the GPU needs a reset, a reboot or service before it can train again, and the runs
+            on it have most likely died. See the runbook's table for this code.
+            """,
+        ),
+        Alert(
+            "GPUXidError",
+            "warning",
+            expr="""
+            gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_warning}",xid!~"${xid_critical}"}
+            """,
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the warning list (${xid_warning_list}):
+            the application that hit it was most likely killed, the GPU stays usable; a GPU
+            that keeps reporting it needs a reset or service. See the runbook's table for this
+            code.
             """,
         ),
         Alert(

@@ -31,6 +31,58 @@ GROUP = Group(
             "run:trainguard_run_step:max",
             "max by (job, instance, run) (trainguard_run_step)",
         ),
+        # A live, unfinished rank's age of its last step, by the exporter's clock (skew-free).
+        Record(
+            "run_rank:trainguard_run_step_age_seconds:running",
+            """
+            max by (job, instance, run, rank) (
+              trainguard_run_step_age_seconds
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
+        # The rank's longest interval between two steps in the window: the highest step age
+        # seen, recorded only while the current age is below it, so the peak is a completed
+        # interval. While the rank stalls (its age passes every earlier peak) nothing is
+        # recorded, and last_over_time() keeps the pace it had before the stall.
+        Record(
+            "run_rank:trainguard_run_step_gap_seconds:max",
+            """
+            max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_window}])
+            > run_rank:trainguard_run_step_age_seconds:running
+            """,
+        ),
+        # How long the rank may go without a step: stall_factor x its longest recent interval
+        # between steps, within [stall, stall_max]; stall_max while that interval is unknown.
+        Record(
+            "run_rank:trainguard_run_stall_threshold_seconds:clamp",
+            """
+            clamp(
+              ${stall_factor}
+                * last_over_time(run_rank:trainguard_run_step_gap_seconds:max[${stall_max}]),
+              ${stall_s},
+              ${stall_max_s}
+            )
+            or
+            run_rank:trainguard_run_step_age_seconds:running * 0 + ${stall_max_s}
+            """,
+        ),
+        # Steps per second of a live, unfinished rank, within its current process only (the
+        # process has been up for the whole window: a resume, whose step goes down, is never in
+        # it). deriv() and not rate(): the step is a gauge.
+        Record(
+            "run_rank:trainguard_run_steps_per_second:deriv",
+            """
+            max by (job, instance, run, rank) (
+              clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
+              and on (job, instance, run, rank)
+                trainguard_run_start_age_seconds > ${throughput_window_s}
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+            )
+            """,
+        ),
         Record(
             "run:trainguard_run_steps_since_checkpoint:max",
             """
@@ -82,6 +134,115 @@ GROUP = Group(
             """
             run_rank:trainguard_run_gpu_memory_used_bytes:sum
             / run_rank:trainguard_run_allocator_reserved_bytes:sum
+            """,
+        ),
+        # The device-level view of ghost memory, for GPUs whose memory NVML cannot attribute
+        # to processes (WDDM/WSL): what the live runs' allocators reserved on each GPU (joined
+        # by UUID, whatever CUDA_VISIBLE_DEVICES did to the index), how many processes that
+        # is, and the GPU's used memory beyond it and a CUDA context per process.
+        Record(
+            "uuid:trainguard_run_allocator_reserved_bytes:sum",
+            """
+            sum by (job, instance, uuid) (
+              trainguard_run_allocator_reserved_bytes
+              * on (job, instance, run, rank, device) group_left (uuid)
+              trainguard_run_allocator_device_info
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+            )
+            """,
+        ),
+        Record(
+            "uuid:trainguard_run_allocator_devices:count",
+            """
+            count by (job, instance, uuid) (
+              trainguard_run_allocator_device_info
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+            )
+            """,
+        ),
+        Record(
+            "gpu:trainguard_gpu_memory_ghost_bytes:sum",
+            """
+            trainguard_gpu_memory_used_bytes
+            - on (job, instance, uuid) group_left ()
+            (
+              uuid:trainguard_run_allocator_reserved_bytes:sum
+              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
+            )
+            """,
+        ),
+        Record(
+            "gpu:trainguard_gpu_memory_used_over_accounted:ratio",
+            """
+            trainguard_gpu_memory_used_bytes
+            / on (job, instance, uuid) group_left ()
+            (
+              uuid:trainguard_run_allocator_reserved_bytes:sum
+              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
+            )
+            """,
+        ),
+        # Live allocator devices that cannot be put on a GPU of their host (no uuid: an older
+        # reporter; a uuid no GPU has: a MIG instance): their memory is somewhere unknown, so
+        # no GPU of that host is judged per device.
+        Record(
+            "instance:trainguard_run_allocator_devices_unplaced:count",
+            """
+            count by (job, instance) (
+              trainguard_run_allocator_reserved_bytes
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank, device)
+              (
+                trainguard_run_allocator_device_info
+                and on (job, instance, uuid) trainguard_gpu_info
+              )
+            )
+            """,
+        ),
+        # OOMs (or OOM memory snapshots) of a rank within oom_recent. increase() needs two
+        # samples, so a counter whose first sample is already above 0 (the run OOMed in its
+        # first batch) counts too when it did not exist oom_recent ago while Prometheus was
+        # scraping the exporter then (not an old count seen by a Prometheus just started).
+        Record(
+            "run_rank:trainguard_run_allocator_ooms:recent",
+            """
+            sum by (job, instance, run, rank) (
+              increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
+              or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
+              or (
+                (
+                  trainguard_run_allocator_ooms_total > 0
+                  unless trainguard_run_allocator_ooms_total offset ${oom_recent}
+                )
+                and on (job, instance) (up offset ${oom_recent} == 1)
+              )
+              or (
+                (
+                  trainguard_run_memory_snapshots_total > 0
+                  unless trainguard_run_memory_snapshots_total offset ${oom_recent}
+                )
+                and on (job, instance) (up offset ${oom_recent} == 1)
+              )
+            )
+            """,
+        ),
+        # Xid errors counted within the window, per GPU and code. The counter is the exporter's
+        # count since it started, and a code's series appears with its first event, which
+        # increase() cannot see (it needs two samples): a series that exists now and did not
+        # a window ago is news too, provided Prometheus was scraping the target then (else it
+        # is a count seen again after the target was unreachable, or by a new Prometheus).
+        Record(
+            "gpu:trainguard_gpu_xid_errors:recent",
+            """
+            increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
+            or
+            (
+              (
+                trainguard_gpu_xid_errors_total
+                unless trainguard_gpu_xid_errors_total offset ${xid_window}
+              )
+              and on (job, instance) (up offset ${xid_window} == 1)
+            )
             """,
         ),
     ),

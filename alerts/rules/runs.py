@@ -1,5 +1,9 @@
 """Is the training run alive and making progress? TrainingProcessDied, TrainingStalled,
-TrainingLogStale."""
+TrainingNoFirstStep, TrainingThroughputDropped, TrainingLogStale.
+
+Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
+of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
+trainer clock off by an hour must not page a healthy run."""
 
 from __future__ import annotations
 
@@ -19,6 +23,32 @@ SNIPPETS = {
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
         RUN_ARGS,
         unknown="none known",
+    ),
+    "stall_threshold": query_value(
+        "max(run_rank:trainguard_run_stall_threshold_seconds:clamp{" + RUN_SEL + "})",
+        RUN_ARGS,
+        "humanizeDuration",
+        unknown="none: no step yet",
+    ),
+    "step_gap": query_value(
+        "max(last_over_time(run_rank:trainguard_run_step_gap_seconds:max{"
+        + RUN_SEL
+        + "}[${stall_max}]))",
+        RUN_ARGS,
+        "humanizeDuration",
+        unknown="not known yet",
+    ),
+    "rate_now": query_value(
+        "min(run_rank:trainguard_run_steps_per_second:deriv{" + RUN_SEL + "}) * 60",
+        RUN_ARGS,
+        'printf "%.3g"',
+    ),
+    "rate_usual": query_value(
+        "max(quantile_over_time(0.9, run_rank:trainguard_run_steps_per_second:deriv{"
+        + RUN_SEL
+        + "}[${throughput_baseline}])) * 60",
+        RUN_ARGS,
+        'printf "%.3g"',
     ),
     # A whole sentence: whether the driver still holds VRAM of the dead ranks.
     "dead_vram": (
@@ -45,6 +75,7 @@ GROUP = Group(
               unless on (job, instance, run, rank) trainguard_run_finished == 1
             )
             """,
+            keep_firing_for="${keep_firing_for}",
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
             description="""
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
@@ -58,45 +89,98 @@ GROUP = Group(
             "warning",
             expr="""
             max by (job, instance, run) (
+              run_rank:trainguard_run_step_age_seconds:running
+                > run_rank:trainguard_run_stall_threshold_seconds:clamp
+              or
               (
-                (
-                  time() - (trainguard_run_heartbeat_timestamp_seconds > 0) > ${stall_s}
-                )
-                or
-                (
-                  (changes(trainguard_run_step[${stall}]) == 0) + ${stall_s}
-                  and min_over_time(trainguard_run_process_up[${stall}]) == 1
-                  and trainguard_run_step offset ${stall}
-                )
+                trainguard_run_heartbeat_age_seconds > ${stall_s}
+                and on (job, instance, run, rank) trainguard_run_process_up == 1
+                unless on (job, instance, run, rank) trainguard_run_finished == 1
               )
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
             )
             """,
             for_="2m",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on {{ $labels.instance }} is alive but not
             progressing.
             """,
             description="""
             The process of run {{ $labels.run }} on {{ $labels.instance }} is alive, but
-            a rank has made no progress (no new step, or no new heartbeat) for at least
-            {{ $value | humanizeDuration }} (threshold ${stall}). Last step ${last_step}.
+            a rank has made no progress for {{ $value | humanizeDuration }}: no new step
+            within its stall threshold (${stall_threshold}), or no new heartbeat within
+            ${stall}. The threshold is ${stall_factor}x the run's longest recent interval
+            between steps (${step_gap}), at least ${stall} and at most ${stall_max}
+            (${stall_max} until that interval is known). Last step ${last_step}.
+            """,
+        ),
+        Alert(
+            "TrainingNoFirstStep",
+            "warning",
+            expr="""
+            max by (job, instance, run) (
+              trainguard_run_start_age_seconds > ${first_step_s}
+              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              unless on (job, instance, run, rank) trainguard_run_finished == 1
+              unless on (job, instance, run, rank) trainguard_run_step
+              unless on (job, instance, run, rank) trainguard_run_heartbeat_age_seconds > ${stall_s}
+            )
+            """,
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Training run {{ $labels.run }} on {{ $labels.instance }} has made no step since it
+            started.
+            """,
+            description="""
+            A process of run {{ $labels.run }} on {{ $labels.instance }} started
+            {{ $value | humanizeDuration }} ago (threshold ${first_step}) and is alive, its
+            reporter writes heartbeats, but it has not reported a single step: hung before
+            training started (NCCL rendezvous or init, a data loader, loading a checkpoint).
+            """,
+        ),
+        Alert(
+            "TrainingThroughputDropped",
+            "warning",
+            expr="""
+            min by (job, instance, run) (
+              (run_rank:trainguard_run_steps_per_second:deriv > 0)
+              / on (job, instance, run, rank)
+              quantile_over_time(
+                0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
+              )
+            ) < ${throughput_ratio}
+            """,
+            for_="${throughput_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Training run {{ $labels.run }} on {{ $labels.instance }} steps at
+            {{ $value | humanizePercentage }} of its usual rate.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} has stepped at less than
+            ${throughput_ratio}x its usual rate for ${throughput_for}: now ${rate_now} steps/min,
+            usually ${rate_usual} (the 90th percentile over ${throughput_baseline}, earlier
+            processes of the run included). The field reports' symptom of ghost GPU memory after
+            crashes (a relaunched run at a fraction of its speed); also a straggler rank,
+            thermal or power throttling, a slow data source or swapping.
             """,
         ),
         Alert(
             "TrainingLogStale",
             "warning",
             expr="""
-            (time() - (trainguard_run_log_modified_timestamp_seconds > 0)) > ${log_stale_s}
+            changes(trainguard_run_log_modified_timestamp_seconds[${log_stale}]) == 0
+            and trainguard_run_log_modified_timestamp_seconds > 0
+            and trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
             and on (job, instance, run) run:trainguard_run_active_ranks:count > 0
+            and on (job, instance, run) run:trainguard_run_active_ranks:count offset ${log_stale}
             """,
-            for_="2m",
+            keep_firing_for="${keep_firing_for}",
             summary="The log of training run {{ $labels.run }} on {{ $labels.instance }} is stale.",
             description="""
             The log file of run {{ $labels.run }} on {{ $labels.instance }} has not been
-            modified for {{ $value | humanizeDuration }} (threshold ${log_stale}) although its
-            process is alive. The run may be hung, or logging to somewhere else.
+            modified for at least ${log_stale} although the run is alive (and was alive
+            ${log_stale} ago). The run may be hung, or logging to somewhere else.
             """,
         ),
     ),

@@ -1,5 +1,6 @@
 """GPU memory: the driver's view (NVML) against the allocator's view (torch) of GPU memory, to
-see ghost memory, unattributed memory, fragmentation, retries and OOMs."""
+see ghost memory, unattributed memory, fragmentation, retries and OOMs; and the GPUs' Xid
+errors."""
 
 from __future__ import annotations
 
@@ -25,6 +26,18 @@ PER_RANK = "{{run}} rank {{rank}}"
 DRIVER = by("run, rank", "trainguard_run_gpu_memory_used_bytes", "sum")
 RESERVED = by("run, rank", "trainguard_run_allocator_reserved_bytes", "sum")
 ALLOCATED = by("run, rank", "trainguard_run_allocator_allocated_bytes", "sum")
+# The live runs' allocator reserved bytes per GPU, joined by UUID (whatever CUDA_VISIBLE_DEVICES
+# made of the device index) and labelled with the GPU's NVML index.
+LIVE_RESERVED_PER_GPU = (
+    "sum by (instance, gpu) (\n"
+    f"  trainguard_run_allocator_reserved_bytes{{{IR}}}\n"
+    "  * on (job, instance, run, rank, device) group_left (uuid)\n"
+    f"  trainguard_run_allocator_device_info{{{IR}}}\n"
+    "  * on (job, instance, uuid) group_left (gpu)\n"
+    f"  max by (job, instance, uuid, gpu) (trainguard_gpu_info{{{I}}})\n"
+    f"  and on (job, instance, run, rank) trainguard_run_process_up{{{IR}}} == 1\n"
+    ")"
+)
 
 
 def _increase(labels: str, metric: str, window: str) -> str:
@@ -87,12 +100,67 @@ def devices() -> list[Panel]:
         ),
         ts(
             "Processes with unknown memory",
-            "GPU processes whose memory NVML cannot report (WDDM / WSL). They are counted here "
-            "instead of being published as 0 bytes; while this is non-zero the GPU's "
-            "unattributed memory is unknown and left out.",
+            "GPU processes NVML lists, and those whose memory it cannot report (Windows, WDDM). "
+            "The unknown ones are counted here instead of being published as 0 bytes; while "
+            "there are any, the GPU's unattributed memory is unknown and left out. Inside WSL "
+            "NVML lists no process at all (listed 0 while a run trains there).",
             "none",
-            [(f"trainguard_gpu_processes_memory_unknown{{{I}}}", PER_GPU)],
+            [
+                (f"trainguard_gpu_processes{{{I}}}", f"{PER_GPU} listed"),
+                (f"trainguard_gpu_processes_memory_unknown{{{I}}}", f"{PER_GPU} memory unknown"),
+            ],
             thresholds=((None, "green"), (1, "orange")),
+            minimum=0,
+        ),
+        ts(
+            "Device memory vs live runs' allocator",
+            "Per GPU: memory in use as the driver reports it, against what the allocators of "
+            "the live runs on that GPU have reserved (joined by GPU UUID). The gap is the CUDA "
+            "contexts (a few hundred MiB per process), the display and other applications; a "
+            "gap that grows with each crash is ghost memory. Where NVML cannot attribute memory "
+            "to processes (Windows, WSL) this is how GPUGhostMemory judges a GPU.",
+            "bytes",
+            [
+                (f"trainguard_gpu_memory_used_bytes{{{I}}}", f"{PER_GPU} used"),
+                (LIVE_RESERVED_PER_GPU, f"{PER_GPU} reserved by live runs"),
+            ],
+            w=24,
+            minimum=0,
+            dashed="/reserved by live runs$/",
+        ),
+    ]
+
+
+def xids() -> list[Panel]:
+    """Critical Xid errors per GPU and code."""
+    return [
+        table_panel(
+            "Xid errors by GPU and code",
+            "Critical Xid errors the driver reported per GPU and Xid code, counted since the "
+            "exporter started (79: fallen off the bus, 48: double-bit ECC, 94/95: contained / "
+            "uncontained ECC, 119: GSP timeout...; the runbook's GPUXidError table says what "
+            "each means and which page).",
+            [by("instance, gpu, uuid, xid", "trainguard_gpu_xid_errors_total", "max", I)],
+            columns={
+                "instance": ("Exporter", ""),
+                "gpu": ("GPU", ""),
+                "uuid": ("UUID", ""),
+                "xid": ("Xid", ""),
+                "Value": ("Count since exporter start", "none"),
+            },
+            w=12,
+        ),
+        ts(
+            "Xid errors over time",
+            "Count of each Xid code per GPU since the exporter started: a step is a new error. "
+            "A GPU whose driver offers no Xid events (Windows/WSL) has no series here.",
+            "none",
+            [
+                (
+                    by("instance, gpu, xid", "trainguard_gpu_xid_errors_total", "max", I),
+                    f"{PER_GPU} Xid {{{{xid}}}}",
+                )
+            ],
             minimum=0,
         ),
     ]
@@ -273,9 +341,10 @@ def build() -> db.Dashboard:
         UID,
         "GPU memory",
         "Driver view (NVML) vs the allocator's view (torch) of GPU memory: ghost memory, "
-        "unattributed memory, fragmentation, retries and OOMs.",
+        "unattributed memory, fragmentation, retries and OOMs; the GPUs' Xid errors.",
         [
             ("Devices", devices()),
+            ("GPU errors (Xid)", xids()),
             ("Processes (driver view)", processes()),
             ("Runs: driver vs allocator", runs()),
             ("Host processes", host_processes()),

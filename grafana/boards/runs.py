@@ -41,8 +41,19 @@ STEPS_PER_MIN_EXPR = (
     f"clamp_min(max by (run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
 )
 
+# The run's usual throughput, as TrainingThroughputDropped compares against it: the 90th
+# percentile of its steps per minute over the last 6 hours.
+STEPS_PER_MIN_USUAL_EXPR = (
+    "quantile_over_time(0.9, (\n"
+    f"  clamp_min(max by (run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60\n"
+    ")[6h:1m])"
+)
+
 STEP = by("run, rank", "trainguard_run_step")
-HEARTBEAT_AGE = "time() - " + by("run, rank", "trainguard_run_heartbeat_timestamp_seconds")
+# Ages measured by the exporter on the training host: right even when that host's clock and
+# Prometheus's disagree, unlike time() - a timestamp the trainer wrote.
+HEARTBEAT_AGE = by("run, rank", "trainguard_run_heartbeat_age_seconds")
+STEP_AGE = by("run, rank", "trainguard_run_step_age_seconds")
 PER_RANK = "{{run}} rank {{rank}}"
 PER_LOCATION = "{{run}} {{location}}"
 
@@ -155,19 +166,36 @@ def progress() -> list[Panel]:
             "Steps per minute",
             "Training throughput per rank: clamp_min(deriv(step[5m]), 0) * 60. deriv, not rate: "
             "the step is a gauge that drops when a run resumes from an older checkpoint. A rank "
-            "below its peers is a straggler; 0 while alive is a stall.",
+            "below its peers is a straggler; 0 while alive is a stall. Dashed: its usual rate, "
+            "the 90th percentile over the last 6 hours; well below it for a while is "
+            "TrainingThroughputDropped (ghost memory after a crash, throttling, a slow source).",
             "none",
-            [(STEPS_PER_MIN_EXPR, PER_RANK)],
+            [
+                (STEPS_PER_MIN_EXPR, PER_RANK),
+                (STEPS_PER_MIN_USUAL_EXPR, PER_RANK + " usual (p90 6h)"),
+            ],
+            minimum=0,
+            dashed="/usual/",
+        ),
+        ts(
+            "Time since last step",
+            "Seconds since each rank's last step (trainguard_run_step_age_seconds, measured by "
+            "the exporter on the training host, so clock skew does not show). A sawtooth whose "
+            "teeth are the run's step interval; a tooth three times taller than the usual ones "
+            "(at least 10 minutes) is TrainingStalled.",
+            "s",
+            [(STEP_AGE, PER_RANK)],
             minimum=0,
         ),
         ts(
             "Heartbeat age",
-            "Seconds since each rank last wrote its heartbeat (time() - "
-            "trainguard_run_heartbeat_timestamp_seconds). Grows without bound when a rank hangs "
-            "or dies.",
+            "Seconds since each rank last wrote its heartbeat (trainguard_run_heartbeat_age_"
+            "seconds, measured by the exporter on the training host). The reporter writes at "
+            "least every 10 s while the process runs; growing without bound: the rank hangs or "
+            "died.",
             "s",
             [(HEARTBEAT_AGE, PER_RANK)],
-            thresholds=((None, "green"), (300, "orange"), (900, "red")),
+            thresholds=((None, "green"), (300, "orange"), (600, "red")),
             minimum=0,
         ),
         ts(
@@ -223,13 +251,16 @@ def deaths() -> list[Panel]:
         table_panel(
             "Deaths per run",
             "Death history recorded by the reporter when a run restarts under the same name: "
-            "how many times it died, at which step, when, and the inferred cause (reboot, "
-            "oom_killer, unknown). The same step twice is RepeatedDeathNearSameStep.",
+            "how many times it died, at which step, when, how long ago, and the inferred cause "
+            "(reboot, oom_killer, exception, unknown). A death under an hour old is "
+            "TrainingProcessRestarted (also when a supervisor restarted the run before any "
+            "scrape saw it dead); the same step twice is RepeatedDeathNearSameStep.",
             [
                 by("run", "trainguard_run_deaths_total"),
                 by("run", "trainguard_run_last_death_step"),
                 by("run", "trainguard_run_last_death_timestamp_seconds") + " * 1000",
                 by("run, cause", "trainguard_run_last_death_info"),
+                by("run", "trainguard_run_last_death_age_seconds", "min"),
             ],
             columns={
                 "run": ("Run", ""),
@@ -237,6 +268,7 @@ def deaths() -> list[Panel]:
                 "Value #A": ("Deaths", "none"),
                 "Value #B": ("Last death step", "none"),
                 "Value #C": ("Last death", "dateTimeAsIso"),
+                "Value #E": ("Since last death", "s"),
             },
             hide=("Value #D",),
             w=12,

@@ -33,6 +33,9 @@
 #define MAX_GPUS 128
 #define MAX_PROCS 1000000 /* total over all GPUs; a guard against runaway files */
 #define MAX_FAILS 256
+#define MAX_XIDS 4096     /* `xid` lines in one state file */
+#define MAX_EVENT_SETS 64 /* event sets alive at once */
+#define EVENT_POLL_MS 50  /* how often a waiting nvmlEventSetWait_v2 looks again */
 #define STR_MAX 128 /* driver/NVML version, GPU name, UUID (after unescaping) */
 #define SYM_MAX 96
 
@@ -148,6 +151,16 @@ typedef struct {
     unsigned int gpu, memory;
 } nvmlUtilization_t;
 
+#define nvmlEventTypeSingleBitEccError 0x1ULL
+#define nvmlEventTypeDoubleBitEccError 0x2ULL
+#define nvmlEventTypePState 0x4ULL
+#define nvmlEventTypeXidCriticalError 0x8ULL
+#define nvmlEventTypeClock 0x10ULL
+/* what a data-centre GPU on Linux supports (the default of `events=`) */
+#define DEFAULT_EVENTS                                                                             \
+    (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |       \
+     nvmlEventTypeXidCriticalError | nvmlEventTypeClock)
+
 typedef struct {
     unsigned int version;
     unsigned int sensorType;
@@ -163,6 +176,24 @@ struct fake_device {
 typedef struct fake_device *nvmlDevice_t;
 static struct fake_device g_handles[MAX_GPUS];
 
+/* nvmlEventData_t as nvmlEventSetWait_v2 fills it (pynvml's c_nvmlEventData_t). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+/* Event sets: a static pool, so a set is a stable pointer whatever the state
+ * file says; each remembers the event types registered per device. */
+struct fake_event_set {
+    int in_use;
+    unsigned long long types[MAX_GPUS];
+};
+typedef struct fake_event_set *nvmlEventSet_t;
+static struct fake_event_set g_sets[MAX_EVENT_SETS];
+
 /* ---- state ---- */
 
 enum proc_kind { KIND_COMPUTE = 0, KIND_GRAPHICS = 1, KIND_MPS = 2 };
@@ -174,6 +205,14 @@ struct gpu {
     unsigned long long total, used, reserved;
     nvmlReturn_t error; /* NVML_SUCCESS or what every query on it returns */
     unsigned int temp, util_gpu, util_mem;
+    unsigned long long events; /* nvmlDeviceGetSupportedEventTypes */
+};
+
+/* `xid GPU CODE id=N`: one critical-Xid event on GPU, delivered once per process. */
+struct xid {
+    unsigned int gpu;
+    unsigned long long code;
+    unsigned int id;
 };
 
 struct proc {
@@ -210,11 +249,17 @@ struct state {
     struct fail fails[MAX_FAILS];
     size_t nhangs;
     struct hang hangs[MAX_FAILS];
+    size_t nxids;
+    struct xid xids[MAX_XIDS];
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned int g_refcount; /* nvmlInit ref count */
 static struct state g_state;    /* reused buffer; only valid under g_lock */
+/* ids of the `xid` events already delivered: the state file is re-read at
+ * every call, so this is what makes each event arrive once */
+static unsigned int *g_consumed;
+static size_t g_nconsumed, g_cap_consumed;
 
 static void warn(const char *fmt, ...) {
     va_list ap;
@@ -341,6 +386,7 @@ static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, u
     strcpy(g->name, "NVIDIA Fake GPU");
     g->total = 80ULL << 30;
     g->temp = 40;
+    g->events = DEFAULT_EVENTS;
     for (i = 2; i < ntok; i++) {
         char *val = split_kv(tok[i]);
         const char *key = tok[i];
@@ -370,6 +416,8 @@ static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, u
             bad = parse_uint(val, &g->util_gpu, 0);
         else if (!strcmp(key, "memutil"))
             bad = parse_uint(val, &g->util_mem, 0);
+        else if (!strcmp(key, "events"))
+            bad = parse_ull(val, &g->events, 0);
         else
             bad = 1;
         if (bad)
@@ -464,6 +512,31 @@ bad:
     return -1;
 }
 
+static int parse_xid(struct state *st, char **tok, int ntok, const char *path, unsigned lineno) {
+    struct xid *x;
+    char *val;
+    size_t i;
+    if (ntok != 4)
+        PARSE_FAIL("xid GPU CODE id=N", path, lineno);
+    if (st->nxids >= MAX_XIDS)
+        PARSE_FAIL("more than %d xid lines", path, lineno, MAX_XIDS);
+    x = &st->xids[st->nxids];
+    if (parse_uint(tok[1], &x->gpu, 0) || x->gpu >= MAX_GPUS)
+        PARSE_FAIL("xid needs a gpu index", path, lineno);
+    if (parse_ull(tok[2], &x->code, 0))
+        PARSE_FAIL("xid needs a code", path, lineno);
+    val = split_kv(tok[3]);
+    if (!val || strcmp(tok[3], "id") || parse_uint(val, &x->id, 0))
+        PARSE_FAIL("xid: expected id=N", path, lineno);
+    for (i = 0; i < st->nxids; i++)
+        if (st->xids[i].id == x->id)
+            PARSE_FAIL("xid id=%u listed twice", path, lineno, x->id);
+    st->nxids++;
+    return 0;
+bad:
+    return -1;
+}
+
 static int parse_hang(struct state *st, char **tok, int ntok, const char *path, unsigned lineno) {
     struct hang *h;
     if (ntok != 3)
@@ -549,6 +622,9 @@ static nvmlReturn_t load_state(void) {
         } else if (!strcmp(tok[0], "hang")) {
             if (parse_hang(st, tok, ntok, path, lineno))
                 rc = NVML_ERROR_UNKNOWN;
+        } else if (!strcmp(tok[0], "xid")) {
+            if (parse_xid(st, tok, ntok, path, lineno))
+                rc = NVML_ERROR_UNKNOWN;
         } else {
             warn("%s:%u: unknown line '%s' (or wrong number of fields)", path, lineno, tok[0]);
             rc = NVML_ERROR_UNKNOWN;
@@ -577,6 +653,14 @@ static nvmlReturn_t load_state(void) {
         if (st->procs[i].gpu >= st->ngpus) {
             warn("%s: proc pid=%u names gpu %u, which is not listed", path, st->procs[i].pid,
                  st->procs[i].gpu);
+            rc = NVML_ERROR_UNKNOWN;
+            goto out;
+        }
+    }
+    for (i = 0; i < st->nxids; i++) {
+        if (st->xids[i].gpu >= st->ngpus) {
+            warn("%s: xid id=%u names gpu %u, which is not listed", path, st->xids[i].id,
+                 st->xids[i].gpu);
             rc = NVML_ERROR_UNKNOWN;
             goto out;
         }
@@ -974,4 +1058,148 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t
     if (rc == NVML_SUCCESS)
         temperature->temperature = (int)g->temp;
     return finish(sym, rc);
+}
+
+/* ---- events (critical Xid errors) ---- */
+
+static struct fake_event_set *valid_set(nvmlEventSet_t set) {
+    uintptr_t p = (uintptr_t)set, base = (uintptr_t)g_sets;
+    if (p < base || p >= base + sizeof(g_sets) || (p - base) % sizeof(g_sets[0]))
+        return NULL;
+    return set->in_use ? set : NULL;
+}
+
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    const char *sym = "nvmlEventSetCreate";
+    nvmlReturn_t rc = begin_query(sym);
+    size_t i;
+    if (rc == NVML_SUCCESS && !set)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        rc = NVML_ERROR_MEMORY;
+        for (i = 0; i < MAX_EVENT_SETS; i++) {
+            if (!g_sets[i].in_use) {
+                memset(&g_sets[i], 0, sizeof(g_sets[i]));
+                g_sets[i].in_use = 1;
+                *set = &g_sets[i];
+                rc = NVML_SUCCESS;
+                break;
+            }
+        }
+    }
+    return finish(sym, rc);
+}
+
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
+    const char *sym = "nvmlEventSetFree";
+    nvmlReturn_t rc = begin_query(sym);
+    struct fake_event_set *s = valid_set(set);
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        s->in_use = 0;
+    return finish(sym, rc);
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t device, unsigned long long *types) {
+    const char *sym = "nvmlDeviceGetSupportedEventTypes";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    if (rc == NVML_SUCCESS && !types)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *types = g->events;
+    return finish(sym, rc);
+}
+
+/* Types the device does not support make the whole call NOT_SUPPORTED, as in
+ * the real library. */
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long long types,
+                                      nvmlEventSet_t set) {
+    const char *sym = "nvmlDeviceRegisterEvents";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    struct fake_event_set *s = valid_set(set);
+    if (rc == NVML_SUCCESS && !s)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && (types & ~g->events))
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        s->types[g - g_state.gpus] |= types;
+    return finish(sym, rc);
+}
+
+static int consumed(unsigned int id) {
+    size_t i;
+    for (i = 0; i < g_nconsumed; i++)
+        if (g_consumed[i] == id)
+            return 1;
+    return 0;
+}
+
+/* The first `xid` event of the state file, not delivered yet, on a device the
+ * set watches for Xids: fill *data, mark it delivered, return 1. */
+static int next_xid(const struct fake_event_set *s, nvmlEventData_t *data) {
+    size_t i;
+    for (i = 0; i < g_state.nxids; i++) {
+        const struct xid *x = &g_state.xids[i];
+        if (!(s->types[x->gpu] & nvmlEventTypeXidCriticalError) || consumed(x->id))
+            continue;
+        if (g_nconsumed == g_cap_consumed) {
+            size_t cap = g_cap_consumed ? g_cap_consumed * 2 : 256;
+            unsigned int *p = realloc(g_consumed, cap * sizeof(*p));
+            if (!p)
+                return 0;
+            g_consumed = p;
+            g_cap_consumed = cap;
+        }
+        g_consumed[g_nconsumed++] = x->id;
+        g_handles[x->gpu].index = x->gpu;
+        data->device = &g_handles[x->gpu];
+        data->eventType = nvmlEventTypeXidCriticalError;
+        data->eventData = x->code;
+        data->gpuInstanceId = NA_UINT;
+        data->computeInstanceId = NA_UINT;
+        return 1;
+    }
+    return 0;
+}
+
+static long elapsed_ms(const struct timespec *start) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long)(now.tv_sec - start->tv_sec) * 1000 + (now.tv_nsec - start->tv_nsec) / 1000000;
+}
+
+/* Returns a pending event at once; otherwise looks again every EVENT_POLL_MS
+ * (re-reading the state file, without holding the lock in between) until
+ * timeoutms have passed, then NVML_ERROR_TIMEOUT. A lost GPU does not fail
+ * the wait: its Xid (79, say) is still delivered, as the real driver does. */
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data,
+                                 unsigned int timeoutms) {
+    const char *sym = "nvmlEventSetWait_v2";
+    struct timespec start;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        nvmlReturn_t rc = begin_query(sym);
+        struct fake_event_set *s = valid_set(set);
+        long left;
+        struct timespec ts;
+        if (rc == NVML_SUCCESS && (!s || !data))
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        if (rc != NVML_SUCCESS)
+            return finish(sym, rc);
+        if (next_xid(s, data))
+            return finish(sym, NVML_SUCCESS);
+        left = (long)timeoutms - elapsed_ms(&start);
+        if (left <= 0)
+            return finish(sym, NVML_ERROR_TIMEOUT);
+        pthread_mutex_unlock(&g_lock);
+        if (left > EVENT_POLL_MS)
+            left = EVENT_POLL_MS;
+        ts.tv_sec = left / 1000;
+        ts.tv_nsec = (left % 1000) * 1000000L;
+        while (nanosleep(&ts, &ts) && errno == EINTR)
+            ;
+    }
 }

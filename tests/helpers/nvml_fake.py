@@ -39,6 +39,7 @@ __all__ = [
     "FakeGpu",
     "FakeNvmlState",
     "FakeProcess",
+    "FakeXid",
     "build_fake_nvml",
     "fake_nvml_env",
 ]
@@ -53,6 +54,10 @@ LOG_ENV = "TRAINGUARD_FAKE_NVML_LOG"
 # a process's usedGpuMemory (WDDM / WSL report it so).
 NVML_VALUE_NOT_AVAILABLE = 0xFFFF_FFFF_FFFF_FFFF
 GIB = 1 << 30
+# nvmlEventType* bits: what a data-centre GPU on Linux reports as supported (SBE, DBE, PState,
+# critical Xid, clock), and the critical-Xid bit alone
+DEFAULT_EVENTS = 0x1F
+XID_EVENT = 0x8
 
 # Error names the state file accepts: NVML_ERROR_<NAME> in lower case.
 ERROR_NAMES = frozenset(
@@ -196,6 +201,7 @@ class FakeGpu:
     temperature: int = 40
     utilization: int = 0
     memory_utilization: int = 0
+    xid_events: bool = True  # False: the driver offers no critical-Xid events (WDDM, vGPU)
 
     def line(self, index: int) -> str:
         if not 0 <= self.reserved <= self.used <= self.total:
@@ -211,6 +217,7 @@ class FakeGpu:
             f"temp={self.temperature}",
             f"util={self.utilization}",
             f"memutil={self.memory_utilization}",
+            f"events={DEFAULT_EVENTS if self.xid_events else DEFAULT_EVENTS & ~XID_EVENT:#x}",
         ]
         if self.error is not None:
             parts.append(f"error={_check_error(self.error)}")
@@ -239,6 +246,19 @@ class FakeProcess:
 
 
 @dataclass
+class FakeXid:
+    """One critical-Xid event on device ``gpu``: delivered once per process (to the first event
+    set that watches the device for Xids and waits), whatever later rewrites of the file do."""
+
+    gpu: int
+    code: int
+    id: int
+
+    def line(self) -> str:
+        return f"xid {self.gpu} {int(self.code)} id={int(self.id)}"
+
+
+@dataclass
 class FakeNvmlState:
     """What the fake NVML reports. Mutate it and :meth:`write` it again to
     change what an already running child sees at its next NVML call."""
@@ -251,6 +271,7 @@ class FakeNvmlState:
     processes: list[FakeProcess] = field(default_factory=list)
     failures: list[tuple[str, str, int | None]] = field(default_factory=list)
     hangs: list[tuple[str, int]] = field(default_factory=list)
+    xids: list[FakeXid] = field(default_factory=list)
 
     def add_gpu(
         self,
@@ -265,6 +286,7 @@ class FakeNvmlState:
         temperature: int = 40,
         utilization: int = 0,
         memory_utilization: int = 0,
+        xid_events: bool = True,
     ) -> FakeGpu:
         """Append a device; its index is its position. The default uuid is
         ``GPU-<index:08x>-0000-4000-8000-<index:012x>``."""
@@ -282,6 +304,7 @@ class FakeNvmlState:
             temperature=temperature,
             utilization=utilization,
             memory_utilization=memory_utilization,
+            xid_events=xid_events,
         )
         self.gpus.append(gpu)
         return gpu
@@ -300,6 +323,13 @@ class FakeNvmlState:
         proc = FakeProcess(gpu, pid, used, kind, gpu_instance_id, compute_instance_id)
         self.processes.append(proc)
         return proc
+
+    def add_xid(self, gpu: int, code: int) -> FakeXid:
+        """Queue a critical-Xid event (``code``, e.g. 79) on device ``gpu``. Keep it in the
+        state: an event is delivered once however often the file is written again."""
+        xid = FakeXid(gpu, code, max((x.id for x in self.xids), default=0) + 1)
+        self.xids.append(xid)
+        return xid
 
     def fail(self, symbol: str, error: str, gpu: int | None = None) -> None:
         """Make the NVML entry point ``symbol`` (exact C name, e.g.
@@ -331,6 +361,10 @@ class FakeNvmlState:
             lines.append(f"fail {symbol} {error}" + ("" if gpu is None else f" gpu={gpu}"))
         for symbol, ms in self.hangs:
             lines.append(f"hang {symbol} {ms}")
+        for xid in self.xids:
+            if not 0 <= xid.gpu < len(self.gpus):
+                raise ValueError(f"xid {xid.id} is on gpu {xid.gpu}, which is not listed")
+            lines.append(xid.line())
         return "\n".join(lines) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:

@@ -4,12 +4,15 @@ in the way a test needs (killed, finished, raising...), plus waiting on its hear
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from helpers.exporter_proc import child_env
 from trainguard.shared import procinfo
@@ -90,6 +93,60 @@ def start_child(name: str, state_dir: Path, steps: int, mode: str) -> subprocess
     )
 
 
+# --kill-child: the training child (pid 1 of the namespace) dies with unshare, so a test that
+# kills unshare leaves no process behind (init of a pid namespace ignores all but SIGKILL)
+UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
+
+
+def unshare_problem() -> str | None:
+    """Why a child cannot get a pid namespace of its own here (None when it can): ``unshare``
+    missing, or not permitted (it needs root or user namespaces)."""
+    if shutil.which("unshare") is None:
+        return "no unshare(1) on this machine"
+    try:
+        out = subprocess.run(
+            [*UNSHARE, "true"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unshare --pid --fork --mount-proc failed: {exc}"
+    if out.returncode != 0:
+        return f"unshare --pid --fork --mount-proc not permitted here: {out.stderr.strip()}"
+    return None
+
+
+def start_child_in_pid_namespace(
+    name: str, state_dir: Path, steps: int, mode: str, hostname: str | None = None
+) -> subprocess.Popen[str]:
+    """The training child as in a container of its own (a pod without hostPID, ``docker run``):
+    a new pid namespace, where it is pid 1, with its own /proc; with ``hostname``, also a
+    hostname of its own, as a pod has. The Popen is ``unshare``'s; :func:`namespace_child`
+    gives the training process's pid as this (host) side sees it."""
+    cmd = [sys.executable, "-c", CHILD, name, str(state_dir), str(steps), mode]
+    if hostname is not None:
+        cmd = ["--uts", "sh", "-c", 'hostname "$0" && exec "$@"', hostname, *cmd]
+    return subprocess.Popen(
+        [*UNSHARE, *cmd],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def namespace_child(proc: subprocess.Popen[str], timeout: float = 60.0) -> int:
+    """The host pid of the process ``unshare --fork`` started."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            children = psutil.Process(proc.pid).children()
+        except psutil.NoSuchProcess:
+            break
+        if children:
+            return children[0].pid
+        time.sleep(0.01)
+    raise AssertionError(f"unshare (pid {proc.pid}) started no child")
+
+
 def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:
     return state_dir / heartbeat_filename(name, rank)
 
@@ -132,7 +189,15 @@ def own_heartbeat(run: str, **over: object) -> Heartbeat:
     return Heartbeat(**fields)  # type: ignore[arg-type]
 
 
-def put(state: Path, hb: Heartbeat) -> Path:
+def put(state: Path, hb: Heartbeat, **extra: object) -> Path:
+    """Write ``hb`` where the exporter looks for it; ``extra`` adds raw JSON fields."""
     path = state / heartbeat_filename(hb.run, hb.rank)
-    write_heartbeat(path, hb)
+    write_heartbeat(path, {**hb.to_dict(), **extra} if extra else hb)
     return path
+
+
+def stat_start_ticks(pid: int) -> int:
+    """Field 22 of /proc/PID/stat (clock ticks after boot), read independently of
+    trainguard: the command name in field 2 may hold spaces and parentheses."""
+    raw = Path(f"/proc/{pid}/stat").read_bytes().decode("utf-8", "replace")
+    return int(raw.rsplit(")", 1)[1].split()[19])

@@ -188,6 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trainguard-exporter: error: {exc}", file=sys.stderr)
         return 2
+    for warning in config.warnings:
+        log.warning("%s", warning)
     try:
         web = load_web_config(args.web_config_file)
     except WebConfigError as exc:

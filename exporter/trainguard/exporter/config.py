@@ -28,6 +28,22 @@ _SIZE_UNITS = {
     "TB": 1000**4,
 }
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+#: process names of interpreters that run many unrelated programs: a run's process_match that
+#: matches one keeps the run "up" while any of them runs (use pid_file or cmdline_match)
+GENERIC_PROCESS_NAMES = (
+    "python",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "pythonw",
+    "java",
+    "node",
+    "bash",
+    "sh",
+    "perl",
+    "ruby",
+    "julia",
+)
 
 
 class ConfigError(ValueError):
@@ -51,7 +67,8 @@ class RunConfig:
 
     name: str
     pid_file: Path | None = None
-    process_match: re.Pattern[str] | None = None
+    process_match: re.Pattern[str] | None = None  # searched in the process name
+    cmdline_match: re.Pattern[str] | None = None  # searched in the whole command line
     log_file: Path | None = None
     checkpoints: CheckpointLocations | None = None
 
@@ -77,6 +94,8 @@ class Config:
     runs: tuple[RunConfig, ...] = ()
     process_counts: tuple[ProcessCount, ...] = ()
     checkpoints: CheckpointSettings = field(default_factory=CheckpointSettings)
+    #: valid but probably not what was meant; logged once at start
+    warnings: tuple[str, ...] = ()
 
 
 def parse_duration(value: Any) -> float:
@@ -243,13 +262,14 @@ def parse_config(data: Any, source: str) -> Config:
         ("state_dir", "run_retention", "runs", "process_counts", "checkpoints"),
     )
     runs: list[RunConfig] = []
+    warnings: list[str] = []
     seen_runs: set[str] = set()
     for i, item in enumerate(top.items("runs")):
         f = _Fields(
             source,
             f"runs[{i}]",
             item,
-            ("name", "pid_file", "process_match", "log_file", "checkpoints"),
+            ("name", "pid_file", "process_match", "cmdline_match", "log_file", "checkpoints"),
         )
         name = f.name("name")
         if name in seen_runs:
@@ -257,14 +277,30 @@ def parse_config(data: Any, source: str) -> Config:
         seen_runs.add(name)
         pid_file = f.abspath("pid_file")
         process_match = f.regex("process_match")
-        if pid_file is not None and process_match is not None:
-            f.fail(f.where, "expected either pid_file or process_match, not both")
+        cmdline_match = f.regex("cmdline_match")
+        given = [k for k, v in [("pid_file", pid_file), ("process_match", process_match)] if v]
+        given += ["cmdline_match"] if cmdline_match is not None else []
+        if len(given) > 1:
+            f.fail(
+                f.where,
+                "expected one of pid_file, process_match or cmdline_match, not "
+                + " and ".join(given),
+            )
+        if process_match is not None:
+            generic = [n for n in GENERIC_PROCESS_NAMES if process_match.search(n)]
+            if generic:
+                warnings.append(
+                    f"{source}: {f.path('process_match')}: {process_match.pattern!r} matches "
+                    f"the interpreter name {generic[0]!r}: any such process on the host keeps "
+                    f"run {name!r} up; identify the run with pid_file or cmdline_match"
+                )
         ckpt = f.get("checkpoints")
         runs.append(
             RunConfig(
                 name=name,
                 pid_file=pid_file,
                 process_match=process_match,
+                cmdline_match=cmdline_match,
                 log_file=f.abspath("log_file"),
                 checkpoints=None
                 if ckpt is None
@@ -320,6 +356,7 @@ def parse_config(data: Any, source: str) -> Config:
         runs=tuple(runs),
         process_counts=tuple(counts),
         checkpoints=settings,
+        warnings=tuple(warnings),
     )
 
 

@@ -21,9 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from trainguard.exporter.config import Config, RunConfig
+from trainguard.exporter.config import Config
+from trainguard.exporter.configured_runs import ConfiguredRuns
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
 from trainguard.shared import procinfo
@@ -32,14 +31,20 @@ from trainguard.shared.heartbeat_read import read_heartbeat
 
 #: heartbeat files read at most per scrape; more is an error (and a sign of misuse)
 MAX_FILES = 10_000
+#: seconds before a process of another pid namespace that could not be told found or absent
+#: (unreadable namespace, ambiguous, /proc unreadable) is looked for again: a scan reads the
+#: stat of every process on the host
+NS_RETRY_SECONDS = 15.0
 
 _CacheKey = tuple[int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
 class RunRow:
-    """One run and rank. ``up`` is None when it cannot be known (no pid to check, a pid from
-    another pid namespace, access denied)."""
+    """One run and rank. ``up`` is None when it cannot be known (no pid to check, a pid of a
+    pid namespace this exporter cannot see, access denied). ``pid`` is the pid the process
+    recorded (in its own pid namespace), ``pids`` the live ones as this exporter's /proc (and
+    NVML, with the host's pid namespace) numbers them."""
 
     run: str
     rank: str
@@ -49,6 +54,8 @@ class RunRow:
     heartbeat: Heartbeat | None = None
     pids: tuple[int, ...] = ()  # the live pids of this row (several for a process_match)
     owner: int | None = None  # uid owning the heartbeat file (None: not from a heartbeat)
+    #: the run ended cleanly; None when that cannot be told (a configured run)
+    finished: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -83,8 +90,15 @@ class RunTable:
         self._boot_id = procinfo.boot_id()
         self._boot_time = procinfo.boot_time()
         self._pid_ns = procinfo.pid_namespace()
+        # the initial pid namespace sees every process: one it cannot find is gone
+        self._sees_all = self._pid_ns == procinfo.INIT_PID_NS
+        # processes of other pid namespaces (containers without hostPID), as found in /proc:
+        # what was looked up and when (monotonic)
+        self._ns_cache: dict[procinfo.NsProcess, tuple[procinfo.NsLookup, float]] = {}
+        self._ticks_ok = procinfo.ticks_comparable()
         self._host = socket.gethostname()
         self._own_pid = os.getpid()
+        self._configured = ConfiguredRuns(config.run_retention_seconds, self._own_pid)
 
     # -- what other collectors use ------------------------------------------------------
 
@@ -133,7 +147,8 @@ class RunTable:
         known = {row.run for row in rows}
         for rc in self.config.runs:
             if rc.name not in known:
-                rows.append(self._config_row(rc, errors))
+                pid, up, pids, finished = self._configured.state(rc, errors, now)
+                rows.append(RunRow(rc.name, "0", self._host, pid, up, pids=pids, finished=finished))
         rows.sort(key=lambda r: (r.run, int(r.rank)))
         return RunView(
             rows=tuple(rows),
@@ -210,9 +225,11 @@ class RunTable:
     def _heartbeat_rows(
         self, heartbeats: Iterable[tuple[Heartbeat, int]], now: float, errors: list[str]
     ) -> list[RunRow]:
+        heartbeats = list(heartbeats)
+        self._look_up_namespaces([hb for hb, _ in heartbeats])
         rows: list[RunRow] = []
         for hb, owner in heartbeats:
-            up = self._alive(hb, errors)
+            up, pid = self._alive(hb, errors)
             if up is not True and now - hb.time > self.config.run_retention_seconds:
                 continue  # dead or finished long ago: no longer published
             rows.append(
@@ -223,76 +240,94 @@ class RunTable:
                     pid=hb.pid,
                     up=up,
                     heartbeat=hb,
-                    pids=(hb.pid,),
+                    pids=() if pid is None else (pid,),
                     owner=owner,
+                    finished=hb.state == "finished",
                 )
             )
         return _drop_superseded(rows)
 
-    def _alive(self, hb: Heartbeat, errors: list[str]) -> bool | None:
-        if hb.pid_ns is not None and self._pid_ns is not None and hb.pid_ns != self._pid_ns:
-            errors.append(
-                f"run {hb.run!r} rank {hb.rank}: its pid {hb.pid} is from another pid "
-                "namespace (a container?); whether it is alive is unknown"
-            )
+    def _same_boot(self, hb: Heartbeat) -> bool | None:
+        return procinfo.same_boot(hb.boot_id, hb.boot_time, self._boot_id, self._boot_time)
+
+    def _ns_key(self, hb: Heartbeat, same_boot: bool | None) -> procinfo.NsProcess | None:
+        """The process to look for in /proc when ``hb`` comes from another pid namespace."""
+        if hb.pid_ns is None or self._pid_ns is None or hb.pid_ns == self._pid_ns:
             return None
-        same = procinfo.same_boot(hb.boot_id, hb.boot_time, self._boot_id, self._boot_time)
+        ticks = hb.start_ticks if same_boot is True and self._ticks_ok else None
+        return procinfo.NsProcess(hb.pid_ns, hb.pid, hb.create_time, ticks)
+
+    def _look_up_namespaces(self, heartbeats: list[Heartbeat]) -> None:
+        """One pass over /proc for the processes of other pid namespaces not found yet (or
+        whose last lookup could not tell, a while ago); the ones found are re-checked at
+        their host pid at every scrape instead (:meth:`_alive`)."""
+        keys = set()
+        for hb in heartbeats:
+            same = self._same_boot(hb)
+            key = self._ns_key(hb, same) if same is not False else None
+            if key is not None:
+                keys.add(key)
+        for stale in set(self._ns_cache) - keys:
+            del self._ns_cache[stale]
+        now = time.monotonic()
+        wanted = [
+            k
+            for k in keys
+            if k not in self._ns_cache
+            or (
+                self._ns_cache[k][0].kind in ("unverifiable", "ambiguous", "unknown")
+                and now - self._ns_cache[k][1] >= NS_RETRY_SECONDS
+            )
+        ]
+        if wanted:
+            for key, found in procinfo.find_in_namespaces(wanted).items():
+                self._ns_cache[key] = (found, now)
+
+    def _alive(self, hb: Heartbeat, errors: list[str]) -> tuple[bool | None, int | None]:
+        """Whether the heartbeat's process is alive, and its pid as this exporter sees it
+        (the host pid of a process in a container's pid namespace; None when unknown)."""
+        same = self._same_boot(hb)
         if same is False:
-            return False  # written before a reboot (or on another host): not running here
-        return procinfo.process_alive(hb.pid, hb.create_time)
+            # written before a reboot (or on another host): not running here
+            return False, None
+        key = self._ns_key(hb, same)
+        if key is None:
+            # exact start ticks only within one boot (they count from it), else the create time
+            ticks = hb.start_ticks if same is True and self._ticks_ok else None
+            return procinfo.process_alive(hb.pid, hb.create_time, ticks), hb.pid
+        return self._alive_elsewhere(hb, key, errors)
 
-    def _config_row(self, rc: RunConfig, errors: list[str]) -> RunRow:
-        """A run from the config file that no heartbeat reports: rank "0"."""
-        pid: int | None = None
-        up: bool | None = None
-        pids: tuple[int, ...] = ()
-        if rc.pid_file is not None:
-            pid, up = self._pid_from_file(rc, errors)
-            pids = (pid,) if up and pid is not None else ()
-        elif rc.process_match is not None:
-            try:
-                found = sorted(
-                    procinfo.iter_matching(rc.process_match, self._own_pid),
-                    key=lambda m: (m[1], m[0]),
-                )
-            except Exception as exc:
-                errors.append(f"run {rc.name!r}: cannot list processes: {exc}")
-                found = None
-            if found is not None:
-                up = bool(found)
-                pids = tuple(p for p, _ in found)
-                pid = pids[0] if pids else None  # the oldest match is the run's main process
-        return RunRow(run=rc.name, rank="0", host=self._host, pid=pid, up=up, pids=pids)
-
-    def _pid_from_file(self, rc: RunConfig, errors: list[str]) -> tuple[int | None, bool | None]:
-        """A missing pid file means not running; a pid whose process started after the file
-        was written belongs to another process (the pid was reused)."""
-        assert rc.pid_file is not None
-        where = f"run {rc.name!r}: pid file {rc.pid_file}"
-        try:
-            with open(rc.pid_file, "rb") as fh:
-                raw = fh.read(65)
-                written = os.fstat(fh.fileno()).st_mtime
-        except FileNotFoundError:
-            return None, False
-        except OSError as exc:
-            errors.append(f"{where}: cannot read: {exc.strerror or exc}")
-            return None, None
-        text = raw.strip()
-        if len(raw) > 64 or not text.isdigit() or not 0 < int(text) < 2**32:
-            errors.append(f"{where}: expected a process id")
-            return None, None
-        pid = int(text)
-        try:
-            proc = psutil.Process(pid)
-            if proc.create_time() > written + procinfo.CREATE_TIME_TOLERANCE:
-                return pid, False
-            return pid, proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return pid, False
-        except (psutil.AccessDenied, OSError) as exc:
-            errors.append(f"{where}: cannot check pid {pid}: {exc}")
-            return pid, None
+    def _alive_elsewhere(
+        self, hb: Heartbeat, key: procinfo.NsProcess, errors: list[str]
+    ) -> tuple[bool | None, int | None]:
+        where = f"run {hb.run!r} rank {hb.rank}: pid {hb.pid} of pid namespace {hb.pid_ns}"
+        found, at = self._ns_cache.get(key, (procinfo.NsLookup("unknown"), 0.0))
+        if found.kind == "found" and found.host_pid is not None and found.start_ticks is not None:
+            alive = procinfo.still_there(found.host_pid, hb.pid, found.start_ticks)
+            if alive is False:  # seen alive, now gone: that is a death wherever we stand
+                self._ns_cache[key] = (procinfo.NsLookup("gone"), at)
+                return False, None
+            if alive is None:
+                errors.append(f"{where}: host pid {found.host_pid} cannot be read; unknown")
+            return alive, found.host_pid
+        if found.kind == "gone" or (found.kind == "absent" and self._sees_all):
+            return False, None
+        if found.kind == "absent":
+            errors.append(
+                f"{where}: no such process in this exporter's /proc, but it does not have the "
+                "host's pid namespace (hostPID, --pid=host) and may not see that one; unknown"
+            )
+        elif found.kind == "unverifiable":
+            errors.append(
+                f"{where}: a process with that pid and create time exists, but its namespace "
+                "cannot be read (another user's process, no ptrace access) and the heartbeat "
+                "has no start_ticks (an older trainguard) to match it exactly; unknown"
+            )
+        elif found.kind == "ambiguous":
+            errors.append(f"{where}: several processes match it exactly; unknown")
+        else:
+            errors.append(f"{where}: /proc cannot be scanned for it; unknown")
+        return None, None
 
     def _log_files(self, rows: list[RunRow]) -> Iterable[LogFile]:
         configured = {rc.name: rc.log_file for rc in self.config.runs if rc.log_file}

@@ -1,5 +1,7 @@
 """The CUDA caching allocator's own view of this process's GPU memory, read from
-``torch.cuda.memory_stats`` without ever importing torch or initialising CUDA."""
+``torch.cuda.memory_stats`` without ever importing torch or initialising CUDA, and the UUID of
+each device's GPU (``torch.cuda.get_device_properties(i).uuid``), which lets the exporter put
+the allocator's bytes next to the driver's view of the same GPU."""
 
 from __future__ import annotations
 
@@ -7,10 +9,16 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import MAX_DEVICES, MAX_INT, AllocatorStats
 
+#: device index -> its GPU's UUID (None: unknown); a device's GPU does not change in a process
+DeviceUuids = dict[int, str | None]
 
-def allocator_stats(device: int, stats: Mapping[str, Any]) -> AllocatorStats:
+
+def allocator_stats(
+    device: int, stats: Mapping[str, Any], uuid: str | None = None
+) -> AllocatorStats:
     """The heartbeat's view of one device from ``torch.cuda.memory_stats(device)`` keys."""
 
     def get(key: str) -> int:
@@ -25,13 +33,35 @@ def allocator_stats(device: int, stats: Mapping[str, Any]) -> AllocatorStats:
         inactive_split_bytes=get("inactive_split_bytes.all.current"),
         alloc_retries=get("num_alloc_retries"),
         ooms=get("num_ooms"),
+        uuid=uuid,
     )
 
 
-def read_allocator(warn: Callable[[str, str, Any], None]) -> tuple[AllocatorStats, ...]:
+def device_uuid(
+    cuda: Any, device: int, known: DeviceUuids, warn: Callable[[str, str, Any], None]
+) -> str | None:
+    """The GPU UUID of CUDA device ``device``, asked once per device (``known`` keeps it).
+    Only called once CUDA is initialised: get_device_properties would initialise it."""
+    if device not in known:
+        try:
+            uuid = normalize_gpu_uuid(cuda.get_device_properties(device).uuid)
+            problem = None if uuid is not None else "not a GPU UUID (a MIG instance, or ROCm?)"
+        except Exception as exc:  # too old a torch for .uuid, a failing driver call
+            uuid, problem = None, repr(exc)
+        if problem is not None:
+            warn("uuid", "trainguard: GPU UUID of a CUDA device unavailable: %s", problem)
+        known[device] = uuid
+    return known[device]
+
+
+def read_allocator(
+    warn: Callable[[str, str, Any], None], uuids: DeviceUuids | None = None
+) -> tuple[AllocatorStats, ...]:
     """torch.cuda.memory_stats per device this process used; () when the script has not
-    imported torch or initialised CUDA (memory_stats returns {} until it did). A failure is
-    reported once through ``warn(key, message, arg)`` and reads as ()."""
+    imported torch or initialised CUDA (memory_stats returns {} until it did). ``uuids`` keeps
+    each device's GPU UUID between calls. A failure is reported once through
+    ``warn(key, message, arg)`` and reads as ()."""
+    known: DeviceUuids = {} if uuids is None else uuids
     torch = sys.modules.get("torch")
     if torch is None:
         return ()
@@ -48,7 +78,7 @@ def read_allocator(warn: Callable[[str, str, Any], None]) -> tuple[AllocatorStat
             peak = int(stats.get("allocated_bytes.all.peak", 0))
             if reserved == 0 and peak == 0:
                 continue  # a device this process never allocated on
-            out.append(allocator_stats(device, stats))
+            out.append(allocator_stats(device, stats, device_uuid(cuda, device, known, warn)))
         return tuple(out[:MAX_DEVICES])
     except Exception as exc:
         warn("allocator", "trainguard: allocator stats unavailable: %r", exc)

@@ -8,8 +8,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainguard.shared import procinfo
+from trainguard.shared import kernlog, procinfo
 from trainguard.shared.heartbeat import MAX_DEATH_HISTORY, Death, Heartbeat
+
+#: seconds before the dead process's last sign of progress from which a GPU error in the
+#: kernel log that names no process counts as its cause
+XID_SLACK = 60.0
 
 
 @dataclass(frozen=True)
@@ -30,22 +34,84 @@ def death_of(
     (``on_duplicate`` is told when it is another live process reporting the same run)."""
     if prev.state == "finished":
         return None
-    same_host = prev.host == me.host
     boot = procinfo.same_boot(prev.boot_id, prev.boot_time, me.boot_id, me.boot_time)
-    checkable = same_host and boot is not False and prev.pid_ns in (None, me.pid_ns)
-    if checkable and procinfo.process_alive(prev.pid, prev.create_time):
-        if prev.pid != me.pid:
+    # one boot id is one machine: a pod's hostname is the pod's name, not the node's, and a
+    # run's new pod on the same node has another one
+    same_host = prev.host == me.host or (prev.boot_id is not None and prev.boot_id == me.boot_id)
+    if same_host and boot is not False and _maybe_alive(prev, me, boot):
+        if prev.pid != me.pid or prev.pid_ns != me.pid_ns:
             on_duplicate(prev)
         return None  # alive: not a death (or an earlier Run in this same process)
+    oom, xid = False, None
+    if same_host and boot is not False:  # this boot's kernel log may say what happened
+        oom, xid = _kernel_says(prev)
     if prev.state == "failed":
-        cause = "exception"
+        cause = "exception"  # it said so itself; a GPU error behind it is told as xid
     elif same_host and boot is False:
-        cause = "reboot"
-    elif same_host and procinfo.oom_killed(prev.pid, prev.create_time - 1.0):
-        cause = "oom_killer"
+        cause, xid = "reboot", None  # that boot's kernel log is gone with it
+    elif oom:
+        cause, xid = "oom_killer", None
+    elif xid is not None:
+        cause = "gpu_xid"
     else:
         cause = "unknown"
-    return Death(step=prev.step, time=prev.time, detected=time.time(), cause=cause)
+    return Death(step=prev.step, time=prev.time, detected=time.time(), cause=cause, xid=xid)
+
+
+def _kernel_says(prev: Heartbeat) -> tuple[bool, int | None]:
+    """(the OOM killer killed it, the GPU error that ended it) per this boot's kernel log.
+
+    The OOM killer names the pid it kills, as the host numbers it: matched only for a process
+    of the host's pid namespace (a container's pid 1 is not the host's). A GPU error (a fatal
+    NVIDIA Xid, :data:`~trainguard.shared.kernlog.FATAL_XIDS`) counts when the driver names
+    the process, at any time in its life, or, naming none (79 "fallen off the bus" never
+    does) or a process of another namespace, when it was logged after the process's last
+    sign of progress (its last step, else its last heartbeat) less :data:`XID_SLACK`: a
+    process whose GPU failed stops stepping at once, but may hang on for minutes (a
+    collective's timeout) writing heartbeats before it dies. The earliest such error is the
+    one that ended it; one naming another host process is that process's."""
+    lines = kernlog.read_kernel_log(prev.create_time - 1.0)
+    if not lines:
+        return False, None
+    global_pid = prev.pid_ns in (None, procinfo.INIT_PID_NS)  # the kernel logs host pids
+    if global_pid and any(kernlog.oom_pid(line.text) == prev.pid for line in lines):
+        return True, None
+    progress = min(prev.time, prev.step_time if prev.step_time is not None else prev.time)
+    window = progress - XID_SLACK
+    for line in lines:  # oldest first
+        found = kernlog.parse_xid(line.text)
+        if found is None or found.code not in kernlog.FATAL_XIDS:
+            continue
+        if global_pid and found.pid is not None:
+            if found.pid == prev.pid:
+                return False, found.code
+            continue  # the driver pinned it on another process
+        if line.time is not None and line.time >= window:
+            return False, found.code
+    return False, None
+
+
+def _maybe_alive(prev: Heartbeat, me: Identity, boot: bool | None) -> bool:
+    """Whether the process that wrote ``prev`` (on this host, in this boot or one that cannot
+    be told apart) may still be running.
+
+    In this process's pid namespace (or where either namespace is unknown) its pid is checked
+    directly. In another one (a container restarted in a new pid namespace, or this process
+    in a container and the predecessor on the host), it is looked for where this process's
+    /proc shows it: found alive, or a match that cannot be verified (the exporter calls that
+    unknown too), is no death. Not found is a death even where this /proc cannot see that
+    namespace (a container's own /proc shows only its own processes): a run and rank that
+    starts in a new pid namespace is a restarted container or pod, which Kubernetes and Docker
+    start only after the previous one's process ended, and a pid namespace ends with its
+    first process. The exporter, with the host's pid namespace, will have reported that
+    process dead by then; the exception is two pods reporting the same run and rank at once."""
+    # exact start ticks only within one boot (they count from it), else the create time
+    ticks = prev.start_ticks if boot is True and procinfo.ticks_comparable() else None
+    if prev.pid_ns is None or me.pid_ns is None or prev.pid_ns == me.pid_ns:
+        return procinfo.process_alive(prev.pid, prev.create_time, ticks) is True
+    key = procinfo.NsProcess(prev.pid_ns, prev.pid, prev.create_time, ticks)
+    found = procinfo.find_in_namespaces([key])[key]
+    return found.kind in ("found", "unverifiable", "ambiguous")
 
 
 @dataclass(frozen=True)

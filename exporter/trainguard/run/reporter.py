@@ -47,7 +47,7 @@ from typing import Any
 import psutil
 
 from trainguard._version import __version__
-from trainguard.run.allocator import read_allocator
+from trainguard.run.allocator import DeviceUuids, read_allocator
 from trainguard.run.deaths import DeathHistory, Identity, death_of
 from trainguard.run.oom import OomGuard, OomSnapshots
 from trainguard.run.options import (
@@ -132,6 +132,7 @@ class Run:
         except Exception:
             self._create_time = self._started
         self._create_time_read = time.monotonic()
+        self._start_ticks = procinfo.own_start_ticks()  # exact, and fixed for life
         # (step, wall time, scalars): replaced whole by step(), read by the writer thread
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
@@ -149,6 +150,7 @@ class Run:
         self._boot_time: float | None = None
         self._pid_ns: int | None = None
         self._deaths = DeathHistory()
+        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID, asked once
         stem = self.state_dir / self.path.name[: -len(SUFFIX)]
         self._oom = OomSnapshots(stem, self._pid, self._warn_once, lambda: self._ready.wait(2.0))
         if oom_snapshots:
@@ -360,6 +362,7 @@ class Run:
             rank=self.rank,
             pid=self._pid,
             create_time=self._create_time,
+            start_ticks=self._start_ticks,
             host=self._host,
             started=self._started,
             time=time.time(),
@@ -375,7 +378,7 @@ class Run:
             checkpoint_dir=self._checkpoint_dir,
             mirrors=self._mirrors,
             log_file=self._log_file,
-            allocator=read_allocator(self._warn_once),
+            allocator=read_allocator(self._warn_once, self._device_uuids),
             memory_snapshots=self._oom.count,
             deaths=self._deaths.count,
             death_history=self._deaths.recent,

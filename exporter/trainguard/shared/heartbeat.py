@@ -41,7 +41,10 @@ MAX_MIRRORS = 16
 MAX_DEVICES = 64
 MAX_DEATH_HISTORY = 20
 STATES = ("running", "finished", "failed")
-CAUSES = ("reboot", "oom_killer", "exception", "unknown")
+#: causes of a death, as read; ``gpu_xid`` is written as ``unknown`` with ``xid`` set (see
+#: :meth:`Heartbeat.to_dict`)
+CAUSES = ("reboot", "oom_killer", "gpu_xid", "exception", "unknown")
+MAX_XID = 65535
 
 SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
@@ -65,6 +68,16 @@ class AllocatorStats:
     inactive_split_bytes: int
     alloc_retries: int
     ooms: int
+    #: the GPU's UUID in NVML's spelling (``trainguard.shared.gpu_uuid``), which joins this
+    #: device to the exporter's GPUs; None when the process could not tell (older reporters)
+    uuid: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; ``uuid`` only when known (older readers ignore it either way)."""
+        out = vars(self).copy()
+        if self.uuid is None:
+            del out["uuid"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -75,6 +88,22 @@ class Death:
     time: float  # its last heartbeat: the latest moment it is known to have been alive
     detected: float  # when the restarted run found it dead
     cause: str  # one of CAUSES
+    #: the GPU error (NVIDIA Xid) the kernel logged around the death: the cause when
+    #: ``gpu_xid``, told beside an ``exception``
+    xid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As written: ``gpu_xid`` as ``unknown`` plus ``xid``, so that readers of format 1
+        that predate it (which refuse a cause they do not know, and with it the whole file)
+        read an unknown cause instead of losing the run."""
+        cause = "unknown" if self.cause == "gpu_xid" else self.cause
+        return {
+            "step": self.step,
+            "time": self.time,
+            "detected": self.detected,
+            "cause": cause,
+            "xid": self.xid,
+        }
 
 
 @dataclass(frozen=True)
@@ -103,6 +132,10 @@ class Heartbeat:
     deaths: int = 0
     death_history: tuple[Death, ...] = ()
     version: str | None = None
+    #: the process's start in clock ticks since boot (/proc/PID/stat field 22; Linux): with the
+    #: boot id, exact where the create time is only compared within a second. Absent in
+    #: heartbeats of older reporters, which are then judged by the create time alone.
+    start_ticks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first."""
@@ -112,6 +145,7 @@ class Heartbeat:
             "rank": self.rank,
             "pid": self.pid,
             "create_time": self.create_time,
+            "start_ticks": self.start_ticks,
             "host": self.host,
             "started": self.started,
             "time": self.time,
@@ -127,10 +161,10 @@ class Heartbeat:
             "checkpoint_dir": self.checkpoint_dir,
             "mirrors": dict(self.mirrors),
             "log_file": self.log_file,
-            "allocator": [vars(a).copy() for a in self.allocator],
+            "allocator": [a.to_dict() for a in self.allocator],
             "memory_snapshots": self.memory_snapshots,
             "deaths": self.deaths,
-            "death_history": [vars(d).copy() for d in self.death_history],
+            "death_history": [d.to_dict() for d in self.death_history],
             "version": self.version,
         }
 

@@ -15,6 +15,7 @@ import stat
 from typing import Any
 
 from trainguard.shared.fileio import FILE_FLAGS, O_NOFOLLOW, O_NONBLOCK
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import (
     CAUSES,
     FORMAT,
@@ -28,6 +29,7 @@ from trainguard.shared.heartbeat import (
     MAX_RANK,
     MAX_SCALARS,
     MAX_TIME,
+    MAX_XID,
     MIRROR_NAME_RE,
     SCALAR_NAME_RE,
     STATES,
@@ -162,6 +164,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         rank=rank,
         pid=f.integer("pid", 1, MAX_PID),
         create_time=f.timestamp("create_time"),
+        start_ticks=f.integer("start_ticks", 0, MAX_INT, optional=True),
         host=f.text("host", 255, default=""),
         started=f.timestamp("started"),
         time=f.timestamp("time"),
@@ -321,20 +324,36 @@ class _Fields:
                     inactive_split_bytes=f.integer("inactive_split_bytes", 0, MAX_INT),
                     alloc_retries=f.integer("alloc_retries", 0, MAX_INT),
                     ooms=f.integer("ooms", 0, MAX_INT),
+                    uuid=f.gpu_uuid("uuid"),
                 )
             )
         return tuple(out)
+
+    def gpu_uuid(self, key: str) -> str | None:
+        """An optional GPU UUID in either spelling, returned in NVML's."""
+        value = self.text(key, 64, optional=True)
+        if value is None:
+            return None
+        uuid = normalize_gpu_uuid(value)
+        if uuid is None:
+            raise self.fail(key, "expected a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+        return uuid
 
     def deaths(self, key: str) -> tuple[Death, ...]:
         out = []
         for i, item in enumerate(self.items(key, MAX_DEATH_HISTORY)):
             f = _Fields(self.source, f"{self.where}{key}[{i}].", item)
+            cause = f.get("cause", _one_of(CAUSES))
+            xid = f.integer("xid", 0, MAX_XID, optional=True)
+            if cause == "unknown" and xid is not None:
+                cause = "gpu_xid"  # how a death by a GPU error is written (see Death.to_dict)
             out.append(
                 Death(
                     step=f.integer("step", 0, MAX_INT, optional=True),
                     time=f.timestamp("time"),
                     detected=f.timestamp("detected"),
-                    cause=f.get("cause", _one_of(CAUSES)),
+                    cause=cause,
+                    xid=xid,
                 )
             )
         return tuple(out)

@@ -1,6 +1,13 @@
 """What this host says about processes, shared by the reporter (recording itself) and the
-exporter (checking a recorded process): boot identity, pid namespace, "is this the same
-process", and whether the kernel's OOM killer killed a pid.
+exporter (checking a recorded process): boot identity, pid namespaces, "is this the same
+process", and where a process of another pid namespace is. (What the kernel log says about a
+death is :mod:`trainguard.shared.kernlog`.)
+
+A process is identified by its pid and when it started. On Linux the start is exact: field 22
+of ``/proc/PID/stat``, clock ticks since boot, the same number in every pid namespace, and
+together with the boot id it tells a process from any later one given the same pid (even
+within the same second). Elsewhere, or for a heartbeat of an older reporter that did not
+record it, the create time is compared within :data:`CREATE_TIME_TOLERANCE`.
 
 Every read degrades to "unknown" (None) rather than raising: a /proc file that does not exist
 (Windows, macOS) or cannot be read must never crash either side.
@@ -8,14 +15,10 @@ Every read degrades to "unknown" (None) rather than raising: a /proc file that d
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
 import re
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 
 import psutil
 
@@ -24,14 +27,12 @@ import psutil
 CREATE_TIME_TOLERANCE = 1.0
 #: boot times further apart than this are two boots
 BOOT_TIME_TOLERANCE = 5.0
+#: inode of the initial pid namespace (Linux's PROC_PID_INIT_INO since 3.8): a process there
+#: sees every process of the host in /proc, so one it cannot find is gone
+INIT_PID_NS = 0xEFFFFFFC
 
-_OOM_PATTERNS = (
-    re.compile(r"\bKill(?:ed)? process (\d+)\b"),  # "Out of memory: Killed process 123 (python)"
-    re.compile(r"\boom-kill:.*?[,:]pid=(\d+)\b"),  # "oom-kill:constraint=...,task=x,pid=123,"
-    re.compile(r"\boom_reaper: reaped process (\d+)\b"),
-)
-_KMSG_MAX_RECORDS = 200_000
-_KERNEL_LOG_SECONDS = 2.0
+#: states in /proc/PID/stat of a process that is no longer running (zombie, dead)
+_DEAD_STATES = ("Z", "X", "x")
 
 
 def boot_id() -> str | None:
@@ -74,15 +75,94 @@ def same_boot(
     return None
 
 
+def read_stat(pid: int | str) -> tuple[str, int]:
+    """(state, start ticks) of ``pid`` from ``/proc/PID/stat`` (``"self"`` for this process).
+    The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
+    so the fields are split after the *last* ')'. Raises OSError (FileNotFoundError or
+    ProcessLookupError: no such process) or ValueError (not the expected format)."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        raw = fh.read(4096)
+    head, sep, tail = raw.rpartition(b")")
+    fields = tail.split()
+    if not sep or len(fields) < 20 or b"(" not in head:
+        raise ValueError(f"/proc/{pid}/stat: unexpected format")
+    # tail starts at field 3 (state); field 22 (starttime) is the 20th after the name
+    return fields[0].decode("ascii", "replace"), int(fields[19])
+
+
+def read_nspid(pid: int | str) -> list[int] | None:
+    """The ``NSpid:`` line of ``/proc/PID/status``: the pid in each pid namespace from the one
+    of this /proc down to the process's own (first: as seen here, last: in its innermost
+    namespace). None where the kernel has no such line (before 4.1). Raises OSError."""
+    with open(f"/proc/{pid}/status", "rb") as fh:
+        raw = fh.read(16384)
+    for line in raw.splitlines():
+        if line.startswith(b"NSpid:"):
+            try:
+                return [int(x) for x in line[6:].split()]
+            except ValueError:
+                return None
+    return None
+
+
+def _boottime_offset_zero() -> bool | None:
+    """Whether this process's time namespace leaves CLOCK_BOOTTIME alone (it then shifts the
+    start ticks this process reads in /proc by its offset). True without time namespaces."""
+    try:
+        with open("/proc/self/timens_offsets", encoding="ascii") as fh:
+            text = fh.read(1024)
+    except FileNotFoundError:
+        return True  # a kernel without time namespaces
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("boottime", "7"):  # 7: CLOCK_BOOTTIME
+            return parts[1] == "0" and parts[2] == "0"
+    return True
+
+
+def own_start_ticks() -> int | None:
+    """This process's start in clock ticks since boot (Linux), None where it cannot be read
+    or would not compare (another platform, a time namespace with a boot time offset)."""
+    if _boottime_offset_zero() is not True:
+        return None
+    try:
+        return read_stat("self")[1]
+    except (OSError, ValueError):
+        return None
+
+
+def ticks_comparable() -> bool:
+    """Whether start ticks this process reads in /proc compare with ones recorded by other
+    processes of this boot: Linux, and no time namespace offset of its own."""
+    return _boottime_offset_zero() is True and os.path.exists("/proc/self/stat")
+
+
 def own_create_time() -> float:
     """This process's create time, read afresh (psutil caches it per Process object, and a
     clock adjustment since start changes the value the exporter computes)."""
     return float(psutil.Process(os.getpid()).create_time())
 
 
-def process_alive(pid: int, create_time: float) -> bool | None:
-    """Is ``pid`` the same process that recorded ``create_time``, and not a zombie?
-    False when gone or reused, None when the OS will not say (access denied)."""
+def process_alive(pid: int, create_time: float, start_ticks: int | None = None) -> bool | None:
+    """Is ``pid`` the same process that recorded ``create_time`` (and ``start_ticks``), and
+    not a zombie? False when gone or reused, None when the OS will not say (access denied).
+
+    ``start_ticks`` is compared exactly; pass it only when it was recorded in this boot (same
+    boot id) and this process's reads compare (:func:`ticks_comparable`). Without it, or where
+    ``/proc`` cannot be read, the create time is compared within the tolerance."""
+    if start_ticks is not None:
+        try:
+            state, ticks = read_stat(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        except (OSError, ValueError):
+            pass  # no /proc here, or unreadable: the tolerance below
+        else:
+            if ticks != start_ticks:
+                return False  # the pid now belongs to a process started at another tick
+            return state not in _DEAD_STATES
     try:
         proc = psutil.Process(pid)
         if abs(proc.create_time() - create_time) > CREATE_TIME_TOLERANCE:
@@ -96,117 +176,152 @@ def process_alive(pid: int, create_time: float) -> bool | None:
         return None
 
 
-def oom_killed(pid: int, since: float) -> bool:
-    """Best effort: does the kernel log say the OOM killer killed ``pid`` after ``since``
-    (seconds since the epoch)? Reads /dev/kmsg, else ``journalctl -k``, else ``dmesg``;
-    bounded to about two seconds; any failure means "not known to be", i.e. False."""
-    deadline = time.monotonic() + _KERNEL_LOG_SECONDS
+@dataclass(frozen=True)
+class NsProcess:
+    """A process as its heartbeat recorded it from inside its pid namespace."""
+
+    pid_ns: int  # inode of its pid namespace
+    pid: int  # its pid in that namespace
+    create_time: float
+    start_ticks: int | None  # exact (same boot); None: compare the create time (±1 s)
+
+
+@dataclass(frozen=True)
+class NsLookup:
+    """Where a :class:`NsProcess` is in this /proc.
+
+    ``kind``: ``found`` (``host_pid``, and its ``start_ticks``, as this /proc numbers it),
+    ``absent`` (no process here has that pid in a namespace below this one and that start),
+    ``unverifiable`` (one has, but its namespace cannot be read, for lack of ptrace access,
+    and only the create time was left to compare), ``ambiguous`` (several unreadable ones
+    match exactly), ``unknown`` (/proc cannot be listed, or has no ``NSpid``)."""
+
+    kind: str
+    host_pid: int | None = None
+    start_ticks: int | None = None
+
+
+def find_in_namespaces(wanted: Collection[NsProcess]) -> dict[NsProcess, NsLookup]:
+    """Find processes recorded in other pid namespaces among the processes of this /proc
+    (the host's, for an exporter with the host's pid namespace), in one pass.
+
+    A candidate has the recorded pid as the last field of its ``NSpid`` (its pid in its
+    innermost namespace) and the recorded start: exact start ticks (the same number in every
+    namespace: they count from boot), else the create time within the tolerance. Its pid
+    namespace (the inode of ``/proc/PID/ns/pid``) must then be the recorded one; reading it
+    needs ptrace read access to the process (root, or the same user), so where it is refused
+    an exact start-ticks match is taken as the process (two processes with the same pid in
+    their namespaces starting at the same clock tick), and a create-time match is not."""
+    out: dict[NsProcess, NsLookup] = {}
+    if not wanted:
+        return out
     try:
-        lines = _kmsg_lines(since, deadline)
-        if lines is None:
-            lines = _command_lines(
-                ["journalctl", "-k", "-q", "--no-pager", "-o", "cat", f"--since=@{int(since)}"],
-                deadline,
-            )
-        if lines is None:
-            lines = _dmesg_after(_command_lines(["dmesg"], deadline), since)
-        return lines is not None and any(_oom_pid(line) == pid for line in lines)
-    except Exception:
-        return False
-
-
-def _oom_pid(line: str) -> int | None:
-    for pattern in _OOM_PATTERNS:
-        m = pattern.search(line)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-def _kmsg_lines(since: float, deadline: float) -> list[str] | None:
-    """Records of /dev/kmsg logged after ``since`` (its timestamps are microseconds since
-    boot), or None when it cannot be read (no permission, not Linux)."""
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        if read_nspid("self") is None:
+            return {w: NsLookup("unknown") for w in wanted}
+        names = os.listdir("/proc")
     except OSError:
-        return None
-    booted = boot_time() or 0.0
-    lines: list[str] = []
-    with contextlib.closing(_Fd(fd)):
-        for _ in range(_KMSG_MAX_RECORDS):
-            if time.monotonic() > deadline:
-                break
-            try:
-                record = os.read(fd, 8192)
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # overwritten while reading: skip ahead
-                    continue
-                if exc.errno == errno.EAGAIN:
-                    break
-                return lines or None
-            if not record:
-                break
-            head, _, message = record.decode("utf-8", "replace").partition(";")
-            fields = head.split(",")
-            try:
-                logged = booted + int(fields[2]) / 1e6
-            except (IndexError, ValueError):
-                logged = since
-            if logged >= since:
-                lines.append(message)
-    return lines
-
-
-def _command_lines(cmd: list[str], deadline: float) -> list[str] | None:
-    exe = shutil.which(cmd[0])
-    remaining = deadline - time.monotonic()
-    if exe is None or remaining <= 0:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, *cmd[1:]],
-            capture_output=True,
-            timeout=remaining,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0 or not out.stdout:
-        return None
-    return out.stdout[-8 * 1024 * 1024 :].decode("utf-8", "replace").splitlines()
-
-
-_DMESG_TIME = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
-
-
-def _dmesg_after(lines: list[str] | None, since: float) -> list[str] | None:
-    """dmesg's lines logged after ``since`` (its prefix is seconds since boot)."""
-    if lines is None:
-        return None
-    booted = boot_time() or 0.0
-    out = []
-    for line in lines:
-        m = _DMESG_TIME.match(line)
-        if m is None or booted + float(m.group(1)) >= since:
-            out.append(line)
+        return {w: NsLookup("unknown") for w in wanted}
+    hz = _clock_ticks()
+    booted = boot_time()
+    by_ticks: dict[int, list[NsProcess]] = {}
+    by_time: list[NsProcess] = []
+    for w in wanted:
+        if w.start_ticks is not None:
+            by_ticks.setdefault(w.start_ticks, []).append(w)
+        else:
+            by_time.append(w)
+    exact: dict[NsProcess, list[tuple[int, int]]] = {}
+    unreadable: dict[NsProcess, list[tuple[int, int]]] = {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            state, ticks = read_stat(pid)
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not readable
+        if state in _DEAD_STATES:
+            continue
+        keys = list(by_ticks.get(ticks, ()))
+        if by_time and hz and booted is not None:
+            created = booted + ticks / hz
+            keys += [w for w in by_time if abs(created - w.create_time) <= CREATE_TIME_TOLERANCE]
+        if not keys:
+            continue
+        try:
+            nspid = read_nspid(pid)
+        except OSError:
+            continue
+        if not nspid or len(nspid) < 2:
+            continue  # in this /proc's own namespace: not a process of another one
+        keys = [w for w in keys if w.pid == nspid[-1]]
+        if not keys:
+            continue
+        try:
+            ns: int | None = os.stat(f"/proc/{pid}/ns/pid").st_ino
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        except OSError:
+            ns = None  # EACCES: another user's process without ptrace read access
+        for w in keys:
+            if ns is None:
+                unreadable.setdefault(w, []).append((pid, ticks))
+            elif ns == w.pid_ns:
+                exact.setdefault(w, []).append((pid, ticks))
+    for w in wanted:
+        hits, unsure = exact.get(w, []), unreadable.get(w, [])
+        if hits:
+            out[w] = NsLookup("found", *hits[0])
+        elif not unsure:
+            out[w] = NsLookup("absent")
+        elif w.start_ticks is None:
+            out[w] = NsLookup("unverifiable")
+        elif len(unsure) == 1:
+            out[w] = NsLookup("found", *unsure[0])
+        else:
+            out[w] = NsLookup("ambiguous")
     return out
 
 
-class _Fd:
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+def still_there(host_pid: int, ns_pid: int, start_ticks: int) -> bool | None:
+    """Is the process found earlier at ``host_pid`` still running: the same start ticks (a
+    pid and a start tick name one process for the whole boot) and still ``ns_pid`` in its
+    namespace? False when gone, None when /proc will not say."""
+    try:
+        state, ticks = read_stat(host_pid)
+        if ticks != start_ticks or state in _DEAD_STATES:
+            return False
+        nspid = read_nspid(host_pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except (OSError, ValueError):
+        return None
+    if nspid is None:
+        return None
+    return nspid[-1] == ns_pid
 
-    def close(self) -> None:
-        os.close(self.fd)
+
+def _clock_ticks() -> int | None:
+    try:
+        hz = os.sysconf("SC_CLK_TCK")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return hz if hz > 0 else None
 
 
-def iter_matching(pattern: re.Pattern[str], exclude: int) -> Iterator[tuple[int, float]]:
-    """(pid, create time) of live processes whose name matches ``pattern``."""
-    for proc in psutil.process_iter(["name", "create_time", "status"]):
+def iter_matching(
+    pattern: re.Pattern[str], exclude: int, *, cmdline: bool = False
+) -> Iterator[tuple[int, float]]:
+    """(pid, create time) of live processes whose name (with ``cmdline``: whole command line,
+    its arguments joined by spaces) matches ``pattern``. A process whose command line cannot
+    be read (another user's, under ``hidepid``) or is empty (a kernel thread) never matches."""
+    field = "cmdline" if cmdline else "name"
+    for proc in psutil.process_iter([field, "create_time", "status"]):
         info = proc.info
-        name = info.get("name")
-        if not name or proc.pid == exclude or info.get("status") == psutil.STATUS_ZOMBIE:
+        value = info.get(field)
+        if cmdline and value:
+            value = " ".join(value)
+        if not value or proc.pid == exclude or info.get("status") == psutil.STATUS_ZOMBIE:
             continue
-        if pattern.search(name):
+        if pattern.search(value):
             yield proc.pid, float(info.get("create_time") or 0.0)

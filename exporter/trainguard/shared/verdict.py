@@ -34,7 +34,12 @@ def judge(
     """Judge every file of a location. Its own record gives the expected size and hash; a
     mirror's file without a record falls back on the primary's record of the same name, or on
     the primary file's size once that has settled. With ``trust_unrecorded``, a settled file
-    for which none of these gives a size is complete (its writer recorded nothing to check)."""
+    for which none of these gives a size is complete (its writer recorded nothing to check).
+
+    Whatever the records and the trust setting, a mirror's file smaller than the settled primary
+    file of the same name (itself not smaller nor larger than its own record) is judged against
+    the primary's size: a copy taken while an unrecorded primary was still being written carries
+    a record of its own short size, and is a truncated copy, not a checkpoint."""
     by_name = {e.name: e for e in primary.files} if primary is not None else {}
     out = []
     for entry in listing.files:
@@ -43,6 +48,16 @@ def judge(
         sha: str | None = None
         if rec is not None:
             size, sha = rec.size, rec.sha256
+            pfile = by_name.get(entry.name)
+            if (
+                primary is not None
+                and pfile is not None
+                and pfile.stat.st_size > entry.stat.st_size
+                and settled(pfile.stat, now_ns, grace_ns)
+            ):
+                prec = primary.records.get(entry.name)
+                if prec is None or prec.size == pfile.stat.st_size:
+                    size, sha = pfile.stat.st_size, None if prec is None else prec.sha256
         elif primary is not None:
             prec = primary.records.get(entry.name)
             if prec is not None:

@@ -42,6 +42,13 @@ LOCATION_UP = _spec(
     "1 if the location's directory and manifest could be read in this scrape, 0 if not (the "
     "location's other series are then absent and the reason is logged).",
 )
+LOCATION_INFO = _spec(
+    "location_info",
+    "Always 1, one series per watched location: trust_unrecorded says whether the config "
+    "counts settled files without records as complete (rules alert on unrecorded files only "
+    "where it is false).",
+    ("run", "location", "trust_unrecorded"),
+)
 LAST_STEP = _spec("last_step", "Step of the newest complete checkpoint.")
 LAST_TIMESTAMP = _spec(
     "last_timestamp_seconds", "Modification time of the newest complete checkpoint."
@@ -209,6 +216,7 @@ class CheckpointsCollector(Collector):
     name = "checkpoints"
     metrics = (
         LOCATION_UP,
+        LOCATION_INFO,
         *_JUDGED,
         UNKNOWN_MTIME,
         PARTIAL,
@@ -255,6 +263,9 @@ class CheckpointsCollector(Collector):
         for t in ordered:
             labels = [t.run, t.location]
             at = (t.run, t.location, t.path, t.pattern)
+            families[LOCATION_INFO.name].add_metric(
+                [*labels, "true" if t.trust_unrecorded else "false"], 1
+            )
             try:
                 w = watched[at] = self._watched.get(at) or self._watch(t)
                 listing = w.directory.read(w.records, _owner_check(t))

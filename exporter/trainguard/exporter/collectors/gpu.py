@@ -1,5 +1,6 @@
 """GPU memory as the driver sees it (NVML through pynvml): per device, per process, and the
-part of device memory that no live process accounts for (ghost memory)."""
+part of device memory that no live process accounts for (ghost memory); and the critical Xid
+errors the driver reported per GPU (read on a thread of their own, see ``exporter/xid.py``)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
+from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 
 log = logging.getLogger(__name__)
 
 #: pid -> (run, rank) for the processes of runs that are alive now
 PidRuns = Callable[[Scrape], Mapping[int, tuple[str, str]]]
 
+NVML_AVAILABLE = MetricSpec(
+    "trainguard_gpu_nvml_available",
+    "gauge",
+    (),
+    "1 if NVML started, 0 if no NVIDIA driver is installed (no NVML library: no GPU series, "
+    "and not a failure); absent while an installed driver fails.",
+)
 GPU_INFO = MetricSpec(
     "trainguard_gpu_info",
     "gauge",
@@ -47,6 +57,13 @@ PROCESS_MEMORY = MetricSpec(
     "Device memory the driver attributes to a process; run is empty when the pid belongs to "
     "no known run.",
 )
+PROCESSES = MetricSpec(
+    "trainguard_gpu_processes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Processes NVML lists on the GPU (compute and graphics, each once), whether or not their "
+    "memory is known; 0 under WSL, which lists none.",
+)
 PROCESSES_UNKNOWN = MetricSpec(
     "trainguard_gpu_processes_memory_unknown",
     "gauge",
@@ -59,6 +76,19 @@ UNATTRIBUTED = MetricSpec(
     ("gpu", "uuid"),
     "Device memory used minus what live processes account for; absent when any process's "
     "memory is unknown.",
+)
+XID_ERRORS = MetricSpec(
+    "trainguard_gpu_xid_errors_total",
+    "counter",
+    ("gpu", "uuid", "xid"),
+    "Critical Xid errors the driver reported for the GPU since the exporter started, per Xid code.",
+)
+XID_SUPPORTED = MetricSpec(
+    "trainguard_gpu_xid_events_supported",
+    "gauge",
+    ("gpu", "uuid"),
+    "1 if the exporter receives the GPU's critical Xid events, 0 if the driver offers none "
+    "(then Xid errors are unknown, not zero).",
 )
 RUN_MEMORY = MetricSpec(
     "trainguard_run_gpu_memory_used_bytes",
@@ -87,13 +117,17 @@ class GpuCollector(Collector):
 
     name = "gpu"
     metrics = (
+        NVML_AVAILABLE,
         GPU_INFO,
         MEMORY_TOTAL,
         MEMORY_USED,
         PROCESS_MEMORY,
+        PROCESSES,
         PROCESSES_UNKNOWN,
         UNATTRIBUTED,
         RUN_MEMORY,
+        XID_ERRORS,
+        XID_SUPPORTED,
     )
 
     def __init__(self, pid_runs: PidRuns | None = None) -> None:
@@ -103,13 +137,30 @@ class GpuCollector(Collector):
         self._driver = ""
         self._uuids: dict[int, str] = {}  # remembered so a GPU lost at start is still named
         self._started_with: tuple[str, int] | None = None
+        self._xids = XidCounts()  # since the exporter started, across NVML restarts
+        self._xid_watcher: XidWatcher | None = None
+        self._told_no_driver = False
 
-    def _start(self, scrape: Scrape) -> tuple[_Device, ...]:
-        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver."""
+    def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
+        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
+        when no NVIDIA driver is installed at all."""
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound:
+            # A checkpoint server or a CPU node: nothing is wrong, there is nothing to watch.
+            # Tried again at every scrape (a failed dlopen is cheap): a driver installed later
+            # is picked up.
+            if not self._told_no_driver:
+                self._told_no_driver = True
+                log.info(
+                    "no NVIDIA driver (the NVML library cannot be loaded): no GPU metrics; "
+                    "trainguard_gpu_nvml_available is 0 (run with --no-collector.gpu to skip "
+                    "the GPU collector on this host)"
+                )
+            return None
         except pynvml.NVMLError as exc:
             raise CollectorError(f"NVML is not available: {exc}") from exc
+        self._told_no_driver = False
         try:
             self._driver = _text(pynvml.nvmlSystemGetDriverVersion())
             count = pynvml.nvmlDeviceGetCount()
@@ -120,7 +171,9 @@ class GpuCollector(Collector):
         for i in range(count):
             try:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                raw = _text(pynvml.nvmlDeviceGetUUID(handle))
+                # one spelling with the training side's, so the two join exactly
+                uuid = normalize_gpu_uuid(raw) or raw
                 name = _text(pynvml.nvmlDeviceGetName(handle))
             except pynvml.NVMLError as exc:
                 scrape.error(f"GPU {i} ({self._uuids.get(i, 'uuid unknown')}): {exc}")
@@ -132,35 +185,86 @@ class GpuCollector(Collector):
             log.info("NVML started: driver %s, %d GPU(s)", self._driver, count)
         return tuple(devices)
 
+    def close(self) -> None:
+        """Shut NVML down (the exporter never does: it keeps NVML between scrapes)."""
+        with self._lock:
+            self._stop()
+
     def _stop(self) -> None:
         self._devices = None
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
+        families = {spec.name: spec.family() for spec in self.metrics}
+        run_memory: dict[tuple[str, str, str], int | None] = {}
         with self._lock:
-            failed = False
-            if self._devices is None:
-                self._devices = self._start(scrape)
-                failed = bool(scrape.errors)
-            devices = self._devices
-            pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
-            families = {spec.name: spec.family() for spec in self.metrics}
-            run_memory: dict[tuple[str, str, str], int | None] = {}
-            alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
-            for dev in devices:
-                try:
-                    self._gather_device(dev, pid_runs, families, run_memory, alive)
-                except pynvml.NVMLError as exc:
-                    scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
-                    failed = True
-            if failed:
-                self._stop()  # start afresh next scrape: a lost GPU may come back
+            try:
+                self._gather_devices(scrape, families, run_memory)
+            except CollectorError as exc:  # NVML did not start: no GPU series this time...
+                scrape.error(str(exc))
+        # ...but the Xid counts are the exporter's own memory: a GPU that fell off the bus
+        # (Xid 79) and took the driver with it must not take its Xid count along
+        xid_family = families[XID_ERRORS.name]
+        for (index, uuid, xid), count in self._xids.items():
+            xid_family.add_metric([index, uuid, xid], count)
         run_family = families[RUN_MEMORY.name]
         for (run, rank, gpu), used in sorted(run_memory.items()):
             if used is not None:
                 run_family.add_metric([run, rank, gpu], used)
         return families.values()
+
+    def _gather_devices(
+        self,
+        scrape: Scrape,
+        families: dict[str, Any],
+        run_memory: dict[tuple[str, str, str], int | None],
+    ) -> None:
+        failed = False
+        if self._devices is None:
+            started = self._start(scrape)
+            if started is None:
+                families[NVML_AVAILABLE.name].add_metric([], 0)
+                return
+            self._devices = started
+            failed = bool(scrape.errors)
+        devices = self._devices
+        families[NVML_AVAILABLE.name].add_metric([], 1)
+        if not self._watch_xids(devices, scrape):
+            failed = True
+        pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
+        alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
+        for dev in devices:
+            try:
+                self._gather_device(dev, pid_runs, families, run_memory, alive)
+            except pynvml.NVMLError as exc:
+                scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
+                failed = True
+        if failed:
+            self._stop()  # start afresh next scrape: a lost GPU may come back
+
+    def _watch_xids(self, devices: tuple[_Device, ...], scrape: Scrape) -> bool:
+        """Keep a watcher on these GPUs' Xid events: a new one when a GPU appears that the
+        current one does not watch, or when its wait failed (reported, and replaced at once,
+        so that a wait that keeps failing fails every scrape). False when anything failed."""
+        ok = True
+        watcher = self._xid_watcher
+        if watcher is not None and not watcher.alive:
+            scrape.error(f"Xid events: {watcher.error}")
+            self._xid_watcher = watcher = None
+            ok = False
+        if watcher is not None and watcher.covers(d.uuid for d in devices):
+            return ok
+        replacement = XidWatcher(self._xids)
+        try:
+            replacement.start(XidDevice(d.index, d.uuid, d.handle) for d in devices)
+        except pynvml.NVMLError as exc:
+            scrape.error(f"cannot watch Xid events: {exc}")
+            return False
+        if watcher is not None:
+            watcher.stop()  # after the replacement registered: no gap without a watcher
+        self._xid_watcher = replacement
+        return ok
 
     def _gather_device(
         self,
@@ -207,6 +311,10 @@ class GpuCollector(Collector):
                 exists = alive[pid] = psutil.pid_exists(pid)
             if exists:
                 attributed += used
+        families[PROCESSES.name].add_metric(labels, len(used_by_pid))
         families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
+        watcher = self._xid_watcher
+        if watcher is not None and dev.uuid in watcher.supported:
+            families[XID_SUPPORTED.name].add_metric(labels, 1 if watcher.supported[dev.uuid] else 0)
         if unknown == 0:
             families[UNATTRIBUTED.name].add_metric(labels, max(mem.used - attributed, 0))

@@ -6,6 +6,7 @@ when it is absent."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,7 +29,7 @@ PROCESS_UP = MetricSpec(
     "trainguard_run_process_up",
     "gauge",
     RR,
-    "1 if the run's process is alive (pid exists with the recorded create time), 0 if gone.",
+    "1 if the run's process is alive (pid exists with the recorded start), 0 if gone.",
 )
 FINISHED = MetricSpec(
     "trainguard_run_finished",
@@ -54,6 +55,27 @@ START_TIMESTAMP = MetricSpec(
     "gauge",
     RR,
     "When the run's current (or last) process started reporting.",
+)
+# Ages, computed at scrape time against the exporter's clock. The exporter runs on the trainer's
+# host, so both clocks are one: unlike time() - *_timestamp_seconds in PromQL, an age is not
+# thrown off by skew between that host and Prometheus (WSL2 after sleep, an unsynced node).
+STEP_AGE = MetricSpec(
+    "trainguard_run_step_age_seconds",
+    "gauge",
+    RR,
+    "Seconds since the run last reported a step, by this host's clock.",
+)
+HEARTBEAT_AGE = MetricSpec(
+    "trainguard_run_heartbeat_age_seconds",
+    "gauge",
+    RR,
+    "Seconds since the run's reporter last wrote its heartbeat, by this host's clock.",
+)
+START_AGE = MetricSpec(
+    "trainguard_run_start_age_seconds",
+    "gauge",
+    RR,
+    "Seconds since the run's current (or last) process started reporting, by this host's clock.",
 )
 LOG_MODIFIED = MetricSpec(
     "trainguard_run_log_modified_timestamp_seconds",
@@ -104,6 +126,13 @@ OOMS = MetricSpec(
     RRD,
     "Out-of-memory errors the allocator raised.",
 )
+DEVICE_INFO = MetricSpec(
+    "trainguard_run_allocator_device_info",
+    "gauge",
+    ("run", "rank", "device", "uuid"),
+    "Always 1 for each allocator device whose GPU is known; uuid is the GPU's (as in "
+    "trainguard_gpu_info), to join the allocator's bytes to the driver's view of that GPU.",
+)
 SNAPSHOTS = MetricSpec(
     "trainguard_run_memory_snapshots_total",
     "counter",
@@ -128,11 +157,23 @@ LAST_DEATH_TIMESTAMP = MetricSpec(
     ("run",),
     "Last heartbeat of the process that died last: the latest it is known to have been alive.",
 )
+LAST_DEATH_AGE = MetricSpec(
+    "trainguard_run_last_death_age_seconds",
+    "gauge",
+    ("run",),
+    "Seconds since the last heartbeat of the process that died last, by this host's clock.",
+)
 LAST_DEATH_INFO = MetricSpec(
     "trainguard_run_last_death_info",
     "gauge",
     ("run", "cause"),
-    "Always 1; cause of the run's last death: reboot, oom_killer, exception or unknown.",
+    "Always 1; cause of the run's last death: reboot, oom_killer, gpu_xid, exception or unknown.",
+)
+LAST_DEATH_XID = MetricSpec(
+    "trainguard_run_last_death_xid",
+    "gauge",
+    ("run",),
+    "NVIDIA Xid code of the GPU error the kernel logged around the run's last death.",
 )
 HEARTBEAT_FILES = MetricSpec(
     "trainguard_heartbeat_files",
@@ -147,8 +188,10 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
     "Heartbeat files in the state directory that could not be used in this scrape.",
 )
 
-#: which of several ranks' records of one death event names it: the most specific cause
-_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "exception": 2, "unknown": 3}
+#: which of several ranks' records of one death event names it: the most specific cause (a
+#: GPU error before an exception: the other ranks' collectives fail because one rank's GPU
+#: did)
+_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "gpu_xid": 2, "exception": 3, "unknown": 4}
 #: restarts of different ranks noticed within this many seconds are one death event
 _SAME_EVENT_SECONDS = 60.0
 
@@ -163,6 +206,9 @@ class RunsCollector(Collector):
         STEP_TIMESTAMP,
         HEARTBEAT_TIMESTAMP,
         START_TIMESTAMP,
+        STEP_AGE,
+        HEARTBEAT_AGE,
+        START_AGE,
         LOG_MODIFIED,
         SCALAR,
         ALLOCATED,
@@ -171,11 +217,14 @@ class RunsCollector(Collector):
         INACTIVE_SPLIT,
         ALLOC_RETRIES,
         OOMS,
+        DEVICE_INFO,
         SNAPSHOTS,
         DEATHS,
         LAST_DEATH_STEP,
         LAST_DEATH_TIMESTAMP,
+        LAST_DEATH_AGE,
         LAST_DEATH_INFO,
+        LAST_DEATH_XID,
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
     )
@@ -188,30 +237,39 @@ class RunsCollector(Collector):
         for message in view.errors:
             scrape.error(message)
         fam: dict[str, Any] = {spec.name: spec.family() for spec in self.metrics}
+        now = time.time()  # after the view was read: every age is >= 0 on one clock
         for row in view.rows:
-            self._row(fam, row)
-        self._deaths(fam, view)
+            self._row(fam, row, now)
+        self._deaths(fam, view, now)
         self._logs(fam, view, scrape)
         fam[HEARTBEAT_FILES.name].add_metric([], view.files_ok)
         fam[HEARTBEAT_FILE_ERRORS.name].add_metric([], view.file_errors)
         return fam.values()
 
-    def _row(self, fam: dict[str, Any], row: RunRow) -> None:
+    def _row(self, fam: dict[str, Any], row: RunRow, now: float) -> None:
         labels = [row.run, row.rank]
         pid = "" if row.pid is None else str(row.pid)
         fam[RUN_INFO.name].add_metric([row.run, row.rank, row.host, pid], 1)
         if row.up is not None:
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
+        if row.finished is not None:
+            fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know
-        fam[FINISHED.name].add_metric(labels, 1 if hb.state == "finished" else 0)
         if hb.step is not None:
             fam[STEP.name].add_metric(labels, hb.step)
         if hb.step_time is not None:
             fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
         fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
         fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
+        for spec, then in (
+            (STEP_AGE, hb.step_time),
+            (HEARTBEAT_AGE, hb.time),
+            (START_AGE, hb.started),
+        ):
+            if then:  # 0 is an unknown time: no age, never a huge one
+                fam[spec.name].add_metric(labels, age(now, then))
         for name, value in sorted(hb.scalars.items()):
             fam[SCALAR.name].add_metric([*labels, name], value)
         for a in hb.allocator:
@@ -222,9 +280,11 @@ class RunsCollector(Collector):
             fam[INACTIVE_SPLIT.name].add_metric(dev, a.inactive_split_bytes)
             fam[ALLOC_RETRIES.name].add_metric(dev, a.alloc_retries)
             fam[OOMS.name].add_metric(dev, a.ooms)
+            if a.uuid is not None:
+                fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
         fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
 
-    def _deaths(self, fam: dict[str, Any], view: RunView) -> None:
+    def _deaths(self, fam: dict[str, Any], view: RunView, now: float) -> None:
         by_run: dict[str, list[Heartbeat]] = {}
         for row in view.rows:
             if row.heartbeat is not None:
@@ -239,7 +299,11 @@ class RunsCollector(Collector):
             if last.step is not None:
                 fam[LAST_DEATH_STEP.name].add_metric([run], last.step)
             fam[LAST_DEATH_TIMESTAMP.name].add_metric([run], last.time)
+            if last.time:
+                fam[LAST_DEATH_AGE.name].add_metric([run], age(now, last.time))
             fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
+            if last.xid is not None:
+                fam[LAST_DEATH_XID.name].add_metric([run], last.xid)
 
     def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
         for log in view.log_files:
@@ -266,6 +330,12 @@ class RunsCollector(Collector):
                     )
                 continue
             fam[LOG_MODIFIED.name].add_metric([log.run], mtime_ns / 1e9)
+
+
+def age(now: float, then: float) -> float:
+    """Seconds from ``then`` to ``now``, both of this host's clock; a timestamp a little ahead
+    (a heartbeat written while the scrape ran, a clock stepped back) is an age of 0."""
+    return max(0.0, now - then)
 
 
 def last_death(records: list[Death]) -> Death | None:

@@ -1,0 +1,269 @@
+"""``trainguard``: the terminal command for the person running the training (status, verify,
+launch), built on the exporter's own run table, checkpoint verdict and GPU collector. The only
+module that imports ``rich``; nothing of the training side imports it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainguard._version import __version__
+from trainguard.exporter.config import ConfigError, load_config, parse_duration
+
+EPILOG_VERIFY = (
+    "Exit status: 0 when the newest checkpoint is complete (a resume can go ahead), 1 when it "
+    "is not (or there is none), 2 on bad input. Verdicts: complete, truncated, oversized, hash "
+    "mismatch (--hash), unrecorded, in flight, orphaned .part, unknown mtime. Single-file "
+    "checkpoints only: directory checkpoints (one directory per step) are not supported yet."
+)
+
+
+def _duration(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration such as '30m' or '90s', got {value!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trainguard",
+        description="trainguard at the terminal: the runs of this host, checkpoint verdicts, "
+        "and launching a run that survives the terminal.",
+    )
+    p.add_argument("--version", action="version", version=f"trainguard {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch}")
+
+    s = sub.add_parser("status", help="the runs this host knows", description=_status_doc())
+    s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
+    s.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
+    s.add_argument(
+        "--stall",
+        type=_duration,
+        default=600.0,
+        metavar="DURATION",
+        help="alive without a new step this long is stalled (default: 10m)",
+    )
+    s.add_argument(
+        "--sample",
+        type=_duration,
+        default=2.0,
+        metavar="DURATION",
+        help="read twice this far apart for steps/s; 0: no rate (default: 2s)",
+    )
+    s.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    s.add_argument(
+        "--interval",
+        type=_duration,
+        default=2.0,
+        metavar="DURATION",
+        help="--watch refresh interval (default: 2s)",
+    )
+    s.add_argument("--json", action="store_true", help="JSON for scripts")
+
+    v = sub.add_parser(
+        "verify",
+        help="checkpoint verdicts of a location or one checkpoint file",
+        description="Each checkpoint of a location (or one checkpoint file) with its verdict, "
+        "and which one trainguard.checkpoint.latest() would resume from.",
+        epilog=EPILOG_VERIFY,
+    )
+    v.add_argument("path", type=Path, metavar="PATH")
+    v.add_argument(
+        "--primary",
+        type=Path,
+        metavar="DIR",
+        help="PATH is a mirror of DIR: check it against DIR's records",
+    )
+    v.add_argument(
+        "--pattern",
+        default="step_{step}",
+        metavar="P",
+        help="checkpoint file name pattern (default: %(default)s)",
+    )
+    v.add_argument(
+        "--grace",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="a file touched more recently may still be written (default: 5m)",
+    )
+    v.add_argument("--hash", action="store_true", help="verify content against the SHA-256")
+    v.add_argument("--json", action="store_true", help="JSON for scripts")
+
+    la = sub.add_parser(
+        "launch",
+        help="start a training command that survives the terminal",
+        description="Start COMMAND detached: a new session (setsid), stdin from /dev/null, "
+        "output appended to the log; closing the terminal, logging out or killing this shell "
+        "leaves it running. The run's name is passed as $TRAINGUARD_RUN (pass it to "
+        "trainguard.Run yourself), the state dir as $TRAINGUARD_STATE_DIR. Not on Windows: "
+        "use WSL, or PowerShell's Start-Process -WindowStyle Hidden with "
+        "-RedirectStandardOutput.",
+    )
+    la.add_argument("--name", metavar="RUN", help="the run's name ($TRAINGUARD_RUN)")
+    la.add_argument(
+        "--log",
+        type=Path,
+        metavar="FILE",
+        help="stdout and stderr appended here (default: RUN.log)",
+    )
+    la.add_argument("--pid-file", type=Path, metavar="FILE", help="write the pid here")
+    la.add_argument(
+        "--state.dir",
+        dest="state_dir",
+        type=Path,
+        metavar="DIR",
+        help="set $TRAINGUARD_STATE_DIR for the run",
+    )
+    la.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    return p
+
+
+def _status_doc() -> str:
+    from trainguard.exporter.terminal import status
+
+    return (status.__doc__ or "").split("\n\n", 1)[1]
+
+
+def _console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _fail(command: str, message: str) -> int:
+    print(f"trainguard {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "status":
+            return _status(args)
+        if args.command == "verify":
+            return _verify(args)
+        from trainguard.exporter.terminal.launch import main_launch
+
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return main_launch(cmd, args.name, args.log, args.pid_file, args.state_dir)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    from trainguard.exporter.cli import resolve_state_dir
+    from trainguard.exporter.terminal import status as st
+
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as exc:
+        return _fail("status", str(exc))
+    state_dir = resolve_state_dir(args.state_dir, config)
+    problem = st.state_dir_problem(state_dir, explicit=bool(args.state_dir))
+    if problem:
+        return _fail("status", problem)
+    status = st.Status(config, state_dir, args.stall)
+    try:
+        snap = status.read()
+        if args.watch and not args.json:
+            console = _console()
+            render: Callable[[st.Snapshot], Any] = (
+                st.rich_view if console.is_terminal else lambda s: st.plain(s)
+            )
+            st.watch(status, args.interval, render)
+            return 0
+        if args.sample > 0 and any(r.state in ("alive", "stalled") for r in snap.runs):
+            import time
+
+            time.sleep(args.sample)
+            snap = status.read()
+    except st.StateDirError as exc:
+        return _fail("status", str(exc))
+    finally:
+        status.close()
+    if args.json:
+        print(json.dumps(snap.to_json(), indent=2))
+        return 0
+    console = _console()
+    if console.is_terminal:
+        console.print(st.rich_view(snap))
+    else:
+        sys.stdout.write(st.plain(snap))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from trainguard.exporter.terminal import verify as vf
+    from trainguard.shared.manifest import ManifestError
+
+    progress_cm: Any = None
+    hook = None
+    if args.hash:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        err = _console(stderr=True)
+        progress_cm = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(binary_units=True),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=err,
+            disable=not err.is_terminal,
+            transient=True,
+        )
+
+        def hook(name: str, total: int) -> Callable[[int], None]:
+            task = progress_cm.add_task(f"sha256 {name}", total=total)
+            return lambda done: progress_cm.update(task, completed=done)
+
+        progress_cm.start()
+    try:
+        report = vf.verify(
+            args.path,
+            primary=args.primary,
+            pattern=args.pattern,
+            grace=args.grace,
+            check_hash=args.hash,
+            progress=hook,
+        )
+    except (OSError, ValueError, ManifestError) as exc:
+        msg = (
+            str(exc)
+            if not isinstance(exc, OSError) or not exc.strerror
+            else (f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror)
+        )
+        return _fail("verify", msg)
+    finally:
+        if progress_cm is not None:
+            progress_cm.stop()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        console = _console()
+        if console.is_terminal:
+            console.print(vf.rich_view(report))
+        else:
+            sys.stdout.write(vf.plain(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,5 @@
+import sys
+
+from trainguard.exporter.terminal import main
+
+sys.exit(main())

@@ -1,0 +1,210 @@
+"""``trainguard verify``: every checkpoint of a location with the verdict the exporter and
+``trainguard.checkpoint.latest`` share (``trainguard.shared.verdict.judge``), and the one
+``latest()`` would resume from. Single-file checkpoints only (checkpoint directories, one per
+step, are not supported yet)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trainguard.checkpoint.retention import latest
+from trainguard.shared.fileio import FILE_FLAGS, sha256_fd
+from trainguard.shared.listing import Listing, read_listing
+from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.verdict import Judged, judge
+
+#: called with (name, bytes) before hashing a file, returns the per-read callback
+HashProgress = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass
+class Item:
+    name: str
+    step: int
+    verdict: str  # complete, truncated, oversized, hash mismatch, unrecorded, in flight,
+    # orphaned .part, unknown mtime
+    size: int
+    expected_size: int | None
+    detail: str = ""
+    hash_ok: bool | None = None  # with --hash: None when not hashed
+
+
+@dataclass
+class Report:
+    directory: str
+    primary: str | None
+    items: list[Item]
+    resume_from: str | None  # what latest() returns
+    resume_step: int | None
+    newest: str | None  # the newest finished checkpoint (not .part)
+    ok: bool  # the newest checkpoint is complete
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _verdict(j: Judged) -> tuple[str, str]:
+    st = j.entry.stat
+    if not j.mtime_known:
+        return "unknown mtime", "modification time 0: never complete (NFS/FUSE stat?)"
+    if j.expected_size is None and not j.complete:
+        return "unrecorded", "no manifest record (nor one on the primary) to check its size"
+    if j.truncated:
+        return "truncated", f"{st.st_size}/{j.expected_size} bytes"
+    if j.oversized:
+        return "oversized", f"{st.st_size}/{j.expected_size} bytes"
+    if j.complete:
+        return "complete", f"{st.st_size} bytes"
+    return "in flight", f"{st.st_size}/{j.expected_size} bytes, touched within the grace period"
+
+
+def verify(
+    path: Path,
+    *,
+    primary: Path | None,
+    pattern: str,
+    grace: float,
+    check_hash: bool,
+    progress: HashProgress | None = None,
+) -> Report:
+    """Raises FileNotFoundError, NotADirectoryError, ValueError or ManifestError on bad input."""
+    pat = CheckpointPattern(pattern)
+    only: str | None = None
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: does not exist")
+    if not path.is_dir():
+        only = path.name
+        if pat.step(only) is None and pat.partial_step(only) is None:
+            raise ValueError(f"{path}: not a checkpoint name under the pattern {pattern!r}")
+        path = path.parent
+    if primary is not None and not primary.is_dir():
+        raise FileNotFoundError(f"--primary {primary}: not an existing directory")
+    listing = read_listing(path, pat)
+    plisting: Listing | None = read_listing(primary, pat) if primary is not None else None
+    now_ns, grace_ns = time.time_ns(), int(grace * 1e9)
+    items: list[Item] = []
+    for j in judge(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting):
+        if only is not None and j.entry.name != only:
+            continue
+        verdict, detail = _verdict(j)
+        item = Item(
+            j.entry.name, j.entry.step, verdict, j.entry.stat.st_size, j.expected_size, detail
+        )
+        if check_hash and verdict == "complete":
+            if j.expected_sha256 is None:
+                item.detail += ", no recorded SHA-256 to check"
+            else:
+                sha, _ = _hash(path / j.entry.name, j.entry.stat.st_size, progress)
+                item.hash_ok = sha == j.expected_sha256
+                if not item.hash_ok:
+                    item.verdict, item.detail = "hash mismatch", "content differs from its record"
+                else:
+                    item.detail += ", SHA-256 verified"
+        items.append(item)
+    for e in listing.partials:
+        if only is not None and e.name != only:
+            continue
+        mtime = e.stat.st_mtime_ns
+        if mtime <= 0:
+            verdict, detail = "unknown mtime", ".part with modification time 0"
+        elif now_ns - mtime < grace_ns:
+            verdict, detail = "in flight", f".part being written ({e.stat.st_size} bytes so far)"
+        else:
+            age = (now_ns - mtime) / 1e9
+            verdict, detail = "orphaned .part", f"untouched for {age:.0f}s: its writer died"
+        items.append(Item(e.name, e.step, verdict, e.stat.st_size, None, detail))
+    items.sort(key=lambda i: (i.step, i.name), reverse=True)
+    # latest() itself names the checkpoint to resume from; with --hash, the files hashed
+    # above are not hashed again unless the one it picks failed (or had no hash to check)
+    found = latest(path, primary=primary, pattern=pattern, grace=grace)
+    picked = next((i for i in items if found and i.name == found.path.name), None)
+    if check_hash and found is not None and (picked is None or picked.hash_ok is not True):
+        found = latest(path, primary=primary, pattern=pattern, grace=grace, verify_hash=True)
+    finished = [i for i in items if not i.name.endswith(".part")]
+    newest = finished[0] if finished else None
+    return Report(
+        directory=str(path),
+        primary=str(primary) if primary else None,
+        items=items,
+        resume_from=found.path.name if found else None,
+        resume_step=found.step if found else None,
+        newest=newest.name if newest else None,
+        ok=newest is not None and newest.verdict == "complete",
+    )
+
+
+def _hash(path: Path, total: int, progress: HashProgress | None) -> tuple[str, int]:
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    try:
+        if progress is None:
+            return sha256_fd(fd)
+        advance = progress(path.name, total)
+
+        def before_read(_: int) -> None:
+            advance(os.lseek(fd, 0, os.SEEK_CUR))
+
+        result = sha256_fd(fd, before_read=before_read)
+        advance(result[1])
+        return result
+    finally:
+        os.close(fd)
+
+
+def plain(report: Report) -> str:
+    lines = [f"trainguard verify: {report.directory}"]
+    if report.primary:
+        lines[0] += f" (mirror of {report.primary})"
+    width = max([len(i.name) for i in report.items] + [4])
+    vwidth = max([len(i.verdict) for i in report.items] + [7])
+    for i in report.items:
+        lines.append(f"  {i.name.ljust(width)}  {i.verdict.ljust(vwidth)}  {i.detail}")
+    if not report.items:
+        lines.append("  (no checkpoints)")
+    lines.append(
+        f"resume from: {report.resume_from} (step {report.resume_step})"
+        if report.resume_from
+        else "resume from: nothing (no complete checkpoint)"
+    )
+    lines.append(
+        "newest checkpoint complete: yes"
+        if report.ok
+        else f"newest checkpoint complete: NO ({report.newest or 'no checkpoint'})"
+    )
+    return "\n".join(lines) + "\n"
+
+
+COLOURS = {
+    "complete": "green",
+    "in flight": "cyan",
+    "unrecorded": "yellow",
+    "unknown mtime": "yellow",
+    "orphaned .part": "yellow",
+}
+
+
+def rich_view(report: Report) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    title = f"trainguard verify: {report.directory}"
+    if report.primary:
+        title += f" (mirror of {report.primary})"
+    table = Table(title=title, title_justify="left", box=None, header_style="bold")
+    for col in ("checkpoint", "step", "verdict", "detail"):
+        table.add_column(col, overflow="fold")
+    for i in report.items:
+        style = COLOURS.get(i.verdict, "bold red")
+        mark = " ◀ resume" if i.name == report.resume_from else ""
+        table.add_row(i.name, str(i.step), f"[{style}]{i.verdict}[/]", i.detail + mark)
+    tail = plain(report).splitlines()[-2:]
+    return Group(
+        table,
+        Text(tail[0], style="bold"),
+        Text(tail[1], style="green" if report.ok else "bold red"),
+    )

@@ -1,0 +1,319 @@
+"""The ``trainguard`` terminal command, driven as a user would: real processes, a
+pseudo-terminal for the coloured layout, a pipe for plain text, ``--json`` parsed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import psutil
+import pytest
+
+from helpers.exporter_proc import Exporter, child_env, poll, value
+from helpers.run_child import heartbeat_path, start_child, wait_heartbeat
+from trainguard import checkpoint
+
+CMD = [sys.executable, "-m", "trainguard.exporter.terminal"]
+DEADLINE = 60.0
+
+
+def plain_env() -> dict[str, str]:
+    env = child_env()
+    for var in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        env.pop(var, None)
+    return env
+
+
+def tg(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CMD, *args], env=plain_env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout}s; last: {last!r}")
+
+
+def status_json(state: Path, *extra: str) -> dict[str, Any]:
+    r = tg("status", f"--state.dir={state}", "--json", *extra)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def states(doc: dict[str, Any]) -> dict[str, str]:
+    return {r["run"]: r["state"] for r in doc["runs"]}
+
+
+def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    procs = {
+        "live": start_child("live", state, 0, "steady"),
+        "dead": start_child("dead", state, 20, "hang"),
+        "done": start_child("done", state, 20, "with"),
+        "stuck": start_child("stuck", state, 5, "hang"),
+    }
+    try:
+        wait_heartbeat(heartbeat_path(state, "dead"), lambda hb: hb.step == 20)
+        wait_heartbeat(heartbeat_path(state, "stuck"), lambda hb: hb.step == 5)
+        wait_heartbeat(heartbeat_path(state, "done"), lambda hb: hb.state == "finished")
+        procs["dead"].kill()
+        procs["dead"].wait(DEADLINE)
+        want = {"live": "alive", "dead": "dead", "done": "finished", "stuck": "stalled"}
+
+        def seen() -> dict[str, Any] | None:
+            # --stall 3s: the live run steps every 20 ms, the stuck one stopped at step 5
+            doc = status_json(state, "--stall=3s", "--sample=1s")
+            return doc if states(doc) == want else None
+
+        doc = until(seen, "status tells the four runs apart")
+        rows = {r["run"]: r for r in doc["runs"]}
+        assert rows["stuck"]["step"] == 5 and rows["dead"]["step"] == 20
+        assert rows["live"]["steps_per_second"] > 0
+        assert rows["done"]["steps_per_second"] is None
+        assert doc["nvml"] in (True, False)
+
+        # piped: plain text, no escape codes, one line per run
+        r = tg("status", f"--state.dir={state}", "--stall=3s", "--sample=0")
+        assert r.returncode == 0, r.stderr
+        assert "\x1b" not in r.stdout
+        lines = r.stdout.splitlines()
+        for run, st in want.items():
+            assert any(line.split()[:3] == [run, "0", st] for line in lines), r.stdout
+        if not doc["nvml"]:
+            assert "no NVML" in r.stdout
+
+        # on a terminal: rich's table, in colour
+        child = pexpect.spawn(
+            CMD[0],
+            [*CMD[1:], "status", f"--state.dir={state}", "--stall=3s", "--sample=0"],
+            env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
+            encoding="utf-8",
+            timeout=DEADLINE,
+            dimensions=(40, 200),
+        )
+        out = child.read()
+        child.wait()
+        assert child.exitstatus == 0, out
+        assert "\x1b[" in out  # ANSI colour codes
+        assert "stalled" in out and "finished" in out and "dead" in out
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_status_bad_input(tmp_path: Path) -> None:
+    r = tg("status", f"--state.dir={tmp_path / 'nope'}")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "does not exist" in r.stderr
+    if os.geteuid() != 0:  # root reads anything
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0)
+        r = tg("status", f"--state.dir={locked}")
+        assert r.returncode == 2 and "cannot" in r.stderr
+    cfg = tmp_path / "bad.yml"
+    cfg.write_text("runs: 3\n")
+    r = tg("status", f"--state.dir={tmp_path}", f"--config.file={cfg}")
+    assert r.returncode == 2 and str(cfg) in r.stderr
+
+
+OLD = time.time() - 3600  # written an hour ago: settled, past the grace period
+
+
+def _aged(path: Path, when: float = OLD) -> None:
+    os.utime(path, (when, when))
+
+
+def test_verify_truncated_mirror_in_flight_and_unknown_mtime(tmp_path: Path) -> None:
+    """The field report: primary 2470 bytes, the mirror's copy of the same step cut at 1820."""
+    primary, mirror = tmp_path / "ckpt", tmp_path / "mirror"
+    primary.mkdir()
+    mirror.mkdir()
+    for step in (100, 200):
+        p = primary / f"step_{step}.pt"
+        checkpoint.save(os.urandom(2470), p)
+        checkpoint.mirror(p, mirror)
+        _aged(p)
+        _aged(mirror / p.name)
+    cut = mirror / "step_200.pt"
+    with open(cut, "r+b") as fh:
+        fh.truncate(1820)
+    _aged(cut)
+
+    r = tg("verify", str(mirror), f"--primary={primary}", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    verdicts = {i["name"]: (i["verdict"], i["size"], i["expected_size"]) for i in doc["items"]}
+    assert verdicts["step_200.pt"] == ("truncated", 1820, 2470)
+    assert verdicts["step_100.pt"][0] == "complete"
+    assert doc["resume_from"] == "step_100.pt" and doc["resume_step"] == 100
+    assert doc["ok"] is False
+
+    r = tg("verify", str(mirror), f"--primary={primary}")
+    assert r.returncode == 1 and "\x1b" not in r.stdout
+    assert "truncated" in r.stdout and "1820/2470" in r.stdout
+    assert "resume from: step_100.pt" in r.stdout
+
+    # the primary itself is fine, also by content
+    r = tg("verify", str(primary), "--hash", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert all(i["hash_ok"] is True for i in doc["items"]), doc
+    assert doc["resume_from"] == "step_200.pt"
+
+    # a .part being written next to them, and a file whose mtime NFS reports as 0
+    (primary / "step_300.pt.part").write_bytes(b"x" * 1000)
+    p4 = primary / "step_400.pt"
+    checkpoint.save(os.urandom(2470), p4)
+    os.utime(p4, (0, 0))
+    r = tg("verify", str(primary), "--json")
+    doc = json.loads(r.stdout)
+    verdicts = {i["name"]: i["verdict"] for i in doc["items"]}
+    assert verdicts["step_300.pt.part"] == "in flight"
+    assert verdicts["step_400.pt"] == "unknown mtime"
+    assert doc["resume_from"] == "step_200.pt"
+    assert r.returncode == 1  # the newest checkpoint (400) is not known complete
+
+    # one checkpoint file
+    r = tg("verify", str(primary / "step_200.pt"), "--hash")
+    assert r.returncode == 0 and "SHA-256 verified" in r.stdout
+    r = tg("verify", str(cut), f"--primary={primary}")
+    assert r.returncode == 1 and "truncated" in r.stdout
+
+    # a .part its writer left long ago
+    _aged(primary / "step_300.pt.part")
+    r = tg("verify", str(primary), "--json")
+    verdicts = {i["name"]: i["verdict"] for i in json.loads(r.stdout)["items"]}
+    assert verdicts["step_300.pt.part"] == "orphaned .part"
+
+    # coloured on a terminal
+    child = pexpect.spawn(
+        CMD[0],
+        [*CMD[1:], "verify", str(mirror), f"--primary={primary}"],
+        env={**plain_env(), "TERM": "xterm-256color"},
+        encoding="utf-8",
+        timeout=DEADLINE,
+        dimensions=(40, 160),
+    )
+    out = child.read()
+    child.wait()
+    assert child.exitstatus == 1 and "\x1b[" in out and "truncated" in out
+
+
+def test_verify_bad_input(tmp_path: Path) -> None:
+    r = tg("verify", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "does not exist" in r.stderr and r.stderr.count("\n") == 1
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    checkpoint.save(b"x" * 10, d / "step_1.pt")
+    (d / ".trainguard" / "step_1.pt.json").write_text("{not json")
+    r = tg("verify", str(d))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    r = tg("verify", str(d), "--pattern=nostep")
+    assert r.returncode == 2 and "pattern" in r.stderr
+
+
+STEADY = r"""
+import os, sys, time
+import trainguard
+with trainguard.Run(os.environ["TRAINGUARD_RUN"], interval=0.05) as run:
+    i = 0
+    while True:
+        run.step(i)
+        print("step", i, flush=True)
+        i += 1
+        time.sleep(0.05)
+"""
+
+
+def test_launch_survives_the_death_of_its_shell(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(STEADY)
+    log, pid_file = tmp_path / "train.log", tmp_path / "train.pid"
+    launch = " ".join(
+        [
+            *CMD,
+            "launch",
+            "--name=far",
+            f"--log={log}",
+            f"--pid-file={pid_file}",
+            f"--state.dir={state}",
+            "--",
+            sys.executable,
+            str(script),
+        ]
+    )
+    # the shell stays after launching, as a login shell would, until its group is killed
+    shell = subprocess.Popen(
+        ["bash", "-c", f"{launch} && echo launched && exec sleep 1000"],
+        env=plain_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    pid = 0
+    try:
+        assert shell.stdout is not None
+        said = ""
+        for line in shell.stdout:
+            said += line
+            if line.strip() == "launched":
+                break
+        assert "tail -f" in said and "trainguard status" in said, said
+        pid = int(until(lambda: pid_file.exists() and pid_file.read_text().strip(), "pid file"))
+        hb = wait_heartbeat(heartbeat_path(state, "far"), lambda hb: (hb.step or 0) >= 3)
+        assert hb.pid == pid
+        os.killpg(shell.pid, signal.SIGKILL)
+        shell.wait(DEADLINE)
+        # the run keeps stepping, and its log keeps growing
+        size = log.stat().st_size
+        wait_heartbeat(heartbeat_path(state, "far"), lambda h: (h.step or 0) >= hb.step + 20)
+        until(lambda: log.stat().st_size > size, "log grows after the shell died")
+        assert psutil.Process(pid).ppid() != shell.pid
+        assert os.getsid(pid) == pid  # a session of its own
+
+        doc = status_json(state, "--sample=1s")
+        assert states(doc) == {"far": "alive"}
+        with Exporter(args=["--no-collector.gpu"], state_dir=state) as exp:
+            s = poll(exp, lambda s: value(s, "trainguard_run_process_up", run="far", rank="0") == 1)
+            assert value(s, "trainguard_run_process_up", run="far", rank="0") == 1
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.wait()
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_launch_bad_command(tmp_path: Path) -> None:
+    r = tg("launch", f"--log={tmp_path / 'x.log'}", "--", str(tmp_path / "no-such-program"))
+    assert r.returncode == 2 and "cannot execute" in r.stderr and r.stderr.count("\n") == 1
+    r = tg("launch", f"--log={tmp_path / 'nodir' / 'x.log'}", "--", "true")
+    assert r.returncode == 2 and "log file" in r.stderr
+
+
+@pytest.mark.parametrize("sub", ["status", "verify", "launch"])
+def test_help(sub: str) -> None:
+    r = tg(sub, "--help")
+    assert r.returncode == 0
+    if sub == "verify":
+        assert "directory checkpoints" in r.stdout.replace("\n", " ").replace("  ", " ")
