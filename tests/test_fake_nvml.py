@@ -638,7 +638,7 @@ def test_xid_lines_are_checked(lib_dir: Path, state_path: Path) -> None:
             env=fake_nvml_env(state_path, lib_dir=lib_dir),
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=120,
             check=True,
         )
         assert json.loads(proc.stdout) == "NVMLError_Unknown", bad

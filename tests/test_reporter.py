@@ -532,7 +532,7 @@ def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
     run = Run("uuids", state_dir=tmp_path, interval=0.01, keepalive=0.02)
     first = wait_heartbeat(run.path, lambda hb: len(hb.allocator) == 2)
-    wait_heartbeat(run.path, lambda hb: hb.time > first.time, timeout=30)
+    wait_heartbeat(run.path, lambda hb: hb.time > first.time)
     run.close()
     assert [(a.device, a.uuid) for a in read(run).allocator] == [
         (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
