@@ -165,7 +165,9 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         queries = iter_queries()
         assert len(queries) > 50
         failures: dict[str, str] = {}
-        deadline = time.monotonic() + 120  # rates need a few scrapes; a busy machine is slow
+        # rates need a few scrapes, and the usual steps/min (a subquery at 1m steps) the next
+        # whole minute: up to a minute on any machine, longer on a busy one
+        deadline = time.monotonic() + 240
         pending = list(queries)
         while pending and time.monotonic() < deadline:
             still = []
