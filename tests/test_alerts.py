@@ -45,6 +45,8 @@ DESIGN_ALERTS = {
     "AllocatorRetrying",
     "AllocatorOOM",
     "AllocatorOOMCaught",
+    "AllocatorMemoryLeak",
+    "AllocatorFragmentation",
     "TrainguardCollectorFailing",
     "TrainguardExporterDown",
     "StepsAtRisk",

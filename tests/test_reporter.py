@@ -503,8 +503,9 @@ def test_allocator_stats_reach_the_heartbeat_when_cuda_is_in_use(
 class FakeProps:
     """What torch.cuda.get_device_properties(i) returns, as far as the reporter looks."""
 
-    def __init__(self, uuid: object) -> None:
+    def __init__(self, uuid: object, total_memory: object = None) -> None:
         self.uuid = uuid
+        self.total_memory = total_memory
 
 
 class CudaUuid:
@@ -524,7 +525,7 @@ def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any
 
     def props(device: int) -> FakeProps:
         asked.append(device)
-        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"))
+        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"), (device + 1) << 30)
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -534,9 +535,9 @@ def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any
     first = wait_heartbeat(run.path, lambda hb: len(hb.allocator) == 2)
     wait_heartbeat(run.path, lambda hb: hb.time > first.time)
     run.close()
-    assert [(a.device, a.uuid) for a in read(run).allocator] == [
-        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
-        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+    assert [(a.device, a.uuid, a.total_bytes) for a in read(run).allocator] == [
+        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f", 1 << 30),
+        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f", 2 << 30),
     ]
     assert sorted(asked) == [0, 1]  # once per device, not at every heartbeat
 
@@ -559,12 +560,14 @@ def test_allocator_stats_without_a_uuid_are_still_reported(
     monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
     with Run("no-uuid", state_dir=tmp_path, interval=0.01) as run:
         run.step(1)
-    assert [(a.device, a.reserved_bytes, a.uuid) for a in read(run).allocator] == [
-        (0, 12 << 30, None),
-        (1, 12 << 30, None),
+    assert [(a.device, a.reserved_bytes, a.uuid, a.total_bytes) for a in read(run).allocator] == [
+        (0, 12 << 30, None, None),
+        (1, 12 << 30, None, None),
     ]
     warned = [r for r in caplog.records if "GPU UUID" in r.getMessage()]
     assert len(warned) == 1, warned
+    unsized = [r for r in caplog.records if "size of a CUDA device" in r.getMessage()]
+    assert len(unsized) == 1, unsized
 
 
 def test_the_uuid_is_never_read_before_cuda_is_initialised(

@@ -150,7 +150,7 @@ class Run:
         self._boot_time: float | None = None
         self._pid_ns: int | None = None
         self._deaths = DeathHistory()
-        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID, asked once
+        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID and size
         stem = self.state_dir / self.path.name[: -len(SUFFIX)]
         self._oom = OomSnapshots(stem, self._pid, self._warn_once, lambda: self._ready.wait(2.0))
         if oom_snapshots:

@@ -71,12 +71,17 @@ class AllocatorStats:
     #: the GPU's UUID in NVML's spelling (``trainguard.shared.gpu_uuid``), which joins this
     #: device to the exporter's GPUs; None when the process could not tell (older reporters)
     uuid: str | None = None
+    #: the device's memory as the process sees it (torch's ``total_memory``; a MIG slice's
+    #: own), None when unknown (older reporters)
+    total_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object; ``uuid`` only when known (older readers ignore it either way)."""
+        """The JSON object; ``uuid`` and ``total_bytes`` only when known (older readers ignore
+        them either way)."""
         out = vars(self).copy()
-        if self.uuid is None:
-            del out["uuid"]
+        for key in ("uuid", "total_bytes"):
+            if out[key] is None:
+                del out[key]
         return out
 
 

@@ -325,6 +325,7 @@ class _Fields:
                     alloc_retries=f.integer("alloc_retries", 0, MAX_INT),
                     ooms=f.integer("ooms", 0, MAX_INT),
                     uuid=f.gpu_uuid("uuid"),
+                    total_bytes=f.integer("total_bytes", 1, MAX_INT, optional=True),
                 )
             )
         return tuple(out)

@@ -126,6 +126,12 @@ OOMS = MetricSpec(
     RRD,
     "Out-of-memory errors the allocator raised.",
 )
+DEVICE_TOTAL = MetricSpec(
+    "trainguard_run_allocator_device_total_bytes",
+    "gauge",
+    RRD,
+    "Total memory of the CUDA device as the process sees it (torch's total_memory).",
+)
 DEVICE_INFO = MetricSpec(
     "trainguard_run_allocator_device_info",
     "gauge",
@@ -217,6 +223,7 @@ class RunsCollector(Collector):
         INACTIVE_SPLIT,
         ALLOC_RETRIES,
         OOMS,
+        DEVICE_TOTAL,
         DEVICE_INFO,
         SNAPSHOTS,
         DEATHS,
@@ -280,6 +287,8 @@ class RunsCollector(Collector):
             fam[INACTIVE_SPLIT.name].add_metric(dev, a.inactive_split_bytes)
             fam[ALLOC_RETRIES.name].add_metric(dev, a.alloc_retries)
             fam[OOMS.name].add_metric(dev, a.ooms)
+            if a.total_bytes is not None:
+                fam[DEVICE_TOTAL.name].add_metric(dev, a.total_bytes)
             if a.uuid is not None:
                 fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
         fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
