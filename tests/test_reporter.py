@@ -8,6 +8,7 @@ import errno
 import itertools
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -20,9 +21,10 @@ import pytest
 import torch
 
 import trainguard
+from helpers import cuda_snapshot
 from helpers.exporter_proc import child_env
 from helpers.run_child import CHILD, stat_start_ticks, wait_heartbeat
-from trainguard.run import oom, reporter
+from trainguard.run import reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
 from trainguard.shared import kernlog, procinfo
@@ -603,18 +605,11 @@ def test_without_cuda_there_are_no_allocator_stats_and_oom_capture_is_a_no_op(
 
 
 def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch: Any) -> None:
-    """CUDA is simulated (is_available, the history recorder and the dump), the exception is
-    torch's real OutOfMemoryError."""
-    recorded: list[dict[str, Any]] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(
-        torch.cuda.memory, "_record_memory_history", lambda **kw: recorded.append(kw)
-    )
-    monkeypatch.setattr(
-        torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b"snapshot")
-    )
+    """CUDA's snapshot entry points are provided to this CPU build of torch
+    (helpers/cuda_snapshot.py); the exception is torch's real OutOfMemoryError."""
+    calls = cuda_snapshot.install(monkeypatch, torch)
     run = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
-    assert recorded == [{"max_entries": oom.OOM_HISTORY_ENTRIES}]
+    assert calls == ["record"]
     for _ in range(2):
         with pytest.raises(torch.cuda.OutOfMemoryError), run.capture_oom():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -627,6 +622,8 @@ def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch
         f"{stem}.oom-2.pickle",
     ]
     assert run.last_oom_snapshot == tmp_path / f"{stem}.oom-2.pickle"
+    with open(tmp_path / f"{stem}.oom-2.pickle", "rb") as f:
+        assert pickle.load(f) == cuda_snapshot.SNAPSHOT
     assert read(run).memory_snapshots == 2
     # a restart carries the count on, so new snapshots never overwrite old ones
     run2 = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)

@@ -19,6 +19,7 @@ class DeviceFacts(NamedTuple):
 
     uuid: str | None
     total_bytes: int | None
+    name: str | None = None  # "NVIDIA H100 80GB HBM3", for snapshot metadata
 
 
 #: device index -> its facts, asked once per device and process
@@ -62,6 +63,8 @@ def device_facts(
             warn("uuid", "trainguard: GPU UUID of a CUDA device unavailable: %s", repr(exc))
             known[device] = DeviceFacts(None, None)
             return known[device]
+        name = getattr(props, "name", None)
+        name = name[:200] if isinstance(name, str) and name.isprintable() else None
         try:
             uuid = normalize_gpu_uuid(props.uuid)
             problem = None if uuid is not None else "not a GPU UUID (a MIG instance, or ROCm?)"
@@ -74,7 +77,7 @@ def device_facts(
             total = value
         else:
             warn("total", "trainguard: size of a CUDA device unknown: %r", value)
-        known[device] = DeviceFacts(uuid, total)
+        known[device] = DeviceFacts(uuid, total, name)
     return known[device]
 
 
