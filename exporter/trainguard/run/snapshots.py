@@ -199,13 +199,14 @@ class MemorySnapshots:
     def state(self) -> SnapshotState | None:
         if not self.enabled:
             return None
-        return SnapshotState(
-            counts=dict(self.counts),
-            failures=dict(self.failures),
-            history=self.history,
-            requests=True,
-            recent=tuple(self.recent),
-        )
+        with self._lock:  # an OOM dump on the training thread may be changing them
+            return SnapshotState(
+                counts=dict(self.counts),
+                failures=dict(self.failures),
+                history=self.history,
+                requests=True,
+                recent=tuple(self.recent),
+            )
 
     # -- start, and what a restart carries over --------------------------------------------
 
