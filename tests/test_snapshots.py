@@ -528,3 +528,18 @@ def test_dump_constants_are_documented() -> None:
     assert f"{snap.MAX_OOM_SNAPSHOTS} OOM snapshots" in readme
     assert f"{snap.HISTORY_ENTRIES:,}" in readme
     assert f"{int(snap.REQUEST_MIN_GAP)} seconds" in readme
+
+
+def test_the_gpu_check_stops_before_cuda_on_this_machine(tmp_path: Path) -> None:
+    """bench/gpu_snapshot_check.py is for a CUDA machine (issue 18); here it says so and exits
+    77 without writing a report."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_snapshot_check.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 77 and "no CUDA" in out.stderr, out.stdout + out.stderr
+    assert list(tmp_path.iterdir()) == []
