@@ -87,7 +87,7 @@ def test_without_cuda_every_due_snapshot_is_counted_logged_once_and_training_goe
     caplog.set_level(logging.WARNING, "trainguard")
     run = Run("cpu", state_dir=tmp_path, interval=0.01, oom_snapshots=True, snapshot_steps=2)
     last = step_until(run, lambda hb: counts(hb, "failures")["periodic"] >= 3)
-    with pytest.raises(SnapshotError, match="no snapshot: AttributeError"):
+    with pytest.raises(SnapshotError, match="no snapshot: CUDA is not available"):
         request_snapshot(tmp_path, "cpu", 0, timeout=60)
     run.step(last + 1)
     run.close()
@@ -99,8 +99,32 @@ def test_without_cuda_every_due_snapshot_is_counted_logged_once_and_training_goe
     assert files(tmp_path, "cpu") == []
     not_taken = [r.getMessage() for r in caplog.records if "not taken" in r.getMessage()]
     assert len(not_taken) == 1, not_taken  # one kind of failure, logged once
-    assert "_cuda_memorySnapshot" in not_taken[0]
-    assert [r for r in caplog.records if "CUDA is not available" in r.getMessage()]
+    assert "CUDA is not available" in not_taken[0]
+
+
+def test_a_torch_without_the_snapshot_api_is_counted_and_logged_once(
+    tmp_path: Path, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CUDA said available, but torch's C extension lacks the snapshot and history entry
+    points (an old or unusual build): the real torch.cuda.memory functions raise
+    AttributeError, which is counted, logged once, and never reaches training."""
+    caplog.set_level(logging.WARNING, "trainguard")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not hasattr(torch._C, "_cuda_memorySnapshot")
+    run = Run("old", state_dir=tmp_path, interval=0.01, oom_snapshots=True, snapshot_steps=1)
+    step_until(run, lambda hb: counts(hb, "failures")["periodic"] >= 3)
+    with pytest.raises(torch.cuda.OutOfMemoryError), run.capture_oom():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    run.close()
+    hb = read(run)
+    assert hb.state == "finished" and hb.snapshots is not None
+    assert hb.snapshots.history is False and counts(hb)["oom"] == 0
+    assert counts(hb, "failures")["oom"] == 1
+    assert files(tmp_path, "old") == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "not taken" in m]) == 1, messages
+    assert [m for m in messages if "_cuda_record_memory_history" in m]  # the history, once
+    assert [m for m in messages if "_cuda_memorySnapshot" in m]
 
 
 def test_without_oom_snapshots_nothing_is_scheduled_or_answered(tmp_path: Path) -> None:
@@ -390,7 +414,7 @@ def test_a_process_without_cuda_answers_and_keeps_training(tmp_path: Path) -> No
         path = state / heartbeat_filename("cpu-only", 0)
         wait_heartbeat(path, lambda hb: counts(hb, "failures")["periodic"] >= 2)
         out = cli("cpu-only", "--state.dir", str(state))
-        assert out.returncode == 1 and "AttributeError" in out.stderr, out.stderr
+        assert out.returncode == 1 and "CUDA is not available" in out.stderr, out.stderr
         before = read_heartbeat(path).step or 0
         wait_heartbeat(path, lambda hb: (hb.step or 0) > before + 10)  # still training
     finally:

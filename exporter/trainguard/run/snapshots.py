@@ -119,7 +119,7 @@ def check_config(config: object) -> Any:
         data: Any = dataclasses.asdict(config)
     elif isinstance(config, Mapping):
         data = dict(config)
-    elif hasattr(config, "__dict__") and type(config).__name__ == "Namespace":
+    elif _is_namespace(config):
         data = vars(config)
     else:
         raise ValueError(
@@ -133,6 +133,12 @@ def check_config(config: object) -> Any:
     if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:
         raise ValueError(f"trainguard.Run: config: larger than {MAX_CONFIG_BYTES} bytes as JSON")
     return json.loads(text)
+
+
+def _is_namespace(value: object) -> bool:
+    import argparse  # only for a config that may be one: most scripts imported it already
+
+    return isinstance(value, argparse.Namespace)
 
 
 @dataclass(frozen=True)
@@ -403,6 +409,8 @@ class MemorySnapshots:
         number = self.counts[reason] + 1
         name = snapshot_name(self._stem, reason, number)
         try:
+            if not torch.cuda.is_available():
+                return self._failed(reason, "no-cuda", "CUDA is not available")
             free = shutil.disk_usage(self._dir).free
             need = max(MIN_FREE_BYTES, 2 * self._largest)
             if free < need:
