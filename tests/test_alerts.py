@@ -47,6 +47,8 @@ DESIGN_ALERTS = {
     "AllocatorRetrying",
     "AllocatorOOM",
     "AllocatorOOMCaught",
+    "AllocatorMemoryLeak",
+    "AllocatorFragmentation",
     "TrainguardCollectorFailing",
     "TrainguardExporterDown",
     "StepsAtRisk",
