@@ -306,13 +306,12 @@ def test_pages_are_critical(groups: list[dict[str, Any]]) -> None:
     severities: dict[str, set[str]] = {}
     for rule in alert_rules(groups):
         severities.setdefault(rule["alert"], set()).add(rule["labels"]["severity"])
-    for name in (
-        "TrainingProcessDied",
-        "CheckpointTruncated",
-        "CheckpointHashMismatch",
-        "AllocatorOOM",
-    ):
+    for name in ("TrainingProcessDied", "AllocatorOOM"):
         assert severities[name] == {"critical"}, name
+    # Severity follows the damage: a warning while an intact copy of the damaged step (or a newer
+    # one) remains within the cadence, a page when none does (checkpoints_test.yml).
+    for name in ("CheckpointTruncated", "CheckpointHashMismatch"):
+        assert severities[name] == {"critical", "warning"}, name
     # Critical only while it was watching active runs, warning otherwise.
     assert severities["TrainguardExporterDown"] == {"critical", "warning"}
 

@@ -1,8 +1,8 @@
 """kill -9 to Alertmanager webhook: the shipped rules page for a silent death, warn once for a
-death hidden by an immediate restart, stay quiet for a clean exit, and page for a truncated
-mirror. (How fast the page comes, within one scrape and one evaluation, is measured by
-bench/bench_detection.py: a pass/fail test on a shared machine asserts what happens, not how
-long it takes.)"""
+death hidden by an immediate restart, stay quiet for a clean exit, warn for a truncated mirror
+while the primary holds the step intact and page once no intact copy is left. (How fast the page
+comes, within one scrape and one evaluation, is measured by bench/bench_detection.py: a pass/fail
+test on a shared machine asserts what happens, not how long it takes.)"""
 
 from __future__ import annotations
 
@@ -99,9 +99,12 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             fh.truncate(int((1 << 20) * 0.73))
         old = time.time() - 600
         os.utime(copy, (old, old))
+        # the primary still holds step 100 intact, so the run can resume: a warning to fix the
+        # mirror, not a page (issue 14: severity follows the damage)
         _, alert = hook.wait_for("CheckpointTruncated", timeout=60, run="e2e-ckpt")
         assert alert["labels"]["location"] == "backup"
-        assert alert["labels"]["severity"] == "critical"
+        assert alert["labels"]["severity"] == "warning"
+        assert "newest intact: step 100" in alert["annotations"]["description"]
         # the primary copy is intact: nothing fires for it
         assert (
             prom.query('ALERTS{alertname="CheckpointTruncated",location="primary"}')["data"][
@@ -109,6 +112,15 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             ]
             == []
         )
+
+        # 5. the primary copy of step 100 truncated too: no intact copy is left, it pages
+        with open(primary / "step_100.pt", "r+b") as fh:
+            fh.truncate(1 << 19)
+        os.utime(primary / "step_100.pt", (old, old))
+        _, alert = hook.wait_for(
+            "CheckpointTruncated", timeout=60, run="e2e-ckpt", severity="critical"
+        )
+        assert "newest intact: step none" in alert["annotations"]["description"]
     finally:
         if successor is not None:
             successor.kill()

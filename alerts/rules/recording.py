@@ -94,6 +94,11 @@ GROUP = Group(
             )
             """,
         ),
+        # The newest step the run holds intact at any of its locations (primary or mirror).
+        Record(
+            "run:trainguard_checkpoint_last_step:max",
+            "max by (job, instance, run) (trainguard_checkpoint_last_step)",
+        ),
         Record(
             "run:trainguard_checkpoint_step_cadence:avg",
             """
