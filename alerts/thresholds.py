@@ -205,6 +205,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "CheckpointVolumeFillingUp: how long both must hold before the alert fires.",
     ),
     Threshold(
+        "checkpoint_fit_margin",
+        1.25,
+        NUMBER,
+        "CheckpointWillNotFit: the location's free space below this many times the largest of "
+        "its newest checkpoints (the next one is as big, plus growth and other writers)...",
+    ),
+    Threshold(
+        "checkpoint_fit_for",
+        "10m",
+        DURATION,
+        "CheckpointWillNotFit: ...for this long while the run is active (longer than a save "
+        "and the prune after it, whose dip in free space is no alarm).",
+    ),
+    Threshold(
         "ghost_ratio",
         1.5,
         NUMBER,

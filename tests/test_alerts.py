@@ -38,6 +38,7 @@ DESIGN_ALERTS = {
     "CheckpointHashMismatch",
     "CheckpointPartialOrphaned",
     "CheckpointVolumeFillingUp",
+    "CheckpointWillNotFit",
     "GPUGhostMemory",
     "GPUUnattributedMemory",
     "GPUXidError",

@@ -1,6 +1,6 @@
 """Can the run be resumed, and from where? CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
-CheckpointPartialOrphaned, CheckpointVolumeFillingUp, StepsAtRisk."""
+CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ SNIPPETS = {
     ),
     "cadence": query_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS),
     "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
+    "largest": query_bytes("max(trainguard_checkpoint_size_bytes{" + LOC_SEL + "})", LOC_ARGS),
     "avg_size": query_bytes(
         "trainguard_checkpoint_bytes{" + LOC_SEL + "} / trainguard_checkpoint_files", LOC_ARGS
     ),
@@ -254,6 +255,28 @@ GROUP = Group(
             the rate of the last ${volume_fill_window}, is full within
             ${volume_fill_horizon}; that is fewer than ${volume_fill_min_checkpoints}
             checkpoints of the average size (${avg_size}).
+            """,
+        ),
+        Alert(
+            "CheckpointWillNotFit",
+            "critical",
+            expr="""
+            trainguard_checkpoint_filesystem_avail_bytes
+              < on (job, instance, run, location) ${checkpoint_fit_margin}
+                * max by (job, instance, run, location) (trainguard_checkpoint_size_bytes)
+            and on (job, instance, run) run:trainguard_run_active_ranks:count
+            """,
+            for_="${checkpoint_fit_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            The next checkpoint of run {{ $labels.run }} will not fit at {{ $labels.location }}.
+            """,
+            description="""
+            The volume holding checkpoints of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} has ${avail} free, less than
+            ${checkpoint_fit_margin}x the largest of its newest checkpoints (${largest}): the
+            next save fails there, or leaves a .part file behind. Free space now (prune, move
+            old checkpoints) or point the run elsewhere.
             """,
         ),
         Alert(

@@ -209,10 +209,17 @@ def storage() -> list[Panel]:
             "Free space and 4h forecast",
             "Free bytes on the volume of each checkpoint location, and the linear forecast "
             "4 hours ahead from the last hour's trend (dashed; predict_linear). A forecast "
-            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp).",
+            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp). "
+            "'largest checkpoint' is the largest of the location's newest checkpoints: free "
+            "space below it (times a margin) means the next save will not fit "
+            "(CheckpointWillNotFit).",
             "bytes",
             [
                 (FREE, f"{PER_LOCATION} free"),
+                (
+                    by("run, location", "trainguard_checkpoint_size_bytes", "max"),
+                    f"{PER_LOCATION} largest checkpoint",
+                ),
                 (
                     f"min by (run, location) (predict_linear("
                     f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",
