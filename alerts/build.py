@@ -93,7 +93,11 @@ def rule_groups(table: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     groups = []
     for group in GROUPS:
         local = _group_table(group, table)
-        groups.append({"name": group.name, "rules": [_rule(rule, local) for rule in group.rules]})
+        out: dict[str, Any] = {"name": group.name}
+        if group.interval is not None:
+            out["interval"] = fill(group.interval, local)
+        out["rules"] = [_rule(rule, local) for rule in group.rules]
+        groups.append(out)
     return groups
 
 

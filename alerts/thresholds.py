@@ -5,7 +5,8 @@ expects instead of a rule file Prometheus rejects (or, worse, loads).
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
-(``2GiB``, for annotations); see :func:`resolve`.
+(``2GiB``, for annotations); see :func:`resolve`. ``${slow_rules_lookback}`` is derived:
+three times ``slow_rules_interval``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from types import MappingProxyType
 
 import yaml
 
-from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind
+from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind, format_duration
 
 Value = str | int | float
 
@@ -53,6 +54,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md",
         URL,
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
+    ),
+    Threshold(
+        "slow_rules_interval",
+        "5m",
+        DURATION,
+        "Evaluation interval of the group trainguard.rules.slow: the recording rules over days "
+        "([7d] changes, max_over_time, min_over_time), too costly to evaluate every 15s. Their "
+        "readers look back 3 intervals (last_over_time), so a late evaluation leaves no gap.",
     ),
     Threshold(
         "keep_firing_for",
@@ -430,6 +439,8 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     table: dict[str, str] = {}
     for threshold in THRESHOLDS:
         table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
+    # how far a reader of the slow group's series looks back: three of its intervals
+    table["slow_rules_lookback"] = format_duration(3 * int(table["slow_rules_interval_s"]))
     return table
 
 

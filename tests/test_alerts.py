@@ -259,6 +259,7 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
     snippets: set[str] = set()
     for group in GROUPS:
         snippets |= set(group.snippets)
+        texts.append(group.interval or "")
         texts += group.snippets.values()
         for rule in group.rules:
             texts.append(rule.expr)
@@ -322,6 +323,32 @@ def test_death_pages_without_delay_and_holds_through_gaps(groups: list[dict[str,
     assert died.get("for", "0m") in {"0m", "0s"}
     # a missed scrape must not resolve the page and send a second one (runs_test.yml)
     assert died["keep_firing_for"] == "10m"
+
+
+LONG_RANGE = re.compile(r"(changes|max_over_time|min_over_time)\([^()]*\[(\d+)([dw])\]")
+
+
+def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str, Any]]) -> None:
+    # Mixin style: [7d] range queries cost too much to evaluate every 15 s; the slow group's
+    # interval is slow_rules_interval, and its readers look back over several of its intervals
+    # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
+    slow = [g for g in groups if "interval" in g]
+    assert [g["name"] for g in slow] == ["trainguard.rules.slow"]
+    assert slow[0]["interval"] == "5m"
+    assert all("record" in rule for rule in slow[0]["rules"]), "alerts belong to fast groups"
+    for group in groups:
+        for rule in group["rules"]:
+            if "record" in rule and LONG_RANGE.search(rule["expr"]):
+                assert group in slow, f"{rule['record']}: a [days] range in a fast group"
+    records = {rule["record"] for rule in slow[0]["rules"]}
+    assert "run:trainguard_checkpoint_step_cadence:avg" in records
+    # every reader of a slow series tolerates the gaps between its evaluations
+    text = RULES.read_text(encoding="utf-8")
+    for record in records:
+        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", text):
+            if text[use.start() - 8 : use.start()] == "record: ":
+                continue
+            assert use.group(2) == "[15m]", f"{record} read without last_over_time[15m]"
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:

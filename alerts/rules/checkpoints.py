@@ -32,7 +32,12 @@ SNIPPETS = {
         "trainguard_checkpoint_newest_damaged_step{" + LOC_SEL + ',damage="hash_mismatch"}',
         LOC_ARGS,
     ),
-    "cadence": query_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS),
+    "cadence": query_value(
+        "last_over_time(run:trainguard_checkpoint_step_cadence:avg{"
+        + RUN_SEL
+        + "}[${slow_rules_lookback}])",
+        RUN_ARGS,
+    ),
     "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
     "largest": query_bytes("max(trainguard_checkpoint_size_bytes{" + LOC_SEL + "})", LOC_ARGS),
     "avg_size": query_bytes(
@@ -54,7 +59,8 @@ def _covered(damage: str) -> str:
             )
             unless on (job, instance, run) (
               run:trainguard_run_step:max - run:trainguard_checkpoint_last_step:max
-              > ${steps_at_risk_factor} * run:trainguard_checkpoint_step_cadence:avg
+              > ${steps_at_risk_factor}
+                * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
             )
     """.replace("DAMAGE", damage)
 
@@ -284,7 +290,8 @@ GROUP = Group(
             "warning",
             expr="""
             run:trainguard_run_steps_since_checkpoint:max
-              > ${steps_at_risk_factor} * run:trainguard_checkpoint_step_cadence:avg
+              > ${steps_at_risk_factor}
+                * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
             and on (job, instance, run) run:trainguard_run_active_ranks:count
             """,
             for_="${steps_at_risk_for}",

@@ -60,6 +60,9 @@ class Group:
     name: str
     rules: tuple[Record | Alert, ...]
     snippets: Mapping[str, str] = field(default_factory=dict)
+    interval: str | None = None
+    """The group's own evaluation interval (may be a placeholder); None: Prometheus' global
+    ``evaluation_interval``."""
 
 
 # Go-template pieces. %q quotes a label value as a PromQL string inside printf.

@@ -100,26 +100,6 @@ GROUP = Group(
             "max by (job, instance, run) (trainguard_checkpoint_last_step)",
         ),
         Record(
-            "run:trainguard_checkpoint_step_cadence:avg",
-            """
-            max by (job, instance, run) (
-              (
-                max_over_time(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                )
-                - min_over_time(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                )
-              )
-              / (
-                changes(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                ) > 0
-              )
-            ) > 0
-            """,
-        ),
-        Record(
             "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
             "sum by (job, instance, run, rank) (trainguard_run_gpu_memory_used_bytes)",
         ),
@@ -248,6 +228,37 @@ GROUP = Group(
               )
               and on (job, instance) (up offset ${xid_window} == 1)
             )
+            """,
+        ),
+    ),
+)
+
+# The long-range recording rules ([7d] changes, max_over_time, min_over_time): mixin style, in a
+# group of their own evaluated every slow_rules_interval (5m), not every 15 s. Their readers look
+# back three intervals (last_over_time(...[${slow_rules_lookback}])), so the gap between two
+# evaluations, or a late one, is never an absent series.
+SLOW = Group(
+    "trainguard.rules.slow",
+    interval="${slow_rules_interval}",
+    rules=(
+        Record(
+            "run:trainguard_checkpoint_step_cadence:avg",
+            """
+            max by (job, instance, run) (
+              (
+                max_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+                - min_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+              )
+              / (
+                changes(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                ) > 0
+              )
+            ) > 0
             """,
         ),
     ),
