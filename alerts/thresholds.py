@@ -18,7 +18,17 @@ from types import MappingProxyType
 
 import yaml
 
-from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind, format_duration
+from alerts.kinds import (
+    BYTES,
+    DURATION,
+    LABELS,
+    NUMBER,
+    SELECTOR,
+    URL,
+    XIDS,
+    Kind,
+    format_duration,
+)
 
 Value = str | int | float
 
@@ -48,6 +58,16 @@ THRESHOLDS: tuple[Threshold, ...] = (
         SELECTOR,
         "Selector for Prometheus' own `up` series of the trainguard scrape job(s), used by "
         "TrainguardExporterDown; the other alerts select by metric name.",
+    ),
+    Threshold(
+        "target_labels",
+        "cluster, namespace, job, instance",
+        LABELS,
+        "Labels that identify a scrape target, kept by every aggregation and join of the rules "
+        "(and used to select an alert's own series in annotation queries): on a global "
+        "Prometheus or Thanos, runs of two clusters stay apart and alerts keep their routing "
+        "labels. A label absent from the series costs nothing; add those your relabelling sets "
+        "(node, region...). Must include job and instance.",
     ),
     Threshold(
         "runbook_base",

@@ -164,6 +164,19 @@ def test_overrides_change_only_what_they_name() -> None:
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
 
+def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
+    # alerts/tests/labels_test.yml: the defaults keep cluster and namespace; a site adds its own
+    text = build.render({"target_labels": ["region", "job", "instance"]})
+    assert "count by (region, job, instance, run)" in text
+    assert "on (region, job, instance, run, rank)" in text
+    assert "region=%q,job=%q,instance=%q,run=%q" in text
+    assert "$labels.region $labels.job $labels.instance $labels.run" in text
+    # nothing aggregates or joins by a list that leaves the target labels out
+    assert not re.search(r"\b(by|on) \((?!region, job, instance)[^)]*\)", text), re.findall(
+        r"\b(?:by|on) \((?!region, job, instance)[^)]*\)", text
+    )
+
+
 def test_overrides_from_config_file(tmp_path: Path) -> None:
     config = tmp_path / "thresholds.yml"
     config.write_text("stall: 45m\nrepeated_death_steps: 200\nlog_stale: 3600\n", encoding="utf-8")
@@ -190,6 +203,9 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
         {"runbook_base": "https://example.com/runbook.md#x"},
         {"xid_critical": "79,0"},
         {"xid_warning": [13, True]},
+        {"target_labels": "cluster, job"},
+        {"target_labels": "job, instance, run"},
+        {"target_labels": "job, instance, job"},
     ],
 )
 def test_bad_overrides_are_errors(overrides: dict[str, Any]) -> None:
@@ -208,6 +224,7 @@ BAD_VALUES = [
     ("runbook_base", "runbook.md", "url"),
     ("xid_critical", "79,fatal", "xid codes"),
     ("xid_warning", "", "xid codes"),
+    ("target_labels", "job,,instance", "labels"),
 ]
 
 

@@ -54,9 +54,9 @@ GROUP = Group(
             "critical",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            unless on (job, instance, run, rank) (
+            unless on (${target_labels}, run, rank) (
               trainguard_run_process_up == 1
-              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
@@ -74,9 +74,9 @@ GROUP = Group(
             "warning",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            and on (job, instance, run, rank) (
+            and on (${target_labels}, run, rank) (
               trainguard_run_process_up == 1
-              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
             """,
             summary="""

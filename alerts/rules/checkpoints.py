@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_bytes, query_value
 
-LOC_SEL = "job=%q,instance=%q,run=%q,location=%q"
-LOC_ARGS = "$labels.job $labels.instance $labels.run $labels.location"
+LOC_SEL = "${target_labels_sel},run=%q,location=%q"
+LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 
 SNIPPETS = {
     # "step 800 holds 50%, step 900 holds 10%": the truncated checkpoints at the location.
@@ -54,10 +54,10 @@ def _covered(damage: str) -> str:
     return """
             (
               trainguard_checkpoint_newest_damaged_step{damage="DAMAGE"}
-              <= on (job, instance, run) group_left ()
+              <= on (${target_labels}, run) group_left ()
                 run:trainguard_checkpoint_last_step:max
             )
-            unless on (job, instance, run) (
+            unless on (${target_labels}, run) (
               run:trainguard_run_step:max - run:trainguard_checkpoint_last_step:max
               > ${steps_at_risk_factor}
                 * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
@@ -76,7 +76,7 @@ def _damage_alerts(
     critical = Alert(
         name,
         "critical",
-        expr=condition + "unless on (job, instance, run, location) (" + covered + ")",
+        expr=condition + "unless on (${target_labels}, run, location) (" + covered + ")",
         for_="${checkpoint_damage_for}",
         summary=summary + ".",
         description=described
@@ -90,7 +90,7 @@ def _damage_alerts(
     warning = Alert(
         name,
         "warning",
-        expr=condition + "and on (job, instance, run, location) (" + covered + ")",
+        expr=condition + "and on (${target_labels}, run, location) (" + covered + ")",
         for_="${checkpoint_damage_for}",
         summary=summary + "; an intact copy remains.",
         description=described.rstrip().removesuffix(".")
@@ -115,8 +115,8 @@ GROUP = Group(
             changes(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}]) == 0
             and trainguard_checkpoint_last_timestamp_seconds > 0
             and trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
-            and on (job, instance, run)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            and on (${target_labels}, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
             """,
             for_="5m",
@@ -139,13 +139,13 @@ GROUP = Group(
               min_over_time(
                 trainguard_checkpoint_location_up{location="primary"}[${checkpoint_stale}]
               ) == 1
-              unless on (job, instance, run, location)
+              unless on (${target_labels}, run, location)
                 last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
             )
-            and on (job, instance, run)
+            and on (${target_labels}, run)
               changes(run:trainguard_run_step:max[${checkpoint_stale}]) > 0
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
-            and on (job, instance, run)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            and on (${target_labels}, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
             """,
             for_="5m",
@@ -208,7 +208,7 @@ GROUP = Group(
             "warning",
             expr="""
             trainguard_checkpoint_unrecorded_files > 0
-            and on (job, instance, run, location)
+            and on (${target_labels}, run, location)
               trainguard_checkpoint_location_info{trust_unrecorded="false"}
             """,
             for_="${checkpoint_unjudged_for}",
@@ -268,9 +268,9 @@ GROUP = Group(
             "critical",
             expr="""
             trainguard_checkpoint_filesystem_avail_bytes
-              < on (job, instance, run, location) ${checkpoint_fit_margin}
-                * max by (job, instance, run, location) (trainguard_checkpoint_size_bytes)
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
+              < on (${target_labels}, run, location) ${checkpoint_fit_margin}
+                * max by (${target_labels}, run, location) (trainguard_checkpoint_size_bytes)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="${checkpoint_fit_for}",
             keep_firing_for="${keep_firing_for}",
@@ -292,7 +292,7 @@ GROUP = Group(
             run:trainguard_run_steps_since_checkpoint:max
               > ${steps_at_risk_factor}
                 * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="${steps_at_risk_for}",
             summary="""

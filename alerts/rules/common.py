@@ -66,10 +66,10 @@ class Group:
 
 
 # Go-template pieces. %q quotes a label value as a PromQL string inside printf.
-RUN_SEL = "job=%q,instance=%q,run=%q"
-RUN_ARGS = "$labels.job $labels.instance $labels.run"
-RANK_SEL = "job=%q,instance=%q,run=%q,rank=%q"
-RANK_ARGS = "$labels.job $labels.instance $labels.run $labels.rank"
+RUN_SEL = "${target_labels_sel},run=%q"
+RUN_ARGS = "${target_labels_args} $labels.run"
+RANK_SEL = "${target_labels_sel},run=%q,rank=%q"
+RANK_ARGS = "${target_labels_args} $labels.run $labels.rank"
 INT = 'printf "%.0f"'
 
 _QUERY_VALUE = (
