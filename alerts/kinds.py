@@ -101,10 +101,17 @@ def parse_selector(value: object) -> str:
     return text
 
 
+#: a Go-template action of an annotation, e.g. ``{{ $labels.instance }}``
+_TEMPLATE_ACTION = re.compile(r"\{\{[^{}]*\}\}")
+
+
 def parse_url(value: object) -> str:
-    """An http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``."""
+    """An http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``. It
+    may hold Go-template actions of Prometheus annotations (``http://{{ $labels.instance }}/x``),
+    expanded per alert."""
     text = _plain(value)
-    if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?]+[^\s#]*", text):
+    plain = _TEMPLATE_ACTION.sub("x", text) if isinstance(text, str) else ""
+    if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?{}]+[^\s#{}]*", plain):
         raise ValueError(f"not an http(s) URL without #fragment: {value!r}")
     return text
 
@@ -219,7 +226,11 @@ BYTES = Kind("bytes", "2GiB, 512MiB or 1073741824", _bytes_placeholders, "_h")
 SELECTOR = Kind(
     "selector", 'job=~"trainguard.*" or job="gpu",env="prod"', lambda v: {"": parse_selector(v)}
 )
-URL = Kind("url", "https://wiki.example.com/trainguard/runbook", lambda v: {"": parse_url(v)})
+URL = Kind(
+    "url",
+    "https://wiki.example.com/trainguard/runbook or http://{{ $labels.instance }}/runbook",
+    lambda v: {"": parse_url(v)},
+)
 XIDS = Kind("xid codes", "79,48,95 (comma-separated Xid codes)", _xid_placeholders, "_list")
 LABELS = Kind("labels", "cluster, namespace, job, instance", _labels_placeholders)
 KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL, XIDS, LABELS)

@@ -71,9 +71,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
     Threshold(
         "runbook_base",
-        "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md",
+        'http://{{ or $labels.instance "localhost:9636" }}/runbook',
         URL,
-        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
+        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>. "
+        "The default is the runbook the exporter ships and serves at /runbook, on the "
+        "exporter the alert is about (an alert without an instance, the Watchdog: "
+        "localhost:9636). Set your wiki's address here (https://wiki.example.com/trainguard), "
+        "or https:// where the exporter serves TLS.",
     ),
     Threshold(
         "slow_rules_interval",

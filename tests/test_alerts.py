@@ -15,6 +15,7 @@ import yaml
 from alerts import build, kinds, thresholds
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import PLACEHOLDER
+from helpers.exporter_proc import Exporter
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
@@ -54,7 +55,9 @@ DESIGN_ALERTS = {
 }
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.
 ALWAYS_FIRING = {"Watchdog"}
-RUNBOOK_BASE = "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md"
+# The runbook the exporter ships and serves at /runbook, on the alert's own exporter. It was a
+# GitHub address of a repository that does not exist (404): a default must work out of the box.
+RUNBOOK_BASE = 'http://{{ or $labels.instance "localhost:9636" }}/runbook'
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -389,6 +392,29 @@ def test_every_alert_has_a_runbook_section() -> None:
     assert not missing, f"runbook.md lacks sections: {sorted(missing)}"
 
 
+def test_every_runbook_url_resolves_on_the_exporter(tmp_path: Path) -> None:
+    # runbook_url is http://<the alert's exporter>/runbook#<alert>: the exporter serves the
+    # runbook it ships, with the anchor of every alert (test_e2e_alerts.py follows a delivered
+    # alert's link)
+    with Exporter(state_dir=tmp_path) as exp:
+        page = exp.get("/runbook")
+        assert 'href="/runbook"' in exp.get("/")
+    ids = set(re.findall(r'<h2 id="([^"]+)">', page))
+    assert {name.lower() for name in DESIGN_ALERTS} <= ids
+    # links between sections stay links, code stays code
+    assert '<a href="#checkpointvolumefillingup">CheckpointVolumeFillingUp</a>' in page
+    assert "<pre><code>" in page and "<script" not in page
+
+
+def test_runbook_base_is_a_setting(tmp_path: Path) -> None:
+    text = build.render({"runbook_base": "https://wiki.example.com/ml/trainguard"})
+    assert "runbook_url: https://wiki.example.com/ml/trainguard#trainingprocessdied" in text
+    templated = build.render({"runbook_base": "https://{{ $labels.instance }}/runbook"})
+    assert "https://{{ $labels.instance }}/runbook#stepsatrisk" in templated
+    with pytest.raises(ValueError):
+        build.render({"runbook_base": "http://{{ $labels.instance }}/runbook#top"})
+
+
 def test_runbook_internal_links_resolve() -> None:
     anchors = {h.lower() for h in runbook_headings()}
     text = RUNBOOK.read_text(encoding="utf-8")
@@ -418,6 +444,35 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
     quiet_needed = DESIGN_ALERTS - ALWAYS_FIRING
     assert not quiet_needed - quiet, f"no non-firing case: {sorted(quiet_needed - quiet)}"
     assert not quiet & ALWAYS_FIRING, "an always-firing alert with a quiet case"
+
+
+#: series the rules read that a healthy run does not have: they appear with a death or damage
+ABSENT_WHILE_HEALTHY = {
+    "trainguard_run_last_death_age_seconds",
+    "trainguard_run_last_death_info",
+    "trainguard_run_last_death_step",
+    "trainguard_checkpoint_newest_damaged_step",
+}
+
+
+def test_healthy_run_for_hours_fires_nothing_but_the_watchdog() -> None:
+    # alerts/tests/healthy_test.yml (run by test_promtool_unit_tests): every series the rules
+    # read is there with healthy values for six hours, and every alert is checked quiet
+    doc = yaml.safe_load((ALERTS / "tests" / "healthy_test.yml").read_text(encoding="utf-8"))
+    (test,) = doc["tests"]
+    given = {s["series"].partition("{")[0] for s in test["input_series"]}
+    rules = RULES.read_text(encoding="utf-8")
+    read = set(re.findall(r"(?<![:\w])trainguard_[a-z_]+(?![:\w])", rules)) | {"up"}
+    assert not read - given - ABSENT_WHILE_HEALTHY, sorted(read - given - ABSENT_WHILE_HEALTHY)
+    assert not ABSENT_WHILE_HEALTHY & given
+    quiet_at_end = {
+        case["alertname"]
+        for case in test["alert_rule_test"]
+        if case["eval_time"] == "6h" and case["exp_alerts"] == []
+    }
+    assert quiet_at_end == DESIGN_ALERTS - ALWAYS_FIRING
+    fired = [c["alertname"] for c in test["alert_rule_test"] if c["exp_alerts"]]
+    assert fired == ["Watchdog"]
 
 
 def test_firing_cases_pin_labels(groups: list[dict[str, Any]]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,12 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         _, alert = hook.wait_for("TrainingProcessDied", timeout=60, run="e2e-died")
         assert alert["labels"]["severity"] == "critical"
         assert "e2e-died" in alert["annotations"]["description"]
+        # its runbook link is the runbook served by the exporter that saw the death
+        url = alert["annotations"]["runbook_url"]
+        assert url.endswith("/runbook#trainingprocessdied"), url
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200
+            assert '<h2 id="trainingprocessdied">' in response.read().decode()
 
         # 2. a death the supervisor hides by restarting the run at once (torchrun, systemd,
         # Kubernetes): the restarted process records it, and it warns, once
