@@ -30,6 +30,7 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-allocator",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(

@@ -106,6 +106,7 @@ def _damage_alerts(
 
 GROUP = Group(
     "trainguard-checkpoints",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(

@@ -33,6 +33,7 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-deaths",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(

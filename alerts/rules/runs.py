@@ -64,6 +64,7 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-runs",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(
