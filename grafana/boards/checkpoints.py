@@ -109,9 +109,19 @@ def progress() -> list[Panel]:
         ts(
             "Newest complete step per location",
             "Step of the newest COMPLETE checkpoint per run and location. A mirror lagging "
-            "behind the primary shows as a lower line.",
+            "behind the primary shows as a lower line. Dashed: the newest damaged (truncated "
+            "or hash-mismatched) step of a location; at or below some location's complete "
+            "step the run can still resume (CheckpointTruncated / CheckpointHashMismatch "
+            "warn), above all of them it pages.",
             "none",
-            [(by_loc("trainguard_checkpoint_last_step"), PER_LOCATION)],
+            [
+                (by_loc("trainguard_checkpoint_last_step"), PER_LOCATION),
+                (
+                    by("run, location, damage", "trainguard_checkpoint_newest_damaged_step"),
+                    PER_LOCATION + " damaged ({{damage}})",
+                ),
+            ],
+            dashed="/damaged/",
         ),
         ts(
             "Checkpoint age per location",
