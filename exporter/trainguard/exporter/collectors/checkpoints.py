@@ -73,8 +73,8 @@ DAMAGED_STEP = _spec(
     "newest_damaged_step",
     "Step of the newest checkpoint file at the location that is damaged (damage: truncated, "
     "hash_mismatch); absent when none is. The rules compare it with the newest complete step "
-    "of every location of the run: a damaged copy of a step held intact elsewhere warns, "
-    "damage with no intact copy pages.",
+    "of every location of the run: damage to a step held intact elsewhere (or older than an "
+    "intact one) warns, damage with nothing as new intact pages.",
     ("run", "location", "damage"),
 )
 OVERSIZED = _spec(
