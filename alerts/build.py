@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `alerts` importable
 from alerts import kinds, thresholds
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
-from alerts.rules.common import fill
+from alerts.rules.common import RUN_CONTEXT, fill
 
 RULES_FILE = Path(__file__).resolve().parent / "trainguard.rules.yml"
 PROGRAM = "alerts/build.py"
@@ -70,7 +70,9 @@ def _group_table(group: Group, table: Mapping[str, str]) -> dict[str, str]:
     return {**table, **{name: fill(text, table) for name, text in group.snippets.items()}}
 
 
-def _rule(rule: Record | Alert, table: Mapping[str, str]) -> dict[str, Any]:
+def _rule(
+    rule: Record | Alert, table: Mapping[str, str], run_context: bool = False
+) -> dict[str, Any]:
     if isinstance(rule, Record):
         return {"record": rule.record, "expr": fill(expr(rule.expr), table)}
     out: dict[str, Any] = {"alert": rule.name, "expr": fill(expr(rule.expr), table)}
@@ -84,6 +86,9 @@ def _rule(rule: Record | Alert, table: Mapping[str, str]) -> dict[str, Any]:
         "description": Folded(fill(para(rule.description), table)),
         "runbook_url": fill("${runbook_base}#", table) + rule.name.lower(),
     }
+    if run_context:
+        for key, text in RUN_CONTEXT.items():
+            out["annotations"][key] = Folded(fill(text, table))
     return out
 
 
@@ -93,7 +98,11 @@ def rule_groups(table: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     groups = []
     for group in GROUPS:
         local = _group_table(group, table)
-        groups.append({"name": group.name, "rules": [_rule(rule, local) for rule in group.rules]})
+        out: dict[str, Any] = {"name": group.name}
+        if group.interval is not None:
+            out["interval"] = fill(group.interval, local)
+        out["rules"] = [_rule(rule, local, group.run_context) for rule in group.rules]
+        groups.append(out)
     return groups
 
 

@@ -1,6 +1,6 @@
-"""The kinds of threshold value (duration, number, bytes, selector, url): how each is written,
-checked, and turned into the placeholders the rule templates use. A check raises ValueError with
-the reason; ``alerts/thresholds.py`` adds which threshold and kind it was."""
+"""The kinds of threshold value (duration, number, bytes, selector, url, xid codes, labels): how
+each is written, checked, and turned into the placeholders the rule templates use. A check raises
+ValueError with the reason; ``alerts/thresholds.py`` adds which threshold and kind it was."""
 
 from __future__ import annotations
 
@@ -101,10 +101,17 @@ def parse_selector(value: object) -> str:
     return text
 
 
+#: a Go-template action of an annotation, e.g. ``{{ $labels.instance }}``
+_TEMPLATE_ACTION = re.compile(r"\{\{[^{}]*\}\}")
+
+
 def parse_url(value: object) -> str:
-    """An http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``."""
+    """An http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``. It
+    may hold Go-template actions of Prometheus annotations (``http://{{ $labels.instance }}/x``),
+    expanded per alert."""
     text = _plain(value)
-    if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?]+[^\s#]*", text):
+    plain = _TEMPLATE_ACTION.sub("x", text) if isinstance(text, str) else ""
+    if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?{}]+[^\s#{}]*", plain):
         raise ValueError(f"not an http(s) URL without #fragment: {value!r}")
     return text
 
@@ -141,6 +148,50 @@ def _xid_placeholders(value: object) -> dict[str, str]:
     return {"": "|".join(codes), "_list": ", ".join(codes)}
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: labels of trainguard's own series and of alerts: never a target's
+OWN_LABELS = frozenset(
+    {"run", "rank", "location", "step", "damage", "device", "uuid", "gpu", "xid", "pid"}
+    | {"trust_unrecorded", "severity", "alertname", "__name__"}
+)
+
+
+def parse_labels(value: object) -> list[str]:
+    """Label names, "cluster, namespace, job, instance" or a YAML list: the labels that
+    identify a scrape target (kept by every aggregation and join of the rules)."""
+    items: list[object]
+    if isinstance(value, list):
+        items = list(value)
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    else:
+        raise ValueError(f"not a list of label names: {value!r}")
+    names: list[str] = []
+    for item in items:
+        if not isinstance(item, str) or not _LABEL_NAME.fullmatch(item):
+            raise ValueError(f"not a label name: {item!r} in {value!r}")
+        if item in OWN_LABELS:
+            raise ValueError(f"{item!r} is a label of trainguard's own series, not a target's")
+        if item in names:
+            raise ValueError(f"{item!r} given twice in {value!r}")
+        names.append(item)
+    missing = [name for name in ("job", "instance") if name not in names]
+    if missing:
+        raise ValueError(f"must include job and instance (the exporter's target): {missing}")
+    return names
+
+
+def _labels_placeholders(value: object) -> dict[str, str]:
+    names = parse_labels(value)
+    # ${k}: for by (...) and on (...); ${k_sel}, ${k_args}: a printf selector of an annotation
+    # query and its arguments (a label the alert lacks is "" there: it matches the same absence)
+    return {
+        "": ", ".join(names),
+        "_sel": ",".join(name + "=%q" for name in names),
+        "_args": " ".join("$labels." + name for name in names),
+    }
+
+
 @dataclass(frozen=True)
 class Kind:
     """How a threshold's value is written, checked and turned into placeholders."""
@@ -175,6 +226,11 @@ BYTES = Kind("bytes", "2GiB, 512MiB or 1073741824", _bytes_placeholders, "_h")
 SELECTOR = Kind(
     "selector", 'job=~"trainguard.*" or job="gpu",env="prod"', lambda v: {"": parse_selector(v)}
 )
-URL = Kind("url", "https://wiki.example.com/trainguard/runbook", lambda v: {"": parse_url(v)})
+URL = Kind(
+    "url",
+    "https://wiki.example.com/trainguard/runbook or http://{{ $labels.instance }}/runbook",
+    lambda v: {"": parse_url(v)},
+)
 XIDS = Kind("xid codes", "79,48,95 (comma-separated Xid codes)", _xid_placeholders, "_list")
-KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL, XIDS)
+LABELS = Kind("labels", "cluster, namespace, job, instance", _labels_placeholders)
+KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL, XIDS, LABELS)

@@ -5,7 +5,8 @@ expects instead of a rule file Prometheus rejects (or, worse, loads).
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
-(``2GiB``, for annotations); see :func:`resolve`.
+(``2GiB``, for annotations); see :func:`resolve`. ``${slow_rules_lookback}`` is derived:
+three times ``slow_rules_interval``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from types import MappingProxyType
 
 import yaml
 
-from alerts.kinds import BYTES, DURATION, NUMBER, SELECTOR, URL, XIDS, Kind
+from alerts.kinds import (
+    BYTES,
+    DURATION,
+    LABELS,
+    NUMBER,
+    SELECTOR,
+    URL,
+    XIDS,
+    Kind,
+    format_duration,
+)
 
 Value = str | int | float
 
@@ -49,10 +60,32 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "TrainguardExporterDown; the other alerts select by metric name.",
     ),
     Threshold(
+        "target_labels",
+        "cluster, namespace, job, instance",
+        LABELS,
+        "Labels that identify a scrape target, kept by every aggregation and join of the rules "
+        "(and used to select an alert's own series in annotation queries): on a global "
+        "Prometheus or Thanos, runs of two clusters stay apart and alerts keep their routing "
+        "labels. A label absent from the series costs nothing; add those your relabelling sets "
+        "(node, region...). Must include job and instance.",
+    ),
+    Threshold(
         "runbook_base",
-        "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md",
+        'http://{{ or $labels.instance "localhost:9636" }}/runbook',
         URL,
-        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>.",
+        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>. "
+        "The default is the runbook the exporter ships and serves at /runbook, on the "
+        "exporter the alert is about (an alert without an instance, the Watchdog: "
+        "localhost:9636). Set your wiki's address here (https://wiki.example.com/trainguard), "
+        "or https:// where the exporter serves TLS.",
+    ),
+    Threshold(
+        "slow_rules_interval",
+        "5m",
+        DURATION,
+        "Evaluation interval of the group trainguard.rules.slow: the recording rules over days "
+        "([7d] changes, max_over_time, min_over_time), too costly to evaluate every 15s. Their "
+        "readers look back 3 intervals (last_over_time), so a late evaluation leaves no gap.",
     ),
     Threshold(
         "keep_firing_for",
@@ -203,6 +236,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "30m",
         DURATION,
         "CheckpointVolumeFillingUp: how long both must hold before the alert fires.",
+    ),
+    Threshold(
+        "checkpoint_fit_margin",
+        1.25,
+        NUMBER,
+        "CheckpointWillNotFit: the location's free space below this many times the largest of "
+        "its newest checkpoints (the next one is as big, plus growth and other writers)...",
+    ),
+    Threshold(
+        "checkpoint_fit_for",
+        "10m",
+        DURATION,
+        "CheckpointWillNotFit: ...for this long while the run is active (longer than a save "
+        "and the prune after it, whose dip in free space is no alarm).",
     ),
     Threshold(
         "ghost_ratio",
@@ -491,6 +538,8 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     table: dict[str, str] = {}
     for threshold in THRESHOLDS:
         table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
+    # how far a reader of the slow group's series looks back: three of its intervals
+    table["slow_rules_lookback"] = format_duration(3 * int(table["slow_rules_interval_s"]))
     return table
 
 

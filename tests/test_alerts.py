@@ -17,6 +17,7 @@ import yaml
 from alerts import build, kinds, thresholds
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import PLACEHOLDER
+from helpers.exporter_proc import Exporter
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
@@ -40,6 +41,7 @@ DESIGN_ALERTS = {
     "CheckpointHashMismatch",
     "CheckpointPartialOrphaned",
     "CheckpointVolumeFillingUp",
+    "CheckpointWillNotFit",
     "GPUGhostMemory",
     "GPUUnattributedMemory",
     "GPUXidError",
@@ -57,7 +59,9 @@ DESIGN_ALERTS = {
 }
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.
 ALWAYS_FIRING = {"Watchdog"}
-RUNBOOK_BASE = "https://github.com/trainguard/trainguard/blob/main/alerts/runbook.md"
+# The runbook the exporter ships and serves at /runbook, on the alert's own exporter. It was a
+# GitHub address of a repository that does not exist (404): a default must work out of the box.
+RUNBOOK_BASE = 'http://{{ or $labels.instance "localhost:9636" }}/runbook'
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -172,6 +176,19 @@ def test_overrides_change_only_what_they_name() -> None:
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
 
+def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
+    # alerts/tests/labels_test.yml: the defaults keep cluster and namespace; a site adds its own
+    text = build.render({"target_labels": ["region", "job", "instance"]})
+    assert "count by (region, job, instance, run)" in text
+    assert "on (region, job, instance, run, rank)" in text
+    assert "region=%q,job=%q,instance=%q,run=%q" in text
+    assert "$labels.region $labels.job $labels.instance $labels.run" in text
+    # nothing aggregates or joins by a list that leaves the target labels out
+    assert not re.search(r"\b(by|on) \((?!region, job, instance)[^)]*\)", text), re.findall(
+        r"\b(?:by|on) \((?!region, job, instance)[^)]*\)", text
+    )
+
+
 def test_overrides_from_config_file(tmp_path: Path) -> None:
     config = tmp_path / "thresholds.yml"
     config.write_text("stall: 45m\nrepeated_death_steps: 200\nlog_stale: 3600\n", encoding="utf-8")
@@ -198,6 +215,9 @@ def test_overrides_from_config_file(tmp_path: Path) -> None:
         {"runbook_base": "https://example.com/runbook.md#x"},
         {"xid_critical": "79,0"},
         {"xid_warning": [13, True]},
+        {"target_labels": "cluster, job"},
+        {"target_labels": "job, instance, run"},
+        {"target_labels": "job, instance, job"},
     ],
 )
 def test_bad_overrides_are_errors(overrides: dict[str, Any]) -> None:
@@ -216,6 +236,7 @@ BAD_VALUES = [
     ("runbook_base", "runbook.md", "url"),
     ("xid_critical", "79,fatal", "xid codes"),
     ("xid_warning", "", "xid codes"),
+    ("target_labels", "job,,instance", "labels"),
 ]
 
 
@@ -267,6 +288,7 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
     snippets: set[str] = set()
     for group in GROUPS:
         snippets |= set(group.snippets)
+        texts.append(group.interval or "")
         texts += group.snippets.values()
         for rule in group.rules:
             texts.append(rule.expr)
@@ -315,13 +337,12 @@ def test_pages_are_critical(groups: list[dict[str, Any]]) -> None:
     severities: dict[str, set[str]] = {}
     for rule in alert_rules(groups):
         severities.setdefault(rule["alert"], set()).add(rule["labels"]["severity"])
-    for name in (
-        "TrainingProcessDied",
-        "CheckpointTruncated",
-        "CheckpointHashMismatch",
-        "AllocatorOOM",
-    ):
+    for name in ("TrainingProcessDied", "AllocatorOOM"):
         assert severities[name] == {"critical"}, name
+    # Severity follows the damage: a warning while an intact copy of the damaged step (or a newer
+    # one) remains within the cadence, a page when none does (checkpoints_test.yml).
+    for name in ("CheckpointTruncated", "CheckpointHashMismatch"):
+        assert severities[name] == {"critical", "warning"}, name
     # Critical only while it was watching active runs, warning otherwise.
     assert severities["TrainguardExporterDown"] == {"critical", "warning"}
 
@@ -331,6 +352,32 @@ def test_death_pages_without_delay_and_holds_through_gaps(groups: list[dict[str,
     assert died.get("for", "0m") in {"0m", "0s"}
     # a missed scrape must not resolve the page and send a second one (runs_test.yml)
     assert died["keep_firing_for"] == "10m"
+
+
+LONG_RANGE = re.compile(r"(changes|max_over_time|min_over_time)\([^()]*\[(\d+)([dw])\]")
+
+
+def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str, Any]]) -> None:
+    # Mixin style: [7d] range queries cost too much to evaluate every 15 s; the slow group's
+    # interval is slow_rules_interval, and its readers look back over several of its intervals
+    # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
+    slow = [g for g in groups if "interval" in g]
+    assert [g["name"] for g in slow] == ["trainguard.rules.slow"]
+    assert slow[0]["interval"] == "5m"
+    assert all("record" in rule for rule in slow[0]["rules"]), "alerts belong to fast groups"
+    for group in groups:
+        for rule in group["rules"]:
+            if "record" in rule and LONG_RANGE.search(rule["expr"]):
+                assert group in slow, f"{rule['record']}: a [days] range in a fast group"
+    records = {rule["record"] for rule in slow[0]["rules"]}
+    assert "run:trainguard_checkpoint_step_cadence:avg" in records
+    # every reader of a slow series tolerates the gaps between its evaluations
+    text = RULES.read_text(encoding="utf-8")
+    for record in records:
+        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", text):
+            if text[use.start() - 8 : use.start()] == "record: ":
+                continue
+            assert use.group(2) == "[15m]", f"{record} read without last_over_time[15m]"
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:
@@ -352,6 +399,29 @@ def runbook_headings() -> set[str]:
 def test_every_alert_has_a_runbook_section() -> None:
     missing = DESIGN_ALERTS - runbook_headings()
     assert not missing, f"runbook.md lacks sections: {sorted(missing)}"
+
+
+def test_every_runbook_url_resolves_on_the_exporter(tmp_path: Path) -> None:
+    # runbook_url is http://<the alert's exporter>/runbook#<alert>: the exporter serves the
+    # runbook it ships, with the anchor of every alert (test_e2e_alerts.py follows a delivered
+    # alert's link)
+    with Exporter(state_dir=tmp_path) as exp:
+        page = exp.get("/runbook")
+        assert 'href="/runbook"' in exp.get("/")
+    ids = set(re.findall(r'<h2 id="([^"]+)">', page))
+    assert {name.lower() for name in DESIGN_ALERTS} <= ids
+    # links between sections stay links, code stays code
+    assert '<a href="#checkpointvolumefillingup">CheckpointVolumeFillingUp</a>' in page
+    assert "<pre><code>" in page and "<script" not in page
+
+
+def test_runbook_base_is_a_setting(tmp_path: Path) -> None:
+    text = build.render({"runbook_base": "https://wiki.example.com/ml/trainguard"})
+    assert "runbook_url: https://wiki.example.com/ml/trainguard#trainingprocessdied" in text
+    templated = build.render({"runbook_base": "https://{{ $labels.instance }}/runbook"})
+    assert "https://{{ $labels.instance }}/runbook#stepsatrisk" in templated
+    with pytest.raises(ValueError):
+        build.render({"runbook_base": "http://{{ $labels.instance }}/runbook#top"})
 
 
 def test_runbook_internal_links_resolve() -> None:
@@ -383,6 +453,35 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
     quiet_needed = DESIGN_ALERTS - ALWAYS_FIRING
     assert not quiet_needed - quiet, f"no non-firing case: {sorted(quiet_needed - quiet)}"
     assert not quiet & ALWAYS_FIRING, "an always-firing alert with a quiet case"
+
+
+#: series the rules read that a healthy run does not have: they appear with a death or damage
+ABSENT_WHILE_HEALTHY = {
+    "trainguard_run_last_death_age_seconds",
+    "trainguard_run_last_death_info",
+    "trainguard_run_last_death_step",
+    "trainguard_checkpoint_newest_damaged_step",
+}
+
+
+def test_healthy_run_for_hours_fires_nothing_but_the_watchdog() -> None:
+    # alerts/tests/healthy_test.yml (run by test_promtool_unit_tests): every series the rules
+    # read is there with healthy values for six hours, and every alert is checked quiet
+    doc = yaml.safe_load((ALERTS / "tests" / "healthy_test.yml").read_text(encoding="utf-8"))
+    (test,) = doc["tests"]
+    given = {s["series"].partition("{")[0] for s in test["input_series"]}
+    rules = RULES.read_text(encoding="utf-8")
+    read = set(re.findall(r"(?<![:\w])trainguard_[a-z_]+(?![:\w])", rules)) | {"up"}
+    assert not read - given - ABSENT_WHILE_HEALTHY, sorted(read - given - ABSENT_WHILE_HEALTHY)
+    assert not ABSENT_WHILE_HEALTHY & given
+    quiet_at_end = {
+        case["alertname"]
+        for case in test["alert_rule_test"]
+        if case["eval_time"] == "6h" and case["exp_alerts"] == []
+    }
+    assert quiet_at_end == DESIGN_ALERTS - ALWAYS_FIRING
+    fired = [c["alertname"] for c in test["alert_rule_test"] if c["exp_alerts"]]
+    assert fired == ["Watchdog"]
 
 
 def test_firing_cases_pin_labels(groups: list[dict[str, Any]]) -> None:

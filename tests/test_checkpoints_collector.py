@@ -112,10 +112,15 @@ def test_truncated_only_after_the_grace_period(setup: Setup) -> None:
     s, _ = setup.scrape()
     assert setup.v(s, "truncated_files", "backup") == 0  # may still be being written
     assert setup.v(s, "last_step", "backup") == 1  # but it is not complete either
+    assert setup.v(s, "newest_damaged_step", "backup", damage="truncated") is None
     setup.later(301)
     s, _ = setup.scrape()
     assert setup.v(s, "truncated_files", "backup") == 1
     assert setup.v(s, "last_step", "backup") == 1
+    # which step is damaged, so the rules can tell whether the primary still holds it intact
+    assert setup.v(s, "newest_damaged_step", "backup", damage="truncated") == 2
+    assert setup.v(s, "newest_damaged_step", "backup", damage="hash_mismatch") is None
+    assert setup.v(s, "newest_damaged_step", damage="truncated") is None
     assert setup.v(s, "size_bytes", "backup", step="2") == 7300
     assert setup.v(s, "expected_size_bytes", "backup", step="2") == 10_000
     # larger than recorded is not complete either
@@ -163,6 +168,8 @@ def test_hash_mismatch_found_in_the_background(setup: Setup) -> None:
     assert setup.v(s, "hash_mismatch_files", "backup") == 1
     assert setup.v(s, "hash_mismatch_files") == 0
     assert setup.v(s, "last_step", "backup") == 1  # known garbage is not complete
+    assert setup.v(s, "newest_damaged_step", "backup", damage="hash_mismatch") == 2
+    assert setup.v(s, "newest_damaged_step", "backup", damage="truncated") is None
 
 
 def test_content_rewritten_under_its_old_mtime_is_hashed_again(setup: Setup) -> None:

@@ -82,6 +82,7 @@ METRICS_WITH_RUN = {
     "trainguard_checkpoint_expected_size_bytes",
     "trainguard_checkpoint_truncated_files",
     "trainguard_checkpoint_hash_mismatch_files",
+    "trainguard_checkpoint_newest_damaged_step",
     "trainguard_checkpoint_partial_files",
     "trainguard_checkpoint_oldest_partial_age_seconds",
     "trainguard_checkpoint_filesystem_avail_bytes",

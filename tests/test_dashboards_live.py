@@ -4,6 +4,7 @@ a run with allocator stats): each must be valid PromQL and return data."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
+from trainguard import checkpoint
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared.heartbeat import SnapshotRecord, SnapshotState
 
@@ -158,6 +160,11 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         )
         (ckpt / "step_999999.pt.part").parent.mkdir(parents=True, exist_ok=True)
         (ckpt / "step_999999.pt.part").write_bytes(b"in flight")
+        # a truncated checkpoint of the "filling" run, settled long ago: its damaged step
+        damaged = volume / "ckpt" / "step_5.pt"
+        checkpoint.save(os.urandom(4096), damaged)
+        os.truncate(damaged, 1000)
+        os.utime(damaged, (time.time() - 600, time.time() - 600))
         # a run that dies twice: deaths, last death step and TrainingProcessDied in ALERTS.
         # Each victim is killed only once its heartbeat on disk carries a step (and the deaths
         # before it): the next victim records the death with that step, which is what the

@@ -1,13 +1,14 @@
 """kill -9 to Alertmanager webhook: the shipped rules page for a silent death, warn once for a
-death hidden by an immediate restart, stay quiet for a clean exit, and page for a truncated
-mirror. (How fast the page comes, within one scrape and one evaluation, is measured by
-bench/bench_detection.py: a pass/fail test on a shared machine asserts what happens, not how
-long it takes.)"""
+death hidden by an immediate restart, stay quiet for a clean exit, warn for a truncated mirror
+while the primary holds the step intact and page once no intact copy is left. (How fast the page
+comes, within one scrape and one evaluation, is measured by bench/bench_detection.py: a pass/fail
+test on a shared machine asserts what happens, not how long it takes.)"""
 
 from __future__ import annotations
 
 import os
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,12 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
         _, alert = hook.wait_for("TrainingProcessDied", timeout=60, run="e2e-died")
         assert alert["labels"]["severity"] == "critical"
         assert "e2e-died" in alert["annotations"]["description"]
+        # its runbook link is the runbook served by the exporter that saw the death
+        url = alert["annotations"]["runbook_url"]
+        assert url.endswith("/runbook#trainingprocessdied"), url
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.status == 200
+            assert '<h2 id="trainingprocessdied">' in response.read().decode()
 
         # 2. a death the supervisor hides by restarting the run at once (torchrun, systemd,
         # Kubernetes): the restarted process records it, and it warns, once
@@ -99,9 +106,12 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             fh.truncate(int((1 << 20) * 0.73))
         old = time.time() - 600
         os.utime(copy, (old, old))
+        # the primary still holds step 100 intact, so the run can resume: a warning to fix the
+        # mirror, not a page (issue 14: severity follows the damage)
         _, alert = hook.wait_for("CheckpointTruncated", timeout=60, run="e2e-ckpt")
         assert alert["labels"]["location"] == "backup"
-        assert alert["labels"]["severity"] == "critical"
+        assert alert["labels"]["severity"] == "warning"
+        assert "newest intact: step 100" in alert["annotations"]["description"]
         # the primary copy is intact: nothing fires for it
         assert (
             prom.query('ALERTS{alertname="CheckpointTruncated",location="primary"}')["data"][
@@ -109,6 +119,15 @@ def test_kill_restart_clean_exit_and_truncated_mirror(tmp_path: Path) -> None:
             ]
             == []
         )
+
+        # 5. the primary copy of step 100 truncated too: no intact copy is left, it pages
+        with open(primary / "step_100.pt", "r+b") as fh:
+            fh.truncate(1 << 19)
+        os.utime(primary / "step_100.pt", (old, old))
+        _, alert = hook.wait_for(
+            "CheckpointTruncated", timeout=60, run="e2e-ckpt", severity="critical"
+        )
+        assert "newest intact: step none" in alert["annotations"]["description"]
     finally:
         if successor is not None:
             successor.kill()

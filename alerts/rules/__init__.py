@@ -11,6 +11,7 @@ from alerts.rules.common import Alert, Group, Record
 
 GROUPS: tuple[Group, ...] = (
     recording.GROUP,
+    recording.SLOW,
     runs.GROUP,
     checkpoints.GROUP,
     gpu.GROUP,

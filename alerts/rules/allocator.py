@@ -51,7 +51,7 @@ SNIPPETS = {
         + "{"
         + DEV_SEL
         + "} offset ${leak_window})"
-        + " / on (job, instance, run, rank)"
+        + " / on (${target_labels}, run, rank)"
         + " (trainguard_run_step{"
         + RANK_SEL
         + "} - trainguard_run_step{"
@@ -108,6 +108,7 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-allocator",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Record(
@@ -121,14 +122,14 @@ GROUP = Group(
         Record(
             TOTAL,
             """
-            max by (job, instance, run, rank, device) (
+            max by (${target_labels}, run, rank, device) (
               trainguard_run_allocator_device_total_bytes
             )
             or
-            max by (job, instance, run, rank, device) (
+            max by (${target_labels}, run, rank, device) (
               trainguard_run_allocator_device_info
-              * on (job, instance, uuid) group_left
-              max by (job, instance, uuid) (trainguard_gpu_memory_total_bytes)
+              * on (${target_labels}, uuid) group_left
+              max by (${target_labels}, uuid) (trainguard_gpu_memory_total_bytes)
             )
             """,
         ),
@@ -154,9 +155,9 @@ GROUP = Group(
             "critical",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            unless on (job, instance, run, rank) (
+            unless on (${target_labels}, run, rank) (
               trainguard_run_process_up == 1
-              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
@@ -174,9 +175,9 @@ GROUP = Group(
             "warning",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            and on (job, instance, run, rank) (
+            and on (${target_labels}, run, rank) (
               trainguard_run_process_up == 1
-              and on (job, instance, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
             """,
             summary="""
@@ -201,20 +202,20 @@ GROUP = Group(
             (
               (
                 TOTAL
-                - on (job, instance, run, rank, device)
+                - on (${target_labels}, run, rank, device)
                 max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
               )
-              / on (job, instance, run, rank, device)
+              / on (${target_labels}, run, rank, device)
               (deriv(FLOOR[${leak_window}]) > 0)
               < ${leak_horizon_s}
             )
-            and on (job, instance, run, rank, device)
+            and on (${target_labels}, run, rank, device)
             (FLOOR > FLOOR offset ${leak_rise_window})
-            and on (job, instance, run, rank)
+            and on (${target_labels}, run, rank)
             (trainguard_run_step - trainguard_run_step offset ${leak_window} > 0)
-            and on (job, instance, run, rank)
+            and on (${target_labels}, run, rank)
             trainguard_run_process_up == 1
-            and on (job, instance, run, rank)
+            and on (${target_labels}, run, rank)
             trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
             """.replace("FLOOR", FLOOR).replace("TOTAL", TOTAL),
             for_="${leak_for}",
@@ -241,33 +242,33 @@ GROUP = Group(
             expr="""
             (
               avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
-              - on (job, instance, run, rank, device)
+              - on (${target_labels}, run, rank, device)
               avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
               > ${frag_free_floor}
             )
-            and on (job, instance, run, rank, device)
+            and on (${target_labels}, run, rank, device)
             (
               (
                 avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
-                - on (job, instance, run, rank, device)
+                - on (${target_labels}, run, rank, device)
                 avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
               )
-              / on (job, instance, run, rank, device)
+              / on (${target_labels}, run, rank, device)
               avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
               > ${frag_free_ratio}
             )
-            and on (job, instance, run, rank, device)
+            and on (${target_labels}, run, rank, device)
             (
               avg_over_time(trainguard_run_allocator_inactive_split_bytes[${frag_window}])
-              / on (job, instance, run, rank, device)
+              / on (${target_labels}, run, rank, device)
               (
                 avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
-                - on (job, instance, run, rank, device)
+                - on (${target_labels}, run, rank, device)
                 avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
               )
               > ${frag_split_share}
             )
-            and on (job, instance, run, rank, device)
+            and on (${target_labels}, run, rank, device)
             increase(trainguard_run_allocator_alloc_retries_total[${frag_window}]) > 0
             """,
             for_="${frag_for}",

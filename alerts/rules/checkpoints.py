@@ -1,13 +1,13 @@
 """Can the run be resumed, and from where? CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
-CheckpointPartialOrphaned, CheckpointVolumeFillingUp, StepsAtRisk."""
+CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk."""
 
 from __future__ import annotations
 
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_bytes, query_value
 
-LOC_SEL = "job=%q,instance=%q,run=%q,location=%q"
-LOC_ARGS = "$labels.job $labels.instance $labels.run $labels.location"
+LOC_SEL = "${target_labels_sel},run=%q,location=%q"
+LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 
 SNIPPETS = {
     # "step 800 holds 50%, step 900 holds 10%": the truncated checkpoints at the location.
@@ -21,15 +21,92 @@ SNIPPETS = {
     "files": query_value("trainguard_checkpoint_files{" + LOC_SEL + "}", LOC_ARGS),
     "unrecorded": query_value("trainguard_checkpoint_unrecorded_files{" + LOC_SEL + "}", LOC_ARGS),
     "partials": query_value("trainguard_checkpoint_partial_files{" + LOC_SEL + "}", LOC_ARGS),
-    "cadence": query_value("run:trainguard_checkpoint_step_cadence:avg{" + RUN_SEL + "}", RUN_ARGS),
+    "newest_intact": query_value(
+        "run:trainguard_checkpoint_last_step:max{" + RUN_SEL + "}", RUN_ARGS, unknown="none"
+    ),
+    "damaged_step_truncated": query_value(
+        "trainguard_checkpoint_newest_damaged_step{" + LOC_SEL + ',damage="truncated"}',
+        LOC_ARGS,
+    ),
+    "damaged_step_hash_mismatch": query_value(
+        "trainguard_checkpoint_newest_damaged_step{" + LOC_SEL + ',damage="hash_mismatch"}',
+        LOC_ARGS,
+    ),
+    "cadence": query_value(
+        "last_over_time(run:trainguard_checkpoint_step_cadence:avg{"
+        + RUN_SEL
+        + "}[${slow_rules_lookback}])",
+        RUN_ARGS,
+    ),
     "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
+    "largest": query_bytes("max(trainguard_checkpoint_size_bytes{" + LOC_SEL + "})", LOC_ARGS),
     "avg_size": query_bytes(
         "trainguard_checkpoint_bytes{" + LOC_SEL + "} / trainguard_checkpoint_files", LOC_ARGS
     ),
 }
 
+
+def _covered(damage: str) -> str:
+    """PromQL (an indented block) for the locations whose newest file with ``damage`` is of a
+    step the run still holds intact, at any location, or a newer one, while that newest intact
+    step is no more than steps_at_risk_factor x the usual cadence behind the run: then the
+    damage is a warning (fix the copy), otherwise it pages."""
+    return """
+            (
+              trainguard_checkpoint_newest_damaged_step{damage="DAMAGE"}
+              <= on (${target_labels}, run) group_left ()
+                run:trainguard_checkpoint_last_step:max
+            )
+            unless on (${target_labels}, run) (
+              run:trainguard_run_step:max - run:trainguard_checkpoint_last_step:max
+              > ${steps_at_risk_factor}
+                * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
+            )
+    """.replace("DAMAGE", damage)
+
+
+def _damage_alerts(
+    name: str, series: str, damage: str, what: str, summary: str, described: str
+) -> tuple[Alert, Alert]:
+    """The critical and the warning rule of one kind of damage; exactly one of them holds for
+    a damaged location."""
+    condition = series + " > 0\n"
+    covered = _covered(damage)
+    newest = "${damaged_step_" + damage + "}"
+    critical = Alert(
+        name,
+        "critical",
+        expr=condition + "unless on (${target_labels}, run, location) (" + covered + ")",
+        for_="${checkpoint_damage_for}",
+        summary=summary + ".",
+        description=described
+        + """
+            No location of the run holds an intact copy of step """
+        + newest
+        + """ or newer (newest intact: step ${newest_intact}), or that copy is more than
+            ${steps_at_risk_factor}x the usual steps between checkpoints behind the run. """
+        + what,
+    )
+    warning = Alert(
+        name,
+        "warning",
+        expr=condition + "and on (${target_labels}, run, location) (" + covered + ")",
+        for_="${checkpoint_damage_for}",
+        summary=summary + "; an intact copy remains.",
+        description=described.rstrip().removesuffix(".")
+        + """, the newest damaged one of step """
+        + newest
+        + """. The run still has an intact checkpoint of that step or a newer one
+            (newest intact: step ${newest_intact}), so it can resume; do not resume from the
+            damaged copy, and fix the copy at {{ $labels.location }} before it is needed.
+            """,
+    )
+    return critical, warning
+
+
 GROUP = Group(
     "trainguard-checkpoints",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(
@@ -39,8 +116,8 @@ GROUP = Group(
             changes(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}]) == 0
             and trainguard_checkpoint_last_timestamp_seconds > 0
             and trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
-            and on (job, instance, run)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            and on (${target_labels}, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
             """,
             for_="5m",
@@ -63,13 +140,13 @@ GROUP = Group(
               min_over_time(
                 trainguard_checkpoint_location_up{location="primary"}[${checkpoint_stale}]
               ) == 1
-              unless on (job, instance, run, location)
+              unless on (${target_labels}, run, location)
                 last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
             )
-            and on (job, instance, run)
+            and on (${target_labels}, run)
               changes(run:trainguard_run_step:max[${checkpoint_stale}]) > 0
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
-            and on (job, instance, run)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            and on (${target_labels}, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
             """,
             for_="5m",
@@ -87,29 +164,28 @@ GROUP = Group(
             dies now, everything is lost.
             """,
         ),
-        Alert(
+        *_damage_alerts(
             "CheckpointTruncated",
-            "critical",
-            expr="trainguard_checkpoint_truncated_files > 0",
-            for_="${checkpoint_damage_for}",
-            summary="Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
-            description="""
+            "trainguard_checkpoint_truncated_files",
+            "truncated",
+            "They load and then produce garbage; do not resume from them.",
+            "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
+            """
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
             {{ $labels.location }} on {{ $labels.instance }} are smaller than the size
-            recorded when they were written (${truncated_steps}). They load and then produce
-            garbage; do not resume from them.
+            recorded when they were written (${truncated_steps}).
             """,
         ),
-        Alert(
+        *_damage_alerts(
             "CheckpointHashMismatch",
-            "critical",
-            expr="trainguard_checkpoint_hash_mismatch_files > 0",
-            for_="${checkpoint_damage_for}",
-            summary="Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}.",
-            description="""
+            "trainguard_checkpoint_hash_mismatch_files",
+            "hash_mismatch",
+            "Do not resume from them.",
+            "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
+            """
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
             {{ $labels.location }} on {{ $labels.instance }} no longer match the sha256
-            recorded when they were written. Do not resume from them.
+            recorded when they were written.
             """,
         ),
         Alert(
@@ -133,7 +209,7 @@ GROUP = Group(
             "warning",
             expr="""
             trainguard_checkpoint_unrecorded_files > 0
-            and on (job, instance, run, location)
+            and on (${target_labels}, run, location)
               trainguard_checkpoint_location_info{trust_unrecorded="false"}
             """,
             for_="${checkpoint_unjudged_for}",
@@ -189,12 +265,35 @@ GROUP = Group(
             """,
         ),
         Alert(
+            "CheckpointWillNotFit",
+            "critical",
+            expr="""
+            trainguard_checkpoint_filesystem_avail_bytes
+              < on (${target_labels}, run, location) ${checkpoint_fit_margin}
+                * max by (${target_labels}, run, location) (trainguard_checkpoint_size_bytes)
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            """,
+            for_="${checkpoint_fit_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            The next checkpoint of run {{ $labels.run }} will not fit at {{ $labels.location }}.
+            """,
+            description="""
+            The volume holding checkpoints of run {{ $labels.run }} at location
+            {{ $labels.location }} on {{ $labels.instance }} has ${avail} free, less than
+            ${checkpoint_fit_margin}x the largest of its newest checkpoints (${largest}): the
+            next save fails there, or leaves a .part file behind. Free space now (prune, move
+            old checkpoints) or point the run elsewhere.
+            """,
+        ),
+        Alert(
             "StepsAtRisk",
             "warning",
             expr="""
             run:trainguard_run_steps_since_checkpoint:max
-              > ${steps_at_risk_factor} * run:trainguard_checkpoint_step_cadence:avg
-            and on (job, instance, run) run:trainguard_run_active_ranks:count
+              > ${steps_at_risk_factor}
+                * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="${steps_at_risk_for}",
             summary="""

@@ -60,13 +60,19 @@ class Group:
     name: str
     rules: tuple[Record | Alert, ...]
     snippets: Mapping[str, str] = field(default_factory=dict)
+    run_context: bool = False
+    """Its alerts are about a run: each gets the RUN_CONTEXT annotations (the run's step, its
+    newest complete checkpoint, the steps at risk), for a notification to say in one message."""
+    interval: str | None = None
+    """The group's own evaluation interval (may be a placeholder); None: Prometheus' global
+    ``evaluation_interval``."""
 
 
 # Go-template pieces. %q quotes a label value as a PromQL string inside printf.
-RUN_SEL = "job=%q,instance=%q,run=%q"
-RUN_ARGS = "$labels.job $labels.instance $labels.run"
-RANK_SEL = "job=%q,instance=%q,run=%q,rank=%q"
-RANK_ARGS = "$labels.job $labels.instance $labels.run $labels.rank"
+RUN_SEL = "${target_labels_sel},run=%q"
+RUN_ARGS = "${target_labels_args} $labels.run"
+RANK_SEL = "${target_labels_sel},run=%q,rank=%q"
+RANK_ARGS = "${target_labels_args} $labels.run $labels.rank"
 INT = 'printf "%.0f"'
 
 _QUERY_VALUE = (
@@ -89,3 +95,18 @@ def query_value(
 def query_bytes(query: str, args: str) -> str:
     """Template text printing the first sample of a query as 1.5GiB, or "unknown"."""
     return query_value(query, args, "humanize1024", suffix="B")
+
+
+#: annotations of every alert about a run (Group.run_context): what on-call needs in the
+#: notification whatever the alert (deploy/trainguard.tmpl prints them)
+RUN_CONTEXT = {
+    "step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
+    "checkpoint_step": query_value(
+        "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
+        RUN_ARGS,
+        unknown="none",
+    ),
+    "steps_at_risk": query_value(
+        "run:trainguard_run_steps_since_checkpoint:max{" + RUN_SEL + "}", RUN_ARGS
+    ),
+}

@@ -17,7 +17,7 @@ SNIPPETS = {
     "steps_lost": query_value(
         "trainguard_run_last_death_step{"
         + RUN_SEL
-        + "} - on (job, instance, run) max by (job, instance, run) "
+        + "} - on (${target_labels}, run) max by (${target_labels}, run) "
         + '(trainguard_checkpoint_last_step{location="primary"})',
         RUN_ARGS,
         fmt='printf "about %.0f"',
@@ -33,13 +33,14 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-deaths",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(
             "TrainingProcessRestarted",
             "warning",
             expr="""
-            max by (job, instance, run) (
+            max by (${target_labels}, run) (
               trainguard_run_last_death_age_seconds < ${restart_window_s}
             )
             """,
@@ -64,9 +65,9 @@ GROUP = Group(
               max_over_time(trainguard_run_last_death_step[${repeated_death_window}])
               - min_over_time(trainguard_run_last_death_step[${repeated_death_window}])
             ) <= ${repeated_death_steps}
-            and on (job, instance, run)
+            and on (${target_labels}, run)
               increase(trainguard_run_deaths_total[${repeated_death_window}]) > 0
-            and on (job, instance, run)
+            and on (${target_labels}, run)
               max_over_time(trainguard_run_deaths_total[${repeated_death_window}]) >= 2
             """,
             summary="Run {{ $labels.run }} died again near the same step.",

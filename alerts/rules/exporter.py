@@ -10,7 +10,7 @@ from alerts.rules.common import Alert, Group, query_value
 SNIPPETS = {
     # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.
     "down_how": (
-        "{{ with printf `up{job=%q,instance=%q}` $labels.job $labels.instance | query }}"
+        "{{ with printf `up{${target_labels_sel}}` ${target_labels_args} | query }}"
         "has failed to scrape the trainguard exporter {{ $labels.instance }} (job"
         " {{ $labels.job }}) for ${exporter_down_for}{{ else }}no longer has the trainguard"
         " exporter {{ $labels.instance }} (job {{ $labels.job }}) among its targets, nor has it"
@@ -18,9 +18,9 @@ SNIPPETS = {
         " deleted or evicted, its host removed from file_sd or static_configs){{ end }}"
     ),
     "active": query_value(
-        "last_over_time(instance:trainguard_run_active_ranks:sum{job=%q,instance=%q}"
+        "last_over_time(instance:trainguard_run_active_ranks:sum{${target_labels_sel}}"
         "[${exporter_down_active_lookback}])",
-        "$labels.job $labels.instance",
+        "${target_labels_args}",
     ),
 }
 
@@ -48,16 +48,16 @@ GROUP = Group(
             "critical",
             expr="""
             (
-              max by (job, instance) (up{${job_selector}} == 0)
+              max by (${target_labels}) (up{${job_selector}} == 0)
               or
               (
-                max by (job, instance) (
+                max by (${target_labels}) (
                   last_over_time(up{${job_selector}}[${exporter_down_active_lookback}])
                 )
-                unless on (job, instance) up{${job_selector}}
+                unless on (${target_labels}) up{${job_selector}}
               )
             )
-            and on (job, instance)
+            and on (${target_labels})
             last_over_time(
               instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
             ) > 0
@@ -77,8 +77,8 @@ GROUP = Group(
             "TrainguardExporterDown",
             "warning",
             expr="""
-            max by (job, instance) (up{${job_selector}} == 0)
-            unless on (job, instance)
+            max by (${target_labels}) (up{${job_selector}} == 0)
+            unless on (${target_labels})
             last_over_time(
               instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
             ) > 0

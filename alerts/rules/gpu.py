@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from alerts.rules.common import RANK_ARGS, RANK_SEL, Alert, Group, query_bytes, query_value
 
-GPU_SEL = "job=%q,instance=%q,gpu=%q,uuid=%q"
-GPU_ARGS = "$labels.job $labels.instance $labels.gpu $labels.uuid"
+GPU_SEL = "${target_labels_sel},gpu=%q,uuid=%q"
+GPU_ARGS = "${target_labels_args} $labels.gpu $labels.uuid"
 
 SNIPPETS = {
     "driver": query_bytes(
@@ -28,8 +28,8 @@ SNIPPETS = {
     "gpu_total": query_bytes("trainguard_gpu_memory_total_bytes{" + GPU_SEL + "}", GPU_ARGS),
     "gpu_used": query_bytes("trainguard_gpu_memory_used_bytes{" + GPU_SEL + "}", GPU_ARGS),
     "gpu_reserved": query_bytes(
-        "uuid:trainguard_run_allocator_reserved_bytes:sum{job=%q,instance=%q,uuid=%q}",
-        "$labels.job $labels.instance $labels.uuid",
+        "uuid:trainguard_run_allocator_reserved_bytes:sum{${target_labels_sel},uuid=%q}",
+        "${target_labels_args} $labels.uuid",
     ),
     "xid_count": query_value(
         "trainguard_gpu_xid_errors_total{" + GPU_SEL + ",xid=%q}",
@@ -81,12 +81,12 @@ GROUP = Group(
             and
             min_over_time(gpu:trainguard_gpu_memory_used_over_accounted:ratio[${ghost_window}])
               > ${ghost_ratio}
-            and on (job, instance, gpu, uuid)
+            and on (${target_labels}, gpu, uuid)
             (
               trainguard_gpu_processes_memory_unknown > 0
               or trainguard_gpu_processes == 0
             )
-            unless on (job, instance)
+            unless on (${target_labels})
             instance:trainguard_run_allocator_devices_unplaced:count > 0
             """,
             for_="${ghost_for}",
@@ -115,16 +115,16 @@ GROUP = Group(
             # "used", and GPUGhostMemory judges the GPU against the runs' allocators instead.
             expr="""
             trainguard_gpu_memory_unattributed_bytes > ${unattributed_floor}
-            unless on (job, instance, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
-            unless on (job, instance, gpu, uuid)
+            unless on (${target_labels}, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
+            unless on (${target_labels}, gpu, uuid)
             (
               trainguard_gpu_processes == 0
-              and on (job, instance, uuid) uuid:trainguard_run_allocator_reserved_bytes:sum
+              and on (${target_labels}, uuid) uuid:trainguard_run_allocator_reserved_bytes:sum
             )
-            unless on (job, instance, gpu, uuid)
+            unless on (${target_labels}, gpu, uuid)
             (
               trainguard_gpu_processes == 0
-              and on (job, instance) instance:trainguard_run_allocator_devices_unplaced:count > 0
+              and on (${target_labels}) instance:trainguard_run_allocator_devices_unplaced:count > 0
             )
             """,
             for_="${unattributed_for}",

@@ -13,32 +13,32 @@ GROUP = Group(
         Record(
             "run:trainguard_run_active_ranks:count",
             """
-            count by (job, instance, run) (
+            count by (${target_labels}, run) (
               trainguard_run_process_up == 1
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
             """,
         ),
         Record(
             "instance:trainguard_run_active_ranks:sum",
             """
-            sum by (job, instance) (run:trainguard_run_active_ranks:count)
+            sum by (${target_labels}) (run:trainguard_run_active_ranks:count)
             or
-            max by (job, instance) (trainguard_exporter_build_info) * 0
+            max by (${target_labels}) (trainguard_exporter_build_info) * 0
             """,
         ),
         Record(
             "run:trainguard_run_step:max",
-            "max by (job, instance, run) (trainguard_run_step)",
+            "max by (${target_labels}, run) (trainguard_run_step)",
         ),
         # A live, unfinished rank's age of its last step, by the exporter's clock (skew-free).
         Record(
             "run_rank:trainguard_run_step_age_seconds:running",
             """
-            max by (job, instance, run, rank) (
+            max by (${target_labels}, run, rank) (
               trainguard_run_step_age_seconds
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
             """,
         ),
@@ -74,12 +74,12 @@ GROUP = Group(
         Record(
             "run_rank:trainguard_run_steps_per_second:deriv",
             """
-            max by (job, instance, run, rank) (
+            max by (${target_labels}, run, rank) (
               clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
-              and on (job, instance, run, rank)
+              and on (${target_labels}, run, rank)
                 trainguard_run_start_age_seconds > ${throughput_window_s}
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
             """,
         ),
@@ -88,39 +88,24 @@ GROUP = Group(
             """
             clamp_min(
               run:trainguard_run_step:max
-              - on (job, instance, run)
-              max by (job, instance, run) (trainguard_checkpoint_last_step{location="primary"}),
+              - on (${target_labels}, run)
+              max by (${target_labels}, run) (trainguard_checkpoint_last_step{location="primary"}),
               0
             )
             """,
         ),
+        # The newest step the run holds intact at any of its locations (primary or mirror).
         Record(
-            "run:trainguard_checkpoint_step_cadence:avg",
-            """
-            max by (job, instance, run) (
-              (
-                max_over_time(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                )
-                - min_over_time(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                )
-              )
-              / (
-                changes(
-                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
-                ) > 0
-              )
-            ) > 0
-            """,
+            "run:trainguard_checkpoint_last_step:max",
+            "max by (${target_labels}, run) (trainguard_checkpoint_last_step)",
         ),
         Record(
             "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
-            "sum by (job, instance, run, rank) (trainguard_run_gpu_memory_used_bytes)",
+            "sum by (${target_labels}, run, rank) (trainguard_run_gpu_memory_used_bytes)",
         ),
         Record(
             "run_rank:trainguard_run_allocator_reserved_bytes:sum",
-            "sum by (job, instance, run, rank) (trainguard_run_allocator_reserved_bytes)",
+            "sum by (${target_labels}, run, rank) (trainguard_run_allocator_reserved_bytes)",
         ),
         Record(
             "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum",
@@ -143,20 +128,20 @@ GROUP = Group(
         Record(
             "uuid:trainguard_run_allocator_reserved_bytes:sum",
             """
-            sum by (job, instance, uuid) (
+            sum by (${target_labels}, uuid) (
               trainguard_run_allocator_reserved_bytes
-              * on (job, instance, run, rank, device) group_left (uuid)
+              * on (${target_labels}, run, rank, device) group_left (uuid)
               trainguard_run_allocator_device_info
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
             )
             """,
         ),
         Record(
             "uuid:trainguard_run_allocator_devices:count",
             """
-            count by (job, instance, uuid) (
+            count by (${target_labels}, uuid) (
               trainguard_run_allocator_device_info
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
             )
             """,
         ),
@@ -164,7 +149,7 @@ GROUP = Group(
             "gpu:trainguard_gpu_memory_ghost_bytes:sum",
             """
             trainguard_gpu_memory_used_bytes
-            - on (job, instance, uuid) group_left ()
+            - on (${target_labels}, uuid) group_left ()
             (
               uuid:trainguard_run_allocator_reserved_bytes:sum
               + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
@@ -175,7 +160,7 @@ GROUP = Group(
             "gpu:trainguard_gpu_memory_used_over_accounted:ratio",
             """
             trainguard_gpu_memory_used_bytes
-            / on (job, instance, uuid) group_left ()
+            / on (${target_labels}, uuid) group_left ()
             (
               uuid:trainguard_run_allocator_reserved_bytes:sum
               + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
@@ -188,13 +173,13 @@ GROUP = Group(
         Record(
             "instance:trainguard_run_allocator_devices_unplaced:count",
             """
-            count by (job, instance) (
+            count by (${target_labels}) (
               trainguard_run_allocator_reserved_bytes
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
-              unless on (job, instance, run, rank, device)
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank, device)
               (
                 trainguard_run_allocator_device_info
-                and on (job, instance, uuid) trainguard_gpu_info
+                and on (${target_labels}, uuid) trainguard_gpu_info
               )
             )
             """,
@@ -206,7 +191,7 @@ GROUP = Group(
         Record(
             "run_rank:trainguard_run_allocator_ooms:recent",
             """
-            sum by (job, instance, run, rank) (
+            sum by (${target_labels}, run, rank) (
               increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
               or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
               or (
@@ -214,14 +199,14 @@ GROUP = Group(
                   trainguard_run_allocator_ooms_total > 0
                   unless trainguard_run_allocator_ooms_total offset ${oom_recent}
                 )
-                and on (job, instance) (up offset ${oom_recent} == 1)
+                and on (${target_labels}) (up offset ${oom_recent} == 1)
               )
               or (
                 (
                   trainguard_run_memory_snapshots_total > 0
                   unless trainguard_run_memory_snapshots_total offset ${oom_recent}
                 )
-                and on (job, instance) (up offset ${oom_recent} == 1)
+                and on (${target_labels}) (up offset ${oom_recent} == 1)
               )
             )
             """,
@@ -241,8 +226,39 @@ GROUP = Group(
                 trainguard_gpu_xid_errors_total
                 unless trainguard_gpu_xid_errors_total offset ${xid_window}
               )
-              and on (job, instance) (up offset ${xid_window} == 1)
+              and on (${target_labels}) (up offset ${xid_window} == 1)
             )
+            """,
+        ),
+    ),
+)
+
+# The long-range recording rules ([7d] changes, max_over_time, min_over_time): mixin style, in a
+# group of their own evaluated every slow_rules_interval (5m), not every 15 s. Their readers look
+# back three intervals (last_over_time(...[${slow_rules_lookback}])), so the gap between two
+# evaluations, or a late one, is never an absent series.
+SLOW = Group(
+    "trainguard.rules.slow",
+    interval="${slow_rules_interval}",
+    rules=(
+        Record(
+            "run:trainguard_checkpoint_step_cadence:avg",
+            """
+            max by (${target_labels}, run) (
+              (
+                max_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+                - min_over_time(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                )
+              )
+              / (
+                changes(
+                  trainguard_checkpoint_last_step{location="primary"}[${checkpoint_cadence_window}]
+                ) > 0
+              )
+            ) > 0
             """,
         ),
     ),

@@ -13,7 +13,7 @@ SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
-        "unless on (job, instance, run, rank) trainguard_run_finished == 1` "
+        "unless on (${target_labels}, run, rank) trainguard_run_finished == 1` "
         + RUN_ARGS
         + ' | query | sortByLabel "rank" }}'
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
@@ -53,7 +53,7 @@ SNIPPETS = {
     # A whole sentence: whether the driver still holds VRAM of the dead ranks.
     "dead_vram": (
         "{{ with printf `sum(trainguard_run_gpu_memory_used_bytes{" + RUN_SEL + "} "
-        "and on (job, instance, run, rank) trainguard_run_process_up == 0) > 0` "
+        "and on (${target_labels}, run, rank) trainguard_run_process_up == 0) > 0` "
         + RUN_ARGS
         + " | query }}The driver still attributes "
         "{{ . | first | value | humanize1024 }}B of VRAM to the dead rank(s): "
@@ -64,15 +64,16 @@ SNIPPETS = {
 
 GROUP = Group(
     "trainguard-runs",
+    run_context=True,
     snippets=SNIPPETS,
     rules=(
         Alert(
             "TrainingProcessDied",
             "critical",
             expr="""
-            count by (job, instance, run) (
+            count by (${target_labels}, run) (
               trainguard_run_process_up == 0
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
             """,
             keep_firing_for="${keep_firing_for}",
@@ -88,14 +89,14 @@ GROUP = Group(
             "TrainingStalled",
             "warning",
             expr="""
-            max by (job, instance, run) (
+            max by (${target_labels}, run) (
               run_rank:trainguard_run_step_age_seconds:running
                 > run_rank:trainguard_run_stall_threshold_seconds:clamp
               or
               (
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
-                and on (job, instance, run, rank) trainguard_run_process_up == 1
-                unless on (job, instance, run, rank) trainguard_run_finished == 1
+                and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
               )
             )
             """,
@@ -118,12 +119,13 @@ GROUP = Group(
             "TrainingNoFirstStep",
             "warning",
             expr="""
-            max by (job, instance, run) (
+            max by (${target_labels}, run) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and on (job, instance, run, rank) trainguard_run_process_up == 1
-              unless on (job, instance, run, rank) trainguard_run_finished == 1
-              unless on (job, instance, run, rank) trainguard_run_step
-              unless on (job, instance, run, rank) trainguard_run_heartbeat_age_seconds > ${stall_s}
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) trainguard_run_step
+              unless on (${target_labels}, run, rank)
+                trainguard_run_heartbeat_age_seconds > ${stall_s}
             )
             """,
             keep_firing_for="${keep_firing_for}",
@@ -142,9 +144,9 @@ GROUP = Group(
             "TrainingThroughputDropped",
             "warning",
             expr="""
-            min by (job, instance, run) (
+            min by (${target_labels}, run) (
               (run_rank:trainguard_run_steps_per_second:deriv > 0)
-              / on (job, instance, run, rank)
+              / on (${target_labels}, run, rank)
               quantile_over_time(
                 0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
               )
@@ -172,8 +174,8 @@ GROUP = Group(
             changes(trainguard_run_log_modified_timestamp_seconds[${log_stale}]) == 0
             and trainguard_run_log_modified_timestamp_seconds > 0
             and trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
-            and on (job, instance, run) run:trainguard_run_active_ranks:count > 0
-            and on (job, instance, run) run:trainguard_run_active_ranks:count offset ${log_stale}
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count > 0
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count offset ${log_stale}
             """,
             keep_firing_for="${keep_firing_for}",
             summary="The log of training run {{ $labels.run }} on {{ $labels.instance }} is stale.",

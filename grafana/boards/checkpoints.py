@@ -109,9 +109,19 @@ def progress() -> list[Panel]:
         ts(
             "Newest complete step per location",
             "Step of the newest COMPLETE checkpoint per run and location. A mirror lagging "
-            "behind the primary shows as a lower line.",
+            "behind the primary shows as a lower line. Dashed: the newest damaged (truncated "
+            "or hash-mismatched) step of a location; at or below some location's complete "
+            "step the run can still resume (CheckpointTruncated / CheckpointHashMismatch "
+            "warn), above all of them it pages.",
             "none",
-            [(by_loc("trainguard_checkpoint_last_step"), PER_LOCATION)],
+            [
+                (by_loc("trainguard_checkpoint_last_step"), PER_LOCATION),
+                (
+                    by("run, location, damage", "trainguard_checkpoint_newest_damaged_step"),
+                    PER_LOCATION + " damaged ({{damage}})",
+                ),
+            ],
+            dashed="/damaged/",
         ),
         ts(
             "Checkpoint age per location",
@@ -209,10 +219,17 @@ def storage() -> list[Panel]:
             "Free space and 4h forecast",
             "Free bytes on the volume of each checkpoint location, and the linear forecast "
             "4 hours ahead from the last hour's trend (dashed; predict_linear). A forecast "
-            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp).",
+            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp). "
+            "'largest checkpoint' is the largest of the location's newest checkpoints: free "
+            "space below it (times a margin) means the next save will not fit "
+            "(CheckpointWillNotFit).",
             "bytes",
             [
                 (FREE, f"{PER_LOCATION} free"),
+                (
+                    by("run, location", "trainguard_checkpoint_size_bytes", "max"),
+                    f"{PER_LOCATION} largest checkpoint",
+                ),
                 (
                     f"min by (run, location) (predict_linear("
                     f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",

@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,22 @@ class Webhook:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait_message(
+        self, ok: Callable[[dict[str, Any]], bool], timeout: float, what: str
+    ) -> dict[str, Any]:
+        """The first message posted (of any kind: a Slack-style payload too) that ``ok``
+        accepts, waiting up to ``timeout`` seconds for it."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for _, msg in self.received:
+                    if ok(msg):
+                        return msg
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{what} not posted in {timeout}s; got {self.received}")
+                self._cond.wait(left)
 
     def alerts(self, status: str = "firing") -> list[tuple[float, dict[str, Any]]]:
         with self._cond:
@@ -124,14 +140,24 @@ class _Server:
 
 
 class Alertmanager(_Server):
-    def __init__(self, workdir: Path, webhook_url: str, group_wait: str = "1s") -> None:
+    """``config``: a whole Alertmanager configuration (e.g. the shipped one, its receivers
+    pointed at 127.0.0.1); by default one webhook receiver at ``webhook_url``."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        webhook_url: str,
+        group_wait: str = "1s",
+        config: dict[str, Any] | None = None,
+    ) -> None:
         assert ALERTMANAGER, "prometheus-alertmanager is not installed"
         self.group_wait = group_wait
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "alertmanager.yml"
         cfg.write_text(
             yaml.safe_dump(
-                {
+                config
+                or {
                     "route": {
                         "receiver": "hook",
                         "group_by": ["alertname", "run", "instance"],

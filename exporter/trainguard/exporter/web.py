@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from trainguard._version import __version__
+from trainguard.exporter import runbook
 from trainguard.exporter.webconfig import BasicAuth, WebConfig
 
 #: a client that sends nothing for this long is dropped, so it can't hold a thread forever
@@ -55,6 +56,7 @@ truncated checkpoint.</p>
 <ul>
 <li><a href="{path}">Metrics</a></li>
 <li><a href="/-/healthy">Health</a></li>
+<li><a href="/runbook">Runbook</a> (each alert's runbook_url points at its section)</li>
 </ul>
 <p>Version {html.escape(__version__)}</p>
 </body></html>
@@ -66,6 +68,7 @@ def make_app(
 ) -> WSGIApp:
     metrics_app = _gzip(make_wsgi_app(registry, disable_compression=True))
     landing = landing_page(telemetry_path)
+    runbook_page = runbook.page()
     auth = BasicAuth(web.users if web else {})
     extra_headers = list((web.headers if web else {}).items())
 
@@ -103,6 +106,12 @@ def make_app(
         if path == "/-/healthy":
             start_response("200 OK", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"Healthy\n"]
+        if path == "/runbook":
+            if runbook_page is None:
+                start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"no runbook: this installation was built without alerts/runbook.md\n"]
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [runbook_page]
         start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
         return [b"not found\n"]
 

@@ -69,6 +69,14 @@ TRUNCATED = _spec(
     "truncated_files",
     "Files smaller than their recorded size and untouched for the grace period.",
 )
+DAMAGED_STEP = _spec(
+    "newest_damaged_step",
+    "Step of the newest checkpoint file at the location that is damaged (damage: truncated, "
+    "hash_mismatch); absent when none is. The rules compare it with the newest complete step "
+    "of every location of the run: damage to a step held intact elsewhere (or older than an "
+    "intact one) warns, damage with nothing as new intact pages.",
+    ("run", "location", "damage"),
+)
 OVERSIZED = _spec(
     "oversized_files",
     "Files larger than their recorded size and untouched for the grace period.",
@@ -111,6 +119,7 @@ _JUDGED = (
     SIZE,
     EXPECTED_SIZE,
     TRUNCATED,
+    DAMAGED_STEP,
     OVERSIZED,
     HASH_MISMATCH,
     HASH_PENDING,
@@ -374,6 +383,11 @@ class CheckpointsCollector(Collector):
         answers = iter(verifier.known_many(asked))
         mismatched = pending = total = truncated = oversized = unrecorded = unknown = 0
         complete: list[Judged] = []
+        damaged: dict[str, int] = {}  # damage -> newest step with it
+
+        def damage(kind: str, step: int) -> None:
+            damaged[kind] = max(step, damaged.get(kind, step))
+
         for j in judged:
             st = j.entry.stat
             status = "none"
@@ -389,12 +403,15 @@ class CheckpointsCollector(Collector):
                         errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
             if status == "mismatch":
                 mismatched += 1
+                damage("hash_mismatch", j.entry.step)
             elif status in ("pending", "error"):
                 pending += 1
             if j.complete and status != "mismatch":
                 complete.append(j)
             total += st.st_size
             truncated += j.truncated
+            if j.truncated:
+                damage("truncated", j.entry.step)
             oversized += j.oversized
             unrecorded += j.expected_size is None
             unknown += not j.mtime_known
@@ -406,6 +423,8 @@ class CheckpointsCollector(Collector):
         put(BYTES, total)
         self._size_rows(rows, labels, judged)
         put(TRUNCATED, truncated)
+        for kind, step in sorted(damaged.items()):
+            rows[DAMAGED_STEP.name].add_metric([*labels, kind], step)
         put(OVERSIZED, oversized)
         put(HASH_MISMATCH, mismatched)
         put(HASH_PENDING, pending)

@@ -1,0 +1,175 @@
+"""deploy/alertmanager.yml and its notification template, by Alertmanager's own tools: amtool
+renders deploy/trainguard.tmpl, and a real Alertmanager running the shipped configuration (its
+receivers pointed at 127.0.0.1) applies the shipped inhibitions and posts the rendered text."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from helpers.promstack import ALERTMANAGER, Alertmanager, Webhook
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+TEMPLATE = DEPLOY / "trainguard.tmpl"
+AMTOOL = shutil.which("amtool")
+needs_amtool = pytest.mark.skipif(
+    AMTOOL is None, reason="amtool not installed (Debian: apt-get install prometheus-alertmanager)"
+)
+needs_alertmanager = pytest.mark.skipif(
+    ALERTMANAGER is None, reason="needs the Debian package prometheus-alertmanager"
+)
+
+TEXT = '{{ template "trainguard.title" . }}\n---\n{{ template "trainguard.text" . }}'
+
+RENDERED = """\
+[FIRING:2] AllocatorOOM
+---
+CRITICAL AllocatorOOM: Run llama rank 3 hit CUDA out of memory.
+Run: llama, rank 3
+Host: node-1:9636 (cluster a, namespace train)
+Step: 1812; newest complete checkpoint: step 1750; steps at risk: 62
+Run llama rank 3 on node-1:9636 recorded a CUDA out-of-memory in the last 30m and has not \
+stepped in the last 5m, or its process is gone.
+Runbook: http://node-1:9636/runbook#allocatoroom
+
+CRITICAL GPUXidError: GPU 1 on node-2:9636 reported critical Xid 79.
+Host: node-2:9636, GPU 1
+GPU 1 fell off the bus.
+Runbook: http://node-2:9636/runbook#gpuxiderror
+
+RESOLVED TrainingStalled run llama on node-1:9636
+"""
+
+
+@needs_amtool
+def test_notification_template_renders_what_on_call_needs() -> None:
+    # a run's alert: run, rank, host, step, newest complete checkpoint, steps at risk, runbook;
+    # a GPU's alert: host and GPU, no run lines; a resolved one in a line
+    assert AMTOOL is not None
+    result = subprocess.run(
+        [
+            AMTOOL,
+            "template",
+            "render",
+            f"--template.glob={TEMPLATE}",
+            f"--template.text={TEXT}",
+            f"--template.data={ROOT / 'tests' / 'data' / 'alertmanager_notification.json'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.rstrip("\n") == RENDERED.rstrip("\n")
+
+
+def _alert(name: str, severity: str, instance: str, **labels: str) -> dict[str, Any]:
+    return {
+        "labels": {
+            "alertname": name,
+            "severity": severity,
+            "job": "trainguard",
+            "instance": instance,
+            "run": "llama",
+            **labels,
+        },
+        "annotations": {
+            "summary": f"{name} of run llama on {instance}.",
+            "description": f"{name} on {instance}.",
+            "runbook_url": f"http://{instance}/runbook#{name.lower()}",
+            "step": "1812",
+            "checkpoint_step": "1750",
+            "steps_at_risk": "62",
+        },
+    }
+
+
+def _shipped_config(hook: Webhook, chat: Webhook) -> dict[str, Any]:
+    """deploy/alertmanager.yml as shipped, its placeholder URLs on 127.0.0.1 and its waits
+    short."""
+    config = yaml.safe_load((DEPLOY / "alertmanager.yml").read_text(encoding="utf-8"))
+    config["templates"] = [str(TEMPLATE)]
+    for receiver in config["receivers"]:
+        for webhook in receiver.get("webhook_configs", []):
+            webhook["url"] = hook.url
+        for slack in receiver.get("slack_configs", []):
+            slack["api_url"] = chat.url
+    for route in [config["route"], *config["route"]["routes"]]:
+        route["group_wait"] = route["group_interval"] = "1s"
+    return config
+
+
+@needs_alertmanager
+def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
+    tmp_path: Path,
+) -> None:
+    hook, chat = Webhook(), Webhook()
+    am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
+    try:
+        alerts = [
+            _alert("TrainingProcessDied", "critical", "node-1:9636"),
+            _alert("TrainingStalled", "warning", "node-1:9636"),  # the dead run: inhibited
+            _alert("TrainingStalled", "warning", "node-2:9636"),  # same run name, other host
+        ]
+        request = urllib.request.Request(
+            am.url + "/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        deadline = time.monotonic() + 60
+        while True:
+            with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=30) as response:
+                seen = json.loads(response.read())
+            inhibited = {
+                (a["labels"]["alertname"], a["labels"]["instance"]): bool(
+                    a["status"]["inhibitedBy"]
+                )
+                for a in seen
+            }
+            if len(inhibited) == 3 and inhibited[("TrainingStalled", "node-1:9636")]:
+                break
+            assert time.monotonic() < deadline, f"inhibition not applied: {seen}"
+            time.sleep(0.1)  # polling Alertmanager's API, not waiting out a duration
+        assert inhibited == {
+            ("TrainingProcessDied", "node-1:9636"): False,
+            ("TrainingStalled", "node-1:9636"): True,
+            ("TrainingStalled", "node-2:9636"): False,
+        }
+        # the chat receiver got the death rendered by deploy/trainguard.tmpl
+        message = chat.wait_message(
+            lambda m: "TrainingProcessDied" in json.dumps(m), 60, "the chat notification"
+        )
+        (attachment,) = message["attachments"]
+        assert attachment["title"] == "[FIRING:1] TrainingProcessDied run llama on node-1:9636"
+        assert attachment["text"] == (
+            "CRITICAL TrainingProcessDied: TrainingProcessDied of run llama on node-1:9636.\n"
+            "Run: llama\n"
+            "Host: node-1:9636\n"
+            "Step: 1812; newest complete checkpoint: step 1750; steps at risk: 62\n"
+            "TrainingProcessDied on node-1:9636.\n"
+            "Runbook: http://node-1:9636/runbook#trainingprocessdied"
+        )
+        # the machine receiver got the same alert as JSON
+        delivered = hook.wait_message(
+            lambda m: m.get("groupLabels", {}).get("alertname") == "TrainingProcessDied",
+            60,
+            "the webhook notification",
+        )
+        assert delivered["alerts"][0]["annotations"]["steps_at_risk"] == "62"
+    finally:
+        am.stop()
+        hook.close()
+        chat.close()
