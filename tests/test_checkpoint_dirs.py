@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers.exporter_proc import Samples, value
+from trainguard.checkpoint import latest, prune
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings, ConfigError, parse_config
 from trainguard.exporter.dirwatch import SETTLE_SECONDS, CheckpointDirectory, RecordCache
@@ -396,3 +397,67 @@ def test_unchanged_step_directories_are_not_listed_again(
     listing = d.read(recs)
     assert len(listings) == 1
     assert "iter_0000200/mp_rank_00/extra.pt" in {e.name for dd in listing.dirs for e in dd.files}
+
+
+# -- the library: latest() and prune() ----------------------------------------------------------
+
+
+def lib_setup(dirs: Dirs) -> dict[int, Path]:
+    """Steps 100-300 committed and settled, 400 in flight, each also on the mirror (400 too:
+    a copy in progress)."""
+    made = {step: dirs.step(step) for step in (100, 200, 300)}
+    made[400] = dirs.step(400, marker=False, age=5)
+    for step in (100, 200, 300):
+        mirror_tree(dirs, made[step])
+    return made
+
+
+def test_latest_is_the_newest_complete_directory(dirs: Dirs) -> None:
+    made = lib_setup(dirs)
+    found = latest(dirs.p, pattern=dirs.pattern)
+    assert found is not None
+    assert (found.step, found.path, found.directory) == (300, made[300], True)
+    assert found.size == sum(f.stat().st_size for f in files_under(made[300]))
+    backup = latest(dirs.m, pattern=dirs.pattern, primary=dirs.p)
+    assert backup is not None and backup.step == 300
+    # a mirror file cut short: that step is not a checkpoint to resume from
+    victim = max(files_under(dirs.m / made[300].name), key=lambda f: f.stat().st_size)
+    os.truncate(victim, 1)
+    backup = latest(dirs.m, pattern=dirs.pattern, primary=dirs.p)
+    assert backup is not None and backup.step == 200
+    # touched within the grace period: not yet
+    for f in files_under(made[300]):
+        os.utime(f)
+    found = latest(dirs.p, pattern=dirs.pattern)
+    assert found is not None and found.step == 200
+
+
+def test_prune_keeps_the_newest_and_never_touches_a_directory_in_flight(dirs: Dirs) -> None:
+    made = lib_setup(dirs)
+    deleted = prune(dirs.p, keep=1, pattern=dirs.pattern, mirrors=[dirs.m])
+    names = sorted(str(p.relative_to(p.parent.parent)) for p in deleted)
+    assert names == sorted(f"{loc}/{made[s].name}" for loc in ("m", "p") for s in (100, 200))
+    assert made[300].is_dir() and made[400].is_dir() and (dirs.m / made[300].name).is_dir()
+    assert not [p for p in dirs.p.iterdir() if "deleting" in p.name]
+    found = latest(dirs.p, pattern=dirs.pattern)
+    assert found is not None and found.step == 300
+
+
+def test_prune_guards_for_directories(hf: Dirs) -> None:
+    d = {step: hf.step(step) for step in (100, 200, 300, 400, 500)}
+    # unknown mtime under step 100, a file of 200 touched within the grace period, 300 locked
+    # by a reader (a mirror copying it)
+    os.utime(d[100] / "optimizer.pt", ns=(0, 0))
+    os.utime(d[200] / "scheduler.pt")
+    fd = os.open(d[300], os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        deleted = prune(hf.p, keep=1, pattern=hf.pattern)
+    finally:
+        os.close(fd)
+    assert deleted == [d[400]]
+    assert all(d[s].is_dir() for s in (100, 200, 300, 500))
+    # fewer complete steps than asked to keep: nothing at all
+    assert prune(hf.p, keep=10, pattern=hf.pattern) == []
