@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers.dist_child import load_all
 from helpers.exporter_proc import Samples, child_env, free_port, value
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
@@ -30,6 +29,16 @@ from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.verdict import judge_dirs
 
 HERE = Path(__file__).parent
+
+
+def load_all(path: Path, world: int, step: int) -> None:
+    """dcp.load of every rank's tensors (tests/helpers/dist_child.py); skips without torch."""
+    pytest.importorskip("torch")
+    from helpers import dist_child
+
+    dist_child.load_all(path, world, step)
+
+
 DIST_CHILD = HERE / "helpers" / "dist_child.py"
 RUN = "r"
 
@@ -237,6 +246,7 @@ def test_save_dir_with_several_ranks(tmp_path: Path) -> None:
     """Three real processes over gloo: each writes its DCP shard and a file of its own into
     one save_dir; one record lists every rank's files."""
     world = 3
+    pytest.importorskip("torch")
     finish(ranks("savedir", tmp_path, world, "1", "2"))
     for step in (1, 2):
         rec = read_record(tmp_path, f"step-{step}")
@@ -269,6 +279,7 @@ def committed_steps(loc: Path, pattern: str, layout: str) -> list[tuple[int, Pat
     return [(sv.dir.step, loc / sv.dir.name) for sv in steps if sv.complete]
 
 
+@pytest.mark.slow
 def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_load(
     tmp_path: Path,
 ) -> None:
@@ -277,6 +288,7 @@ def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_
     period 0) loads with dcp.load and holds what was saved; latest() loads; the exporter's
     last_step is one of them."""
     world = 3
+    pytest.importorskip("torch")
     rng = random.Random(1234)
     seen_inflight = 0
     for round_ in range(4):
@@ -316,11 +328,17 @@ def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_
 HF_CHILD = HERE / "helpers" / "hf_child.py"
 
 
+@pytest.mark.slow
 def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_not_load(
     tmp_path: Path,
 ) -> None:
+    """A real Trainer saving at every step (tiny GPT-2 from a config, CPU), SIGKILLed at a
+    random moment, three times: every checkpoint-N the verdict calls complete (grace period 0)
+    loads part by part as a resume does, latest() is the newest of them, and
+    Trainer.train(resume_from_checkpoint=latest) resumes from its step."""
     pytest.importorskip("transformers")
     rng = random.Random(99)
+    inflight = 0
     for round_ in range(3):
         out = tmp_path / f"run{round_}"
         proc = subprocess.Popen(
@@ -350,6 +368,8 @@ def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_n
         assert check.returncode == 0, check.stdout + check.stderr
         found = latest(out, pattern="checkpoint-{step}", grace=0)
         assert found is not None and found.step == max(s for s, _ in complete)
+        inflight += sum(1 for p in out.glob("checkpoint-*")) - len(complete)
+    print(f"in-flight checkpoint directories left by the kills: {inflight}")
     resumed = subprocess.run(
         [sys.executable, str(HF_CHILD), "resume", str(out), str(found.path)],
         env=child_env({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}),
