@@ -23,7 +23,12 @@ from helpers.exporter_proc import Samples, value
 from trainguard.checkpoint import latest, prune
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings, ConfigError, parse_config
-from trainguard.exporter.dirwatch import SETTLE_SECONDS, CheckpointDirectory, RecordCache
+from trainguard.exporter.dirwatch import (
+    REVALIDATE_SECONDS,
+    SETTLE_SECONDS,
+    CheckpointDirectory,
+    RecordCache,
+)
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import CheckpointTarget, config_targets
 from trainguard.exporter.verifier import Verifier
@@ -367,8 +372,10 @@ class Clock:
 def test_unchanged_step_directories_are_not_listed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each directory of a step tree is listed while it changes and then only its files are
-    stat'ed, as the location's own directory is; a file cut in place is still seen."""
+    """Each directory of a step tree is listed while it changes; while none changes, the step
+    is the same object as at the last scrape (neither listed nor its files stat'ed), and its
+    files are stat'ed again at least every REVALIDATE_SECONDS, so a file cut in place shows
+    within that time."""
     clock = Clock()
     for step in (100, 200):
         megatron_step(tmp_path, step)
@@ -376,23 +383,36 @@ def test_unchanged_step_directories_are_not_listed_again(
     recs = RecordCache(tmp_path, clock=clock)
     d.read(recs)
     clock.now += SETTLE_SECONDS
-    d.read(recs)  # confirms every directory's stat
+    first = d.read(recs)  # confirms every directory's stat
     listings: list[object] = []
-    real = os.scandir
+    stats: list[object] = []
+    real_scandir, real_stat = os.scandir, os.stat
 
     def scandir(*a: object) -> object:
         listings.append(a)
-        return real(*a)  # type: ignore[arg-type]
+        return real_scandir(*a)  # type: ignore[arg-type]
+
+    def counting_stat(*a: object, **kw: object) -> os.stat_result:
+        stats.append(a)
+        return real_stat(*a, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "stat", counting_stat)
     victim = tmp_path / "iter_0000100" / "mp_rank_01" / "model_optim_rng.pt"
     os.truncate(victim, 10)
     listing = d.read(recs)
     assert listings == []
+    assert [dd for dd in listing.dirs] == list(first.dirs)
+    assert all(a is b for a, b in zip(listing.dirs, first.dirs, strict=True))
+    assert len(stats) <= 4  # the location's names and its parent, not the 4 files under them
+    clock.now += REVALIDATE_SECONDS
+    listing = d.read(recs)
     sizes = {e.name: e.stat.st_size for dd in listing.dirs for e in dd.files}
     assert sizes["iter_0000100/mp_rank_01/model_optim_rng.pt"] == 10
-    assert sorted(dd.step for dd in listing.dirs) == [100, 200]
-    # a new file in one subdirectory: that directory alone is listed again
+    # a new file in one subdirectory: that directory alone is listed again, at once
+    clock.now += SETTLE_SECONDS
+    d.read(recs)
+    listings.clear()
     write(tmp_path / "iter_0000200" / "mp_rank_00" / "extra.pt", b"x")
     listing = d.read(recs)
     assert len(listings) == 1

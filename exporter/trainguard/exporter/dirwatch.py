@@ -20,7 +20,7 @@ from trainguard.shared.manifest import (
     read_records,
 )
 from trainguard.shared.pattern import CheckpointPattern
-from trainguard.shared.steps import DEFAULT_LAYOUT, Entry
+from trainguard.shared.steps import DEFAULT_LAYOUT, Entry, StepDir, Tree
 
 
 class NotMounted(Exception):
@@ -124,6 +124,8 @@ class StepTreeMemo:
         self._clock = clock
         self._dirs: dict[str, tuple[DirectoryWatch, list[str] | None, list[str] | None]] = {}
         self._markers: dict[tuple[int, ...], bool] = {}
+        self._trees: dict[str, tuple[Tree, float]] = {}  # and when its files were stat'ed
+        self._step_dirs: dict[str, StepDir] = {}
         self._used: set[str] = set()
         self._used_markers: set[tuple[int, ...]] = set()
 
@@ -134,8 +136,30 @@ class StepTreeMemo:
     def end(self) -> None:
         for rel in [r for r in self._dirs if r not in self._used]:
             del self._dirs[rel]
+        for rel in [r for r in self._trees if r not in self._used]:
+            del self._trees[rel]
+        for name in [n for n in self._step_dirs if n not in self._used]:
+            del self._step_dirs[name]
         for key in [k for k in self._markers if k not in self._used_markers]:
             del self._markers[key]
+
+    def tree(self, rel: str) -> Tree | None:
+        """A step tree whose files were stat'ed less than :data:`REVALIDATE_SECONDS` ago: while
+        its directories are unchanged, its files are not stat'ed again until then (a file cut
+        in place under an unchanged step directory shows within that time)."""
+        cached = self._trees.get(rel)
+        if cached is None or self._clock() - cached[1] >= REVALIDATE_SECONDS:
+            return None
+        return cached[0]
+
+    def store_tree(self, rel: str, tree: Tree) -> None:
+        self._trees[rel] = (tree, self._clock())
+
+    def step_dir(self, name: str) -> StepDir | None:
+        return self._step_dirs.get(name)
+
+    def store_step_dir(self, step_dir: StepDir) -> None:
+        self._step_dirs[step_dir.name] = step_dir
 
     def known(self, rel: str, st: os.stat_result) -> tuple[list[str], list[str]] | None:
         self._used.add(rel)

@@ -70,6 +70,12 @@ class Entry(NamedTuple):
     stat: os.stat_result
 
 
+class Tree(NamedTuple):
+    files: list[tuple[str, os.stat_result]]  # relative to the step directory
+    touched_ns: int | None
+    top: dict[str, os.stat_result]  # the files directly in the step directory (markers)
+
+
 class StepDir(NamedTuple):
     """A committed step directory: every regular file under it, the newest modification time
     of it, its subdirectories and its files (None when any is unknown), and what committed it
@@ -82,6 +88,7 @@ class StepDir(NamedTuple):
     touched_ns: int | None
     commit: str
     record: Record | None
+    tree: Tree | None = None  # what it was built from (the memo reuses it while unchanged)
 
 
 class InFlight(NamedTuple):
@@ -109,10 +116,14 @@ class TreeMemo(Protocol):
 
     def store_marker(self, key: tuple[int, ...], ok: bool) -> None: ...
 
+    def tree(self, rel: str) -> Tree | None:
+        """The tree last walked under ``rel``, while its files need not be stat'ed again."""
 
-class Tree(NamedTuple):
-    files: list[tuple[str, os.stat_result]]  # relative to the step directory
-    touched_ns: int | None
+    def store_tree(self, rel: str, tree: Tree) -> None: ...
+
+    def step_dir(self, name: str) -> StepDir | None: ...
+
+    def store_step_dir(self, step_dir: StepDir) -> None: ...
 
 
 def _open_dir(name: str, dir_fd: int | None, path: Path) -> int:
@@ -127,11 +138,46 @@ def _lstat(name: str, dfd: int, path: Path) -> os.stat_result:
     return os.lstat(path / name)
 
 
+def _unchanged(fd: int, where: Path, key: str, memo: TreeMemo, depth: int) -> bool:
+    """Whether every directory of the tree at ``fd`` has the stat the memo trusts."""
+    if depth > MAX_DEPTH:
+        return False
+    known = memo.known(key, os.fstat(fd))
+    if known is None:
+        return False
+    for dname in known[1]:
+        try:
+            sub = _open_dir(dname, fd, where)
+        except OSError:
+            return False
+        try:
+            if not _unchanged(sub, where / dname, f"{key}/{dname}", memo, depth + 1):
+                return False
+        finally:
+            os.close(sub)
+    return True
+
+
 def walk(dfd: int, path: Path, rel: str, memo: TreeMemo | None) -> Tree:
     """Every regular file under the open directory ``dfd`` (at ``path``, ``rel`` relative to the
     location), with the newest mtime of the tree. A symbolic link anywhere under it is a
     ManifestError (links are never followed out of a checkpoint); more than
-    :data:`MAX_STEP_FILES` files or deeper than :data:`MAX_DEPTH` too."""
+    :data:`MAX_STEP_FILES` files or deeper than :data:`MAX_DEPTH` too.
+
+    With a ``memo``: a tree whose directories all have the stat it trusts, and whose files were
+    stat'ed recently enough (the memo says), is the same :class:`Tree` as last time, without
+    an lstat per file."""
+    if memo is not None:
+        cached = memo.tree(rel)
+        if cached is not None and _unchanged(dfd, path, rel, memo, 0):
+            return cached
+    tree = _walk(dfd, path, rel, memo)
+    if memo is not None:
+        memo.store_tree(rel, tree)
+    return tree
+
+
+def _walk(dfd: int, path: Path, rel: str, memo: TreeMemo | None) -> Tree:
     files: list[tuple[str, os.stat_result]] = []
     newest = 0
     unknown = False
@@ -208,7 +254,8 @@ def walk(dfd: int, path: Path, rel: str, memo: TreeMemo | None) -> Tree:
                 os.close(sub_fd)
 
     visit(dfd, path, "", 0)
-    return Tree(files, None if unknown else newest)
+    top = {name: st for name, st in files if "/" not in name}
+    return Tree(files, None if unknown else newest, top)
 
 
 def read_small(name: str, dir_fd: int | None, directory: Path, cap: int) -> bytes | None:
@@ -339,7 +386,7 @@ def step_directories(
             raise
         try:
             tree = walk(dfd, directory / name, name, memo)
-            top = {rel: st for rel, st in tree.files if "/" not in rel}
+            top = tree.top
             hf_ok = HF_MARKER in top and _hf_state_ok(dfd, directory / name, top[HF_MARKER], memo)
         finally:
             os.close(dfd)
@@ -370,8 +417,15 @@ def step_directories(
         if commit is None:
             inflight.append(InFlight(s.name, s.step, s.tree.touched_ns, len(s.tree.files)))
             continue
+        old = memo.step_dir(s.name) if memo is not None else None
+        if old is not None and old.tree is s.tree and old.commit == commit and old.record is rec:
+            committed.append(old)  # the same object: compared by identity, judged as before
+            continue
         files = tuple(Entry(f"{s.name}/{rel}", s.step, st) for rel, st in s.tree.files)
-        committed.append(StepDir(s.name, s.step, files, s.tree.touched_ns, commit, rec))
+        made = StepDir(s.name, s.step, files, s.tree.touched_ns, commit, rec, s.tree)
+        if memo is not None:
+            memo.store_step_dir(made)
+        committed.append(made)
     return tuple(committed), tuple(inflight), resolved
 
 

@@ -93,6 +93,11 @@ def judge(
     return out
 
 
+#: a location's settled step directories' verdicts: name -> (the StepDir judged, the
+#: primary's StepDir it was judged against, (trust, grace, primary settled), the verdict)
+StepCache = dict[str, tuple[StepDir, "StepDir | None", tuple[bool, int, bool], "StepVerdict"]]
+
+
 class StepVerdict(NamedTuple):
     """A committed step directory judged as a whole: its files one by one (against its own
     record, or for a mirror the primary's record or directory of the same step), the files
@@ -113,27 +118,47 @@ def judge_dirs(
     grace_ns: int,
     primary: Listing | None = None,
     trust_unrecorded: bool = False,
+    cache: StepCache | None = None,
 ) -> list[StepVerdict]:
     """Judge every committed step directory of a location. A directory committed by a
     trainguard record is complete once every file it lists is there with its recorded size (as
     a recorded file is); one committed by its framework's marker once nothing under it has been
     touched for the grace period. A mirror's directory is compared file by file with the
     primary's directory of the same step (its record, else its files once settled): a missing
-    or smaller file is truncation, and the step is not complete."""
+    or smaller file is truncation, and the step is not complete.
+
+    ``cache`` (the same dict for every judgement of one location) keeps the verdict of each
+    settled directory: judged again only when it, or the primary's directory of its step, is
+    another object (changed), or the settings differ."""
     pdirs = {d.name: d for d in primary.dirs} if primary is not None else {}
     out: list[StepVerdict] = []
+    fresh: StepCache = {}
     for d in listing.dirs:
         touched = d.touched_ns
         known = touched is not None
         is_settled = touched is not None and now_ns - touched >= grace_ns
+        pd = pdirs.get(d.name)
+        p_settled = (
+            pd is not None and pd.touched_ns is not None and now_ns - pd.touched_ns >= grace_ns
+        )
+        if cache is not None and is_settled:
+            hit = cache.get(d.name)
+            if (
+                hit is not None
+                and hit[0] is d
+                and hit[1] is pd
+                and hit[2] == (trust_unrecorded, grace_ns, p_settled)
+            ):
+                fresh[d.name] = hit
+                out.append(hit[3])
+                continue
         ref: dict[str, tuple[int, str | None]] | None = None
         if d.record is not None:
             ref = d.record.file_map()
-        pd = pdirs.get(d.name)
         if ref is None and pd is not None:
             if pd.record is not None:
                 ref = pd.record.file_map()
-            elif pd.touched_ns is not None and now_ns - pd.touched_ns >= grace_ns:
+            elif p_settled:
                 cut = len(pd.name) + 1
                 ref = {e.name[cut:]: (e.stat.st_size, None) for e in pd.files}
         vouched = d.commit == "marker" and is_settled
@@ -175,14 +200,18 @@ def judge_dirs(
             and all(j.complete for j in judged)
             and (d.commit == "record" or is_settled)
         )
-        out.append(
-            StepVerdict(
-                d,
-                judged,
-                len(missing) if is_settled or d.commit == "record" else 0,
-                sum(size for _, size in missing),
-                is_settled,
-                complete,
-            )
+        verdict = StepVerdict(
+            d,
+            judged,
+            len(missing) if is_settled or d.commit == "record" else 0,
+            sum(size for _, size in missing),
+            is_settled,
+            complete,
         )
+        out.append(verdict)
+        if is_settled:
+            fresh[d.name] = (d, pd, (trust_unrecorded, grace_ns, p_settled), verdict)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return out

@@ -11,7 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,7 +29,7 @@ from trainguard.shared.listing import Listing
 from trainguard.shared.manifest import ManifestError, Record
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.steps import layout_problem
-from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
+from trainguard.shared.verdict import Judged, StepCache, StepVerdict, judge, judge_dirs
 
 _LOC = ("run", "location")
 
@@ -157,19 +157,9 @@ def _signature(listing: Listing) -> Signature:
     )
     if not listing.dirs:
         return files
-    return files + tuple(
-        (
-            d.name,
-            d.commit,
-            d.touched_ns,
-            d.record,
-            tuple(
-                (e.name, e.stat.st_ino, e.stat.st_size, e.stat.st_mtime_ns, e.stat.st_ctime_ns)
-                for e in d.files
-            ),
-        )
-        for d in listing.dirs
-    )
+    # a step directory unchanged since the last scrape is the same StepDir object (see
+    # StepTreeMemo), which the comparison of two signatures takes as equal at once
+    return files + tuple(listing.dirs)
 
 
 class _Inputs(NamedTuple):
@@ -209,6 +199,7 @@ class _Watched:
     records: RecordCache
     directory: CheckpointDirectory
     verdict: _Verdict | None = None
+    steps: StepCache = field(default_factory=dict)  # settled step directories' verdicts
 
 
 def _owner_check(t: CheckpointTarget) -> Callable[[os.stat_result], None]:
@@ -314,7 +305,7 @@ class CheckpointsCollector(Collector):
                 or now_ns >= verdict.valid_until_ns
                 or self._monotonic() - verdict.made_at >= VERDICT_MAX_AGE
             ):
-                verdict = w.verdict = self._judge(labels, listing, primary, inputs, now_ns)
+                verdict = w.verdict = self._judge(labels, listing, primary, inputs, now_ns, w.steps)
             if t.location == PRIMARY:
                 primaries[t.run] = (listing, signature, verdict.valid_until_ns)
             families[LOCATION_UP.name].add_metric(labels, 1)
@@ -345,6 +336,7 @@ class CheckpointsCollector(Collector):
         primary: tuple[Listing, Signature, int] | None,
         inputs: _Inputs,
         now_ns: int,
+        cache: StepCache | None = None,
     ) -> _Verdict:
         grace_ns = inputs.grace_ns
         plisting = None if primary is None else primary[0]
@@ -361,6 +353,7 @@ class CheckpointsCollector(Collector):
             grace_ns=grace_ns,
             primary=plisting,
             trust_unrecorded=inputs.trust_unrecorded,
+            cache=cache,
         )
         # the verdict holds until the first unsettled file or step directory (here or on the
         # primary) settles
