@@ -8,9 +8,10 @@ Two layouts: ``dcp`` (``step-N/`` with 63 ``__r_0.distcp`` files and ``.metadata
 ``megatron`` (``iter_000000N/mp_rank_XX/`` 8 subdirectories of 8 files, and
 ``latest_checkpointed_iteration.txt``). Files are 1 KiB (the cost is in metadata, not size),
 every mtime set past the grace period. Reports, per layout: the first scrape (everything
-listed), the steady state (every directory's stat trusted: no directory listed again, every
-file lstat'ed) with the number of ``os.scandir`` calls per scrape, and a scrape while one
-step directory per run gets a new file at every scrape (that directory listed again).
+listed), the steady state (every directory's stat trusted: no directory listed again, no
+file lstat'ed) with the number of ``os.scandir`` calls per scrape, the scrape once a minute
+that lists and stats everything again, and a scrape while one step directory per run gets a
+new file at every scrape (that directory listed again, its location judged again).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings
-from trainguard.exporter.dirwatch import SETTLE_SECONDS
+from trainguard.exporter.dirwatch import REVALIDATE_SECONDS, SETTLE_SECONDS
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import CheckpointTarget
 from trainguard.exporter.verifier import Verifier
@@ -120,6 +121,8 @@ def main() -> None:
             clock.now += SETTLE_SECONDS + 0.1
             timed(collector, 1)  # confirms every directory's stat
             steady, steady_calls = timed(collector, args.scrapes)
+            clock.now += REVALIDATE_SECONDS  # every directory listed, every file stat'ed again
+            revalidate, revalidate_calls = timed(collector, 1)
             counter = [0]
 
             def one_new_file(layout: str = layout, targets=targets, counter=counter) -> None:  # type: ignore[no-untyped-def]
@@ -141,6 +144,10 @@ def main() -> None:
             print(
                 f"  steady state: p50 {statistics.median(steady):.0f} ms, max "
                 f"{max(steady):.0f} ms, {steady_calls / args.scrapes:.1f} scandir calls/scrape"
+            )
+            print(
+                f"  once a minute (everything listed and stat'ed again): {revalidate[0]:.0f} ms, "
+                f"{revalidate_calls} scandir calls"
             )
             print(
                 f"  one step dir per run changing: p50 {statistics.median(changing):.0f} ms, "
