@@ -481,3 +481,35 @@ def test_prune_guards_for_directories(hf: Dirs) -> None:
     assert all(d[s].is_dir() for s in (100, 200, 300, 500))
     # fewer complete steps than asked to keep: nothing at all
     assert prune(hf.p, keep=10, pattern=hf.pattern) == []
+
+
+def test_real_exporter_judges_an_announced_trainer_output_dir(tmp_path: Path) -> None:
+    """What the Hugging Face integration announces (output_dir with checkpoint-{step}), through
+    the real exporter process: the newest complete step, the one in flight as a .part, and a
+    trainguard.Run announcing a bad layout fails that location alone."""
+    from helpers.exporter_proc import Exporter, poll
+    from helpers.run_child import own_heartbeat, put
+
+    state, out = tmp_path / "state", tmp_path / "out"
+    state.mkdir()
+    out.mkdir()
+    old = time.time_ns() - OLD * 10**9
+    for step in (10, 20):
+        touch_tree(hf_step(out, step), old)
+    hf_step(out, 30, marker=False)  # being written
+    put(state, own_heartbeat("hf", checkpoint_dir=str(out), checkpoint_pattern="checkpoint-{step}"))
+    put(state, own_heartbeat("bad", checkpoint_dir=str(out), checkpoint_layout="nonsense"))
+    with Exporter(state_dir=state) as exp:
+
+        def ck(s: Samples, run: str, name: str) -> float | None:
+            return value(s, f"trainguard_checkpoint_{name}", run=run, location="primary")
+
+        s = poll(exp, lambda s: ck(s, "hf", "last_step") is not None)
+        assert ck(s, "hf", "last_step") == 20
+        assert ck(s, "hf", "partial_files") == 1
+        assert ck(s, "hf", "files") == 14
+        assert ck(s, "bad", "location_up") == 0
+    with pytest.raises(ValueError, match="checkpoint_layout: expected one of auto"):
+        import trainguard
+
+        trainguard.Run("x", checkpoint_dir=str(out), checkpoint_layout="nonsense", state_dir=state)
