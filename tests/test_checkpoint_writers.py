@@ -20,6 +20,7 @@ from helpers.exporter_proc import Samples, child_env, free_port, value
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings
+from trainguard.exporter.dirwatch import REVALIDATE_SECONDS
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import CheckpointTarget
 from trainguard.exporter.verifier import Verifier
@@ -53,13 +54,21 @@ def wait_for(ok: object, what: str, timeout: float = 120.0) -> None:
 
 
 class Scraper:
+    """An in-process collector whose monotonic clock the test moves (``later``): files under an
+    unchanged step directory are stat'ed again only every REVALIDATE_SECONDS."""
+
     def __init__(self, targets: list[CheckpointTarget], grace: float = 300) -> None:
         self.verifier = Verifier(1e9)
+        self.now = time.monotonic()
         self.collector = CheckpointsCollector(
             lambda _s: targets,
             CheckpointSettings(grace_period_seconds=grace),
             verifier=self.verifier,
+            monotonic=lambda: self.now,
         )
+
+    def later(self, seconds: float = REVALIDATE_SECONDS) -> None:
+        self.now += seconds
 
     def scrape(self) -> tuple[Samples, list[str]]:
         scrape = Scrape()
@@ -146,12 +155,14 @@ def test_a_directory_record_is_verified_in_the_background(tmp_path: Path) -> Non
             fh.seek(100)
             fh.write(bytes([byte ^ 1]))
         os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+        sc.later()  # changed in place, its directory not: seen within REVALIDATE_SECONDS
         s = sc.until_verified()
         assert ck(s, "hash_mismatch_files") == 1
         assert ck(s, "last_step") == 1
         # cut short: truncation against the record, at once (the record says the size)
         os.truncate(tmp_path / "step-1" / "rank0.bin", 10)
         os.utime(tmp_path / "step-1" / "rank0.bin", ns=(st.st_atime_ns, st.st_mtime_ns))
+        sc.later()
         s, _ = sc.scrape()
         assert ck(s, "truncated_files") == 1 and ck(s, "last_step") is None
     finally:
