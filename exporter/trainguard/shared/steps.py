@@ -43,7 +43,7 @@ MAX_STEP_FILES = 100_000
 MAX_DEPTH = 32
 #: tracker files are a line of text; trainer_state.json grows with the log history
 MAX_TRACKER_BYTES = 4096
-MAX_HF_STATE_BYTES = 256 * 1024 * 1024
+MAX_HF_STATE_BYTES = 32 * 1024 * 1024
 _DIR_OPEN = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 
