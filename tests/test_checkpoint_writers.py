@@ -336,6 +336,45 @@ def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_
     print(f"in-flight step directories left by the kills: {seen_inflight}")
 
 
+@pytest.mark.slow
+def test_save_dir_killed_at_random_points(tmp_path: Path) -> None:
+    """save_dir around dcp.save on two real ranks, all SIGKILLed at random moments: no
+    directory under a final name is ever partial (each loads and, where its record landed,
+    matches every recorded hash); what is left is a .part directory at most."""
+    world = 2
+    pytest.importorskip("torch")
+    rng = random.Random(7)
+    for round_ in range(3):
+        loc = tmp_path / f"round{round_}"
+        loc.mkdir()
+        procs = ranks("savedir-loop", loc, world)
+        try:
+            assert procs[0].stdout is not None
+            first = procs[0].stdout.readline()
+            assert first.strip() == "1", first
+            time.sleep(rng.uniform(0.0, 0.5))
+        finally:
+            for p in procs:
+                os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.communicate()
+        finals = sorted(
+            p
+            for p in loc.iterdir()
+            if p.is_dir() and p.name.startswith("step-") and not p.name.endswith(".part")
+        )
+        complete = dict(committed_steps(loc, "step-{step}", "auto"))
+        assert len(complete) == len(finals)  # every final name is a whole checkpoint
+        for step, path in complete.items():
+            load_all(path, world, step)
+        found = latest(loc, pattern="step-{step}", grace=0, verify_hash=True)
+        assert found is not None and found.step >= 1
+        assert [p.name for p in loc.iterdir() if p.name.endswith(".part")] in (
+            [],
+            [f"step-{max(complete) + 1}.part"],
+        )
+
+
 HF_CHILD = HERE / "helpers" / "hf_child.py"
 
 

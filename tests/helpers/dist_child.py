@@ -1,6 +1,7 @@
 """One rank of a real multi-process save on CPU (gloo), for the tests to run and kill:
 
     python dist_child.py savedir LOC RANK WORLD PORT STEPS...   # save_dir + DCP + own files
+    python dist_child.py savedir-loop LOC RANK WORLD PORT        # the same, step after step
     python dist_child.py dcp LOC RANK WORLD PORT                 # dcp.save step after step
 
 ``dcp`` saves with torch.distributed.checkpoint alone (its own protocol: .metadata last) in
@@ -9,6 +10,7 @@ of its own (``rank<r>.w``) and a shared one, so every rank writes a file of its 
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -48,10 +50,11 @@ def main() -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
     base = Path(loc)
-    if mode == "savedir":
+    if mode in ("savedir", "savedir-loop"):
         from trainguard import checkpoint
 
-        for step in map(int, sys.argv[6:]):
+        steps = map(int, sys.argv[6:]) if mode == "savedir" else itertools.count(1)
+        for step in steps:
             with checkpoint.save_dir(
                 base / f"step-{step}",
                 pattern="step-{step}",
@@ -61,6 +64,8 @@ def main() -> None:
             ) as tmp:
                 dcp.save(state(rank, world, step), checkpoint_id=str(tmp))
                 (tmp / f"extra-rank{rank}.bin").write_bytes(bytes([rank]) * (1000 + rank))
+            if rank == 0 and mode == "savedir-loop":
+                print(step, flush=True)
     elif mode == "dcp":
         step = 0
         while True:
