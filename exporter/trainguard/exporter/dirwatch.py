@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -47,8 +48,13 @@ class DirectoryWatch:
     means unchanged entries, once that stat has settled (see :data:`SETTLE_SECONDS`). What it
     says nothing about is the content of the entries themselves."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        revalidate: float = REVALIDATE_SECONDS,
+    ) -> None:
         self._clock = clock
+        self._revalidate = revalidate
         self._key: tuple[int, ...] | None = None
         self._since = 0.0  # when the directory was first seen with _key
         self._checked_at = 0.0
@@ -63,7 +69,7 @@ class DirectoryWatch:
         if key != self._key:
             self._key, self._since, self._trusted = key, now, False
             return False
-        if self._trusted and now - self._read_at < REVALIDATE_SECONDS:
+        if self._trusted and now - self._read_at < self._revalidate:
             return True
         self._trusted = False
         return False
@@ -114,6 +120,13 @@ class RecordCache:
         return self._records
 
 
+def _spread(rel: str) -> float:
+    """How often the directories and files of one step tree are read again in full: between
+    half of :data:`REVALIDATE_SECONDS` and all of it, fixed per path, so that the trees of a
+    location first read in one scrape do not all come due in the same later one."""
+    return REVALIDATE_SECONDS * (0.5 + (zlib.crc32(rel.split("/", 1)[0].encode()) % 1000) / 2000)
+
+
 class StepTreeMemo:
     """What is remembered of the directories under a location's step directories (see
     :class:`trainguard.shared.steps.TreeMemo`): each directory's file and subdirectory names,
@@ -148,7 +161,7 @@ class StepTreeMemo:
         its directories are unchanged, its files are not stat'ed again until then (a file cut
         in place under an unchanged step directory shows within that time)."""
         cached = self._trees.get(rel)
-        if cached is None or self._clock() - cached[1] >= REVALIDATE_SECONDS:
+        if cached is None or self._clock() - cached[1] >= _spread(rel):
             return None
         return cached[0]
 
@@ -165,14 +178,16 @@ class StepTreeMemo:
         self._used.add(rel)
         memo = self._dirs.get(rel)
         if memo is None:
-            memo = self._dirs[rel] = (DirectoryWatch(self._clock), None, None)
+            memo = self._dirs[rel] = (DirectoryWatch(self._clock, _spread(rel)), None, None)
         watch, files, dirs = memo
         if watch.unchanged(st) and files is not None and dirs is not None:
             return files, dirs
         return None
 
     def store(self, rel: str, st: os.stat_result, files: list[str], dirs: list[str]) -> None:
-        watch = self._dirs[rel][0] if rel in self._dirs else DirectoryWatch(self._clock)
+        watch = (
+            self._dirs[rel][0] if rel in self._dirs else DirectoryWatch(self._clock, _spread(rel))
+        )
         if rel not in self._dirs:
             watch.unchanged(st)
         self._dirs[rel] = (watch, files, dirs)
