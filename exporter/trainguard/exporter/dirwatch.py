@@ -157,9 +157,9 @@ class StepTreeMemo:
             del self._markers[key]
 
     def tree(self, rel: str) -> Tree | None:
-        """A step tree whose files were stat'ed less than :data:`REVALIDATE_SECONDS` ago: while
-        its directories are unchanged, its files are not stat'ed again until then (a file cut
-        in place under an unchanged step directory shows within that time)."""
+        """A step tree whose files were stat'ed less than its :func:`_spread` (30-60 s) ago:
+        while its directories are unchanged, its files are not stat'ed again until then (a file
+        cut in place under an unchanged step directory shows within that time)."""
         cached = self._trees.get(rel)
         if cached is None or self._clock() - cached[1] >= _spread(rel):
             return None
