@@ -255,3 +255,25 @@ def test_listing_is_pattern_only_and_refuses_links(tmp_path: Path) -> None:
     (tmp_path / "step_4.pt").symlink_to("/etc/hostname")
     with pytest.raises(ManifestError, match="symbolic link"):
         list_directory(tmp_path, CheckpointPattern(), {})
+
+
+def test_directory_records_round_trip_and_refuse_paths_outside() -> None:
+    from trainguard.shared.manifest import MAX_RECORD_BYTES, parse_record
+
+    files = tuple((f"rank{i:04d}/shard.distcp", 1000 + i, "a" * 64) for i in range(400))
+    rec = Record("step-5", 5, sum(f[1] for f in files), None, 1.0, files=files)
+    data = rec.encode()
+    assert len(data) > MAX_RECORD_BYTES  # a directory's record may be larger than a file's
+    assert parse_record(data, name="step-5") == rec
+    for bad in ("../x", "/etc/passwd", "a//b", "a/./b", "a/\x00b", ""):
+        doc = json.loads(Record("step-5", 5, 1, None, 1.0, files=((bad, 1, None),)).encode())
+        with pytest.raises(ManifestError, match="not a path inside"):
+            parse_record(json.dumps(doc, sort_keys=True).encode(), name="step-5")
+    unsorted = Record("step-5", 5, 2, None, 1.0, files=(("b", 1, None), ("a", 1, None)))
+    with pytest.raises(ManifestError, match="sorted and unique"):
+        parse_record(unsorted.encode(), name="step-5")
+    # a file's record (no "files") is still held to 16 KiB
+    big = json.loads(Record("step_5.pt", 5, 1, None, 1.0, source="/" + "x" * 4000).encode())
+    big["source"] = "/" + "x" * 20000
+    with pytest.raises(ManifestError, match="larger than"):
+        parse_record(json.dumps(big, sort_keys=True).encode(), name="step_5.pt")

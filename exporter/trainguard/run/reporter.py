@@ -78,7 +78,9 @@ from trainguard.shared.heartbeat import (
     write_heartbeat,
 )
 from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.pattern import checkpoint_pattern_problem
 from trainguard.shared.statedir import default_state_dir
+from trainguard.shared.steps import layout_problem
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -91,7 +93,10 @@ class Run:
     """Report one training process (one rank of a run) to the trainguard exporter.
 
     ``name`` may be any printable text up to 128 characters; ``checkpoint_dir`` and
-    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints; ``log_file``
+    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints, and
+    ``checkpoint_pattern`` (default ``step_{step}``; ``checkpoint-{step}`` for the Hugging Face
+    Trainer's directories) and ``checkpoint_layout`` (default ``auto``) what they are named and
+    how a step directory is committed (docs/checkpoints.md); ``log_file``
     lets it publish the log's age. ``rank`` defaults to ``$RANK``, else ``$LOCAL_RANK``,
     else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the per-user state dir.
 
@@ -120,6 +125,8 @@ class Run:
         snapshot_seconds: float | None = None,
         snapshot_keep: int = 2,
         config: Any = None,
+        checkpoint_pattern: str | None = None,
+        checkpoint_layout: str | None = None,
     ) -> None:
         problem = check_run_name(name)
         if problem:
@@ -142,6 +149,16 @@ class Run:
         self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
         self._checkpoint_dir = abspath(checkpoint_dir)
+        if checkpoint_pattern is not None:
+            problem = checkpoint_pattern_problem(checkpoint_pattern)
+            if problem:
+                raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
+        if checkpoint_layout is not None:
+            problem = layout_problem(checkpoint_layout)
+            if problem:
+                raise ValueError(f"trainguard.Run: checkpoint_layout: {problem}")
+        self._checkpoint_pattern = checkpoint_pattern
+        self._checkpoint_layout = checkpoint_layout
         self._mirrors = mirror_dirs(mirrors)
         self._log_file = abspath(log_file)
         self._interval = float(interval)
@@ -413,6 +430,8 @@ class Run:
             boot_time=self._boot_time,
             pid_ns=self._pid_ns,
             checkpoint_dir=self._checkpoint_dir,
+            checkpoint_pattern=self._checkpoint_pattern,
+            checkpoint_layout=self._checkpoint_layout,
             mirrors=self._mirrors,
             log_file=self._log_file,
             allocator=read_allocator(self._warn_once, self._device_uuids),

@@ -182,6 +182,8 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         boot_time=f.timestamp("boot_time", optional=True),
         pid_ns=f.integer("pid_ns", 0, 2**64 - 1, optional=True),
         checkpoint_dir=f.path("checkpoint_dir"),
+        checkpoint_pattern=f.text("checkpoint_pattern", 255, optional=True),
+        checkpoint_layout=f.text("checkpoint_layout", 32, optional=True),
         mirrors=f.mirrors("mirrors"),
         log_file=f.path("log_file"),
         allocator=f.allocator("allocator"),
