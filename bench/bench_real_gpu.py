@@ -82,14 +82,22 @@ def percentiles(ns: list[int]) -> dict[str, float]:
     }
 
 
+#: seconds one NVML function may be timed for (n calls or this, whichever comes first): a
+#: driver whose calls take milliseconds must not eat the device run's budget
+CALL_BUDGET_S = 3.0
+
+
 def time_calls(fn: Callable[[], object], n: int) -> dict[str, float]:
     fn()  # warm
     out = []
     clock = time.perf_counter_ns
+    stop = clock() + int(CALL_BUDGET_S * 1e9)
     for _ in range(n):
         t = clock()
         fn()
         out.append(clock() - t)
+        if t > stop:
+            break
     return percentiles(out)
 
 
@@ -260,6 +268,10 @@ def nvitop_server(log: Path) -> Server:
     return Server(cmd, f"http://127.0.0.1:{port}/metrics", log)
 
 
+#: seconds of scraping per exporter and round at most (``--scrapes`` or this)
+SCRAPE_BUDGET_S = 15.0
+
+
 def measure(server: Server, scrapes: int) -> dict[str, float]:
     proc = psutil.Process(server.proc.pid)
     for _ in range(10):
@@ -272,10 +284,14 @@ def measure(server: Server, scrapes: int) -> dict[str, float]:
         t = time.perf_counter()
         body = get(server.url)
         lat.append(time.perf_counter() - t)
+        if t - t0 > SCRAPE_BUDGET_S:
+            break
     wall = time.perf_counter() - t0
     cpu = sum(proc.cpu_times()[:2]) - cpu0
+    scrapes = len(lat)
     lat.sort()
     return {
+        "scrapes": scrapes,
         "p50_ms": round(1000 * lat[len(lat) // 2], 3),
         "p99_ms": round(1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3),
         "cpu_ms_per_scrape": round(1000 * cpu / scrapes, 3),
@@ -323,6 +339,7 @@ def scrapes(args: argparse.Namespace, state_dir: Path, logs: Path) -> dict[str, 
         if not runs:
             continue
         merged = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+        merged["scrapes"] = sum(r["scrapes"] for r in runs)
         out[kind] = {**merged, "idle_cpu_ms_per_s": idle.get(kind), "rounds": runs}
     return out
 
@@ -397,14 +414,20 @@ def main() -> int:
                 child.call("alloc", name="a", nbytes=1 << 30)
                 child.call("step", step=1)
                 report["nvml_calls"] = nvml_calls(args.calls)
+                save(args.json, report)  # what is measured survives a timeout of the rest
                 report["scrape"] = scrapes(args, state, tmpdir)
         print(markdown(report))
-    text = json.dumps(report, indent=2)
     if args.json:
-        args.json.write_text(text + "\n")
+        save(args.json, report)
     else:
-        print(text)
+        print(json.dumps(report, indent=2))
     return 0
+
+
+def save(path: Path | None, report: dict[str, Any]) -> None:
+    """Written in place (no temp file: it would be one more file in the device's $OUT)."""
+    if path is not None:
+        path.write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

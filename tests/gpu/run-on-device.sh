@@ -13,13 +13,13 @@
 #   5. tests/gpu/report.py                                              -> report.json, report.md
 #
 # At most 7 files land in $OUT (the device returns 8). Each phase runs under `timeout`, inside
-# a budget for the whole script (TG_BUDGET_S, default 470 s); a phase that fails or times out
+# a budget for the whole script (TG_BUDGET_S, default 450 s); a phase that fails or times out
 # is recorded and the next one still runs. Without a GPU (no driver, or torch without CUDA) it
 # still runs the tests (they skip), writes a report that says "NO CUDA/GPU" and exits 2.
 # Exit status: 0 all gpu tests passed; 1 a test failed, errored or skipped, or a phase broke;
 # 2 no GPU here.
 #
-# Knobs: PYTHON (python3), TG_WHEELS (.whl), TG_SITE (/tmp/tg-site), TG_BUDGET_S (470),
+# Knobs: PYTHON (python3), TG_WHEELS (.whl), TG_SITE (/tmp/tg-site), TG_BUDGET_S (450),
 # TG_TEST_TIMEOUT (240 s per test), TG_BENCH (1; 0 skips the benchmark).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -29,7 +29,7 @@ OUT=${OUT:-$PWD/gpu-report}
 PY=${PYTHON:-python3}
 WHEELS=${TG_WHEELS:-.whl}
 SITE=${TG_SITE:-/tmp/tg-site}
-BUDGET=${TG_BUDGET_S:-470}
+BUDGET=${TG_BUDGET_S:-450}
 TEST_TIMEOUT=${TG_TEST_TIMEOUT:-240}
 BENCH=${TG_BENCH:-1}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/tg-device.XXXXXX")
@@ -170,7 +170,7 @@ if ((BENCH == 1)); then
 fi
 
 # -- 5. the report ----------------------------------------------------------------------------
-timeout 60 "$PY" tests/gpu/report.py "$OUT" "$WORK"
+timeout 30 "$PY" tests/gpu/report.py "$OUT" "$WORK"
 report_rc=$?
 log "done in $((SECONDS - START))s: tests rc $tests_rc, bench rc $bench_rc, report rc $report_rc"
 rm -rf "$WORK"
