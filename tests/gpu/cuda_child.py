@@ -61,6 +61,7 @@ class Child:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         }
 
     def op_alloc(self, name: str, nbytes: int, fill: bool = True) -> dict[str, Any]:

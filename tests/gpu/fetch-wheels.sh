@@ -35,7 +35,8 @@ if [[ -z $promtool ]]; then
     exit 1
 fi
 if [[ ! -f $dest/promtool.xz || $promtool -nt $dest/promtool.xz ]]; then
-    # Debian's promtool is dynamically linked against glibc only: it runs on the device image
+    # Debian's promtool links only glibc (symbols up to GLIBC_2.34); the device's Python 3.12.3
+    # suggests Ubuntu 24.04 (glibc 2.39), not checked: run-on-device.sh logs whether it runs
     xz -6 -T0 -c "$promtool" >"$dest/promtool.xz.tmp"
     mv "$dest/promtool.xz.tmp" "$dest/promtool.xz"
 fi

@@ -99,7 +99,11 @@ rc=$?
 record install "$rc" $((SECONDS - began)) null
 log "install: rc $rc"
 if command -v promtool >/dev/null; then
-    log "promtool: $(promtool --version 2>&1 | head -n1)"
+    if version=$(promtool --version 2>&1); then
+        log "promtool: ${version%%$'\n'*}"
+    else
+        log "promtool: $(command -v promtool) does not run here: ${version:0:300}"
+    fi
 else
     log "promtool: MISSING (the ghost and join tests need it)"
 fi

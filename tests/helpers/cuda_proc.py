@@ -22,13 +22,15 @@ GPU_TESTS = REPO / "tests" / "gpu"
 START_TIMEOUT = 180.0
 
 
+#: the caching allocator as the tests' arithmetic assumes it (fixed segments that are split
+#: and cached), whatever this torch's default or the caller's environment says
+ALLOC_CONF = "expandable_segments:False"
+
+
 def cuda_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child environment with the allocator at its defaults (a caller's
-    ``PYTORCH_CUDA_ALLOC_CONF``, expandable segments say, would change every figure)."""
-    env = child_env(extra)
-    if not extra or "PYTORCH_CUDA_ALLOC_CONF" not in extra:
-        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    return env
+    """The child environment, with ``PYTORCH_CUDA_ALLOC_CONF`` pinned to :data:`ALLOC_CONF`
+    unless ``extra`` sets it."""
+    return child_env({"PYTORCH_CUDA_ALLOC_CONF": ALLOC_CONF, **(extra or {})})
 
 
 class _Lines:
