@@ -28,6 +28,7 @@ from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_target
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
 from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN
 
 #: heartbeat files read at most per scrape; more is an error (and a sign of misuse)
 MAX_FILES = 10_000
@@ -123,7 +124,15 @@ class RunTable:
             places = [(PRIMARY, hb.checkpoint_dir)] if hb.checkpoint_dir else []
             places += sorted(hb.mirrors.items())
             for location, path in places:
-                announced.append(CheckpointTarget(row.run, location, Path(path), owner=row.owner))
+                announced.append(
+                    CheckpointTarget(
+                        row.run,
+                        location,
+                        Path(path),
+                        hb.checkpoint_pattern or DEFAULT_CHECKPOINT_PATTERN,
+                        owner=row.owner,
+                    )
+                )
         return merge_targets(config_targets(self.config), announced)
 
     # -- the table ------------------------------------------------------------------------

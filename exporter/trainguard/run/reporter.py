@@ -70,6 +70,7 @@ from trainguard.shared.heartbeat import (
     write_heartbeat,
 )
 from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.pattern import checkpoint_pattern_problem
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
@@ -83,9 +84,11 @@ class Run:
     """Report one training process (one rank of a run) to the trainguard exporter.
 
     ``name`` may be any printable text up to 128 characters; ``checkpoint_dir`` and
-    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints; ``log_file``
-    lets it publish the log's age. ``rank`` defaults to ``$RANK``, else ``$LOCAL_RANK``,
-    else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the per-user state dir.
+    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints, named by
+    ``checkpoint_pattern`` (default ``step_{step}``, as ``trainguard.checkpoint`` writes them);
+    ``log_file`` lets it publish the log's age. ``rank`` defaults to ``$RANK``, else
+    ``$LOCAL_RANK``, else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the
+    per-user state dir.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class Run:
         interval: float = 1.0,
         rank: int | None = None,
         oom_snapshots: bool = False,
+        checkpoint_pattern: str | None = None,
         keepalive: float = 10.0,
         close_timeout: float = 10.0,
     ) -> None:
@@ -112,6 +116,14 @@ class Run:
         ):
             if not isinstance(value, (int, float)) or not 0 < value < 86400:
                 raise ValueError(f"trainguard.Run: {label}: expected seconds > 0, got {value!r}")
+        if checkpoint_pattern is not None:
+            problem = (
+                "expected a string"
+                if not isinstance(checkpoint_pattern, str)
+                else checkpoint_pattern_problem(checkpoint_pattern)
+            )
+            if problem:
+                raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
         self.name = name
         self.rank = resolve_rank(rank)
         self.world_size = env_int("WORLD_SIZE", 1, MAX_RANK + 1)
@@ -120,6 +132,7 @@ class Run:
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
         self._checkpoint_dir = abspath(checkpoint_dir)
         self._mirrors = mirror_dirs(mirrors)
+        self._checkpoint_pattern = checkpoint_pattern
         self._log_file = abspath(log_file)
         self._interval = float(interval)
         self._keepalive = max(float(keepalive), self._interval)
@@ -377,6 +390,7 @@ class Run:
             pid_ns=self._pid_ns,
             checkpoint_dir=self._checkpoint_dir,
             mirrors=self._mirrors,
+            checkpoint_pattern=self._checkpoint_pattern,
             log_file=self._log_file,
             allocator=read_allocator(self._warn_once, self._device_uuids),
             memory_snapshots=self._oom.count,

@@ -126,6 +126,9 @@ class Heartbeat:
     pid_ns: int | None = None  # inode of /proc/self/ns/pid: pids only compare within one
     checkpoint_dir: str | None = None
     mirrors: Mapping[str, str] = field(default_factory=dict)
+    #: the checkpoint name pattern of ``checkpoint_dir`` and the mirrors (None: the default,
+    #: ``step_{step}``): a framework's own layout, such as the HF Trainer's ``checkpoint-{step}``
+    checkpoint_pattern: str | None = None
     log_file: str | None = None
     allocator: tuple[AllocatorStats, ...] = ()
     memory_snapshots: int = 0
@@ -160,6 +163,7 @@ class Heartbeat:
             "pid_ns": self.pid_ns,
             "checkpoint_dir": self.checkpoint_dir,
             "mirrors": dict(self.mirrors),
+            "checkpoint_pattern": self.checkpoint_pattern,
             "log_file": self.log_file,
             "allocator": [a.to_dict() for a in self.allocator],
             "memory_snapshots": self.memory_snapshots,
