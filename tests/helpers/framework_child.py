@@ -12,7 +12,9 @@ framework finished writing, if any."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,13 @@ def park(gate: Path, rank: int) -> None:
 
 def train_hf(opts: argparse.Namespace) -> None:
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback
-    from transformers import TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from trainguard.integrations.transformers import TrainguardCallback
 
@@ -52,7 +59,7 @@ def train_hf(opts: argparse.Namespace) -> None:
         use_cpu=True,
         report_to="none",
         disable_tqdm=True,
-        save_safetensors=True,
+        ddp_timeout=120,  # a restarted worker group that cannot connect fails (and restarts)
     )
     trainer = Trainer(
         model=GPT2LMHeadModel(config),
@@ -135,6 +142,7 @@ def main() -> None:
     ap.add_argument("--save-steps", type=int, default=10)
     ap.add_argument("--gate-step", type=int, default=-1)
     opts = ap.parse_args()
+    faulthandler.register(signal.SIGUSR1)  # a test that gives up dumps where it hangs
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         wait_for(opts.gate / "restart")
     (train_hf if opts.framework == "hf" else train_lightning)(opts)

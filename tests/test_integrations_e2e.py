@@ -1,0 +1,307 @@
+"""The framework callbacks end to end: the real Hugging Face Trainer, Lightning and torchrun on
+CPU (tiny models built in the test, nothing downloaded) report through ``TrainguardCallback``
+to a real exporter, scraped over HTTP. Gates in the training child (helpers/framework_child.py)
+park it at a known step, so that a scrape or a SIGKILL lands mid-training without sleeping."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
+
+pytestmark = pytest.mark.slow
+
+CHILD = REPO / "tests" / "helpers" / "framework_child.py"
+#: generous: importing a framework on a loaded 2-core machine takes tens of seconds
+DEADLINE = 600.0
+MAX_STEPS, SAVE_STEPS = 20, 10
+ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class Training:
+    framework: str
+    out: Path
+    state: Path
+    gate: Path
+    log: Path
+
+    @property
+    def name(self) -> str:  # the callbacks name the run after its output / root directory
+        return self.out.name
+
+    def command(self, gate_step: int) -> list[str]:
+        return [
+            str(CHILD),
+            self.framework,
+            f"--out={self.out}",
+            f"--state-dir={self.state}",
+            f"--gate={self.gate}",
+            f"--max-steps={MAX_STEPS}",
+            f"--save-steps={SAVE_STEPS}",
+            f"--gate-step={gate_step}",
+        ]
+
+    def start(
+        self, gate_step: int = -1, launcher: list[str] | None = None
+    ) -> subprocess.Popen[str]:
+        self.gate.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "a") as log:
+            return subprocess.Popen(
+                [sys.executable, *(launcher or []), *self.command(gate_step)],
+                env=child_env(ENV),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+
+    def wait_parked(self, proc: subprocess.Popen[str], ranks: int = 1) -> list[int]:
+        """The pids parked at the gate step, once every rank is there."""
+        files = [self.gate / f"parked-rank{r}" for r in range(ranks)]
+        wait_until(lambda: all(f.exists() for f in files), proc, self.log, "parked at the gate")
+        pids: list[int] = []
+        for f in files:
+            wait_until(lambda f=f: f.read_text().endswith("\n"), proc, self.log, "pid written")
+            pids.append(int(f.read_text()))
+        return pids
+
+    def finish(self, proc: subprocess.Popen[str]) -> None:
+        (self.gate / "release").touch()
+        try:
+            rc = proc.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"training did not end:\n{tail(self.log)}") from None
+        assert rc == 0, tail(self.log)
+
+
+def tail(log: Path) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+
+
+def wait_until(ok: Callable[[], bool], proc: subprocess.Popen[str], log: Path, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not ok():
+        if proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode} before {what}:\n{tail(log)}")
+        if time.monotonic() > deadline:
+            dump_stacks(proc)
+            raise AssertionError(f"not {what} within {DEADLINE:.0f}s:\n{tail(log)}")
+        time.sleep(0.05)
+
+
+def dump_stacks(proc: subprocess.Popen[str]) -> None:
+    """Ask the training processes to write their stacks to the log (faulthandler)."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in family:
+        if "framework_child" in " ".join(p.cmdline()):
+            os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1)  # the dump is asynchronous; only for the failure message
+
+
+def kill9(pid: int) -> None:
+    """SIGKILL, then wait until the kernel has ended it (a zombie is dead too)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {pid} still running 60 s after SIGKILL")
+
+
+def training(tmp_path: Path, framework: str) -> Training:
+    return Training(
+        framework,
+        tmp_path / f"{framework}-run",
+        tmp_path / "state",
+        tmp_path / "gate",
+        tmp_path / "train.log",
+    )
+
+
+@dataclass
+class Finished:
+    training: Training
+    exporter: Exporter
+    mid: Samples  # scraped while parked at step 5
+    end: Samples  # scraped after a clean end
+
+
+@pytest.fixture(scope="module", params=["hf", "lightning"])
+def finished(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Finished]:
+    """One clean run per framework, scraped mid-training and at the end (shared by the tests
+    below that only read it)."""
+    t = training(tmp_path_factory.mktemp(request.param), request.param)
+    t.state.mkdir(parents=True)
+    with Exporter(state_dir=t.state) as exp:
+        proc = t.start(gate_step=5)
+        try:
+            t.wait_parked(proc)
+            key = {"run": t.name, "rank": "0"}
+            mid = poll(exp, lambda s: value(s, "trainguard_run_step", **key) == 5, DEADLINE)
+            t.finish(proc)
+            end = poll(exp, lambda s: value(s, "trainguard_run_finished", **key) == 1, DEADLINE)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        yield Finished(t, exp, mid, end)
+
+
+def test_a_run_is_up_steps_to_max_steps_and_finishes(finished: Finished) -> None:
+    key = {"run": finished.training.name, "rank": "0"}
+    mid, end = finished.mid, finished.end
+    assert value(mid, "trainguard_run_process_up", **key) == 1
+    assert value(mid, "trainguard_run_finished", **key) == 0
+    assert value(mid, "trainguard_run_step", **key) == 5
+    assert value(end, "trainguard_run_process_up", **key) == 0
+    assert value(end, "trainguard_run_finished", **key) == 1
+    assert value(end, "trainguard_run_step", **key) == MAX_STEPS
+    loss = value(end, "trainguard_run_scalar", **key, name="loss")
+    assert loss is not None and loss > 0
+    assert value(end, "trainguard_run_scalar", **key, name="lr") is not None
+    assert value(end, "trainguard_run_deaths_total", run=key["run"]) == 0
+    assert value(end, "trainguard_checkpoint_location_up", run=key["run"], location="primary") == 1
+    if finished.training.framework == "lightning":  # files: seen, by the announced pattern
+        files = value(end, "trainguard_checkpoint_files", run=key["run"], location="primary")
+        assert files == MAX_STEPS // SAVE_STEPS
+
+
+#: why the exporter does not judge a framework's checkpoints yet
+NOT_YET = {
+    "hf": "needs directory checkpoints (issue 15)",
+    "lightning": "needs checkpoints judged without trainguard's records (issue 15): Lightning "
+    "writes its .ckpt files in place, and unrecorded files are never complete",
+}
+
+
+def test_the_newest_complete_checkpoint_is_the_last_save_steps_multiple(
+    finished: Finished, request: pytest.FixtureRequest
+) -> None:
+    reason = NOT_YET.get(finished.training.framework)
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    s = finished.exporter.scrape()
+    run = finished.training.name
+    assert value(s, "trainguard_checkpoint_last_step", run=run, location="primary") == MAX_STEPS
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
+    tmp_path: Path, framework: str
+) -> None:
+    t = training(tmp_path, framework)
+    t.state.mkdir(parents=True)
+    key = {"run": t.name, "rank": "0"}
+    with Exporter(state_dir=t.state) as exp:
+        first = t.start(gate_step=15)  # a checkpoint at 10, parked at 15
+        try:
+            (pid,) = t.wait_parked(first)
+            alive = poll(exp, lambda s: value(s, "trainguard_run_step", **key) == 15, DEADLINE)
+            assert value(alive, "trainguard_run_process_up", **key) == 1
+            kill9(pid)
+            dead = exp.scrape()  # the next scrape
+            assert value(dead, "trainguard_run_process_up", **key) == 0
+            assert value(dead, "trainguard_run_finished", **key) == 0
+            assert value(dead, "trainguard_run_step", **key) == 15
+        finally:
+            if first.poll() is None:
+                first.kill()
+            first.wait()
+        second = t.start()  # resumes from step 10's checkpoint, no gate
+        try:
+            t.finish(second)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+        s = poll(exp, lambda s: value(s, "trainguard_run_finished", **key) == 1, DEADLINE)
+        assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
+        assert value(s, "trainguard_run_last_death_step", run=t.name) == 15
+        assert value(s, "trainguard_run_step", **key) == MAX_STEPS
+        info = select(s, "trainguard_run_info", run=t.name)
+        assert [dict(lbl)["pid"] for lbl in info] == [str(second.pid)]
+
+
+def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path: Path) -> None:
+    """Two ranks under real torchrun (gloo, CPU) with the HF callback and nothing else: one
+    rank killed, torchrun restarts the group, the new workers record the deaths."""
+    t = training(tmp_path, "hf")
+    t.state.mkdir(parents=True)
+    launcher = [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=3",  # a restarted group that fails to connect (gloo) is restarted
+        "--monitor-interval=0.1",
+    ]
+    ranks = [{"run": t.name, "rank": str(r)} for r in range(2)]
+    with Exporter(state_dir=t.state) as exp:
+        proc = t.start(gate_step=15, launcher=launcher)
+        try:
+            before = t.wait_parked(proc, ranks=2)
+            s = poll(
+                exp,
+                lambda s: all(value(s, "trainguard_run_step", **k) == 15 for k in ranks),
+                DEADLINE,
+            )
+            for k in ranks:
+                assert value(s, "trainguard_run_process_up", **k) == 1
+            for f in t.gate.glob("parked-rank*"):
+                f.unlink()
+            kill9(before[1])
+            # restarted workers wait for gate/restart: this scrape sees the death, not a race
+            s = exp.scrape()
+            assert value(s, "trainguard_run_process_up", **ranks[1]) == 0
+            assert value(s, "trainguard_run_finished", **ranks[1]) == 0
+            (t.gate / "restart").touch()
+            after = t.wait_parked(proc, ranks=2)
+            assert set(after).isdisjoint(before)
+            s = poll(
+                exp,
+                lambda s: (
+                    value(s, "trainguard_run_deaths_total", run=t.name) == 1
+                    and all(value(s, "trainguard_run_process_up", **k) == 1 for k in ranks)
+                ),
+                DEADLINE,
+            )
+            assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
+            assert value(s, "trainguard_run_last_death_step", run=t.name) == 15
+            t.finish(proc)
+            s = poll(
+                exp,
+                lambda s: all(value(s, "trainguard_run_finished", **k) == 1 for k in ranks),
+                DEADLINE,
+            )
+            for k in ranks:
+                assert value(s, "trainguard_run_step", **k) == MAX_STEPS
+            assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
