@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
+from trainguard.shared.heartbeat_read import read_heartbeat
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,15 @@ CHILD = REPO / "tests" / "helpers" / "framework_child.py"
 #: generous: importing a framework on a loaded 2-core machine takes tens of seconds
 DEADLINE = 600.0
 MAX_STEPS, SAVE_STEPS = 20, 10
-ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # torchrun shares its rendezvous store with the workers' process group by default, and a
+    # restarted group may then read the dead workers' addresses: its gloo connect is refused
+    # or hangs (pytorch/pytorch#135712); the README tells torchrun users the same
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}
 
 
 @dataclass
@@ -40,7 +49,7 @@ class Training:
     def name(self) -> str:  # the callbacks name the run after its output / root directory
         return self.out.name
 
-    def command(self, gate_step: int) -> list[str]:
+    def command(self, gate_step: int, *extra: str) -> list[str]:
         return [
             str(CHILD),
             self.framework,
@@ -50,15 +59,16 @@ class Training:
             f"--max-steps={MAX_STEPS}",
             f"--save-steps={SAVE_STEPS}",
             f"--gate-step={gate_step}",
+            *extra,
         ]
 
     def start(
-        self, gate_step: int = -1, launcher: list[str] | None = None
+        self, gate_step: int = -1, launcher: list[str] | None = None, *extra: str
     ) -> subprocess.Popen[str]:
         self.gate.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as log:
             return subprocess.Popen(
-                [sys.executable, *(launcher or []), *self.command(gate_step)],
+                [sys.executable, *(launcher or []), *self.command(gate_step, *extra)],
                 env=child_env(ENV),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -241,6 +251,21 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
         assert value(s, "trainguard_run_step", **key) == MAX_STEPS
         info = select(s, "trainguard_run_info", run=t.name)
         assert [dict(lbl)["pid"] for lbl in info] == [str(second.pid)]
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_an_exception_in_training_is_a_failure(tmp_path: Path, framework: str) -> None:
+    t = training(tmp_path, framework)
+    proc = t.start(-1, None, "--raise-step=3")
+    try:
+        assert proc.wait(DEADLINE) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (path,) = t.state.glob("*.heartbeat.json")
+    hb = read_heartbeat(path)
+    assert (hb.state, hb.error, hb.step) == ("failed", "ValueError", 3), tail(t.log)
 
 
 def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path: Path) -> None:

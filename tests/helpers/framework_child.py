@@ -6,8 +6,8 @@ Gates make the tests deterministic without sleeping: at ``--gate-step`` every ra
 ``<gate dir>/parked-rank<R>`` and waits for ``<gate dir>/release`` (so a test scrapes, or
 kills, a process known to be mid-training at a known step); a worker that torchrun restarted
 (``$TORCHELASTIC_RESTART_COUNT`` > 0) waits for ``<gate dir>/restart`` before it starts (so a
-test sees the death before the restart). Every start resumes from the newest checkpoint the
-framework finished writing, if any."""
+test sees the death before the restart). ``--raise-step`` raises ValueError there. Every
+start resumes from the newest checkpoint the framework finished writing, if any."""
 
 from __future__ import annotations
 
@@ -46,6 +46,8 @@ def train_hf(opts: argparse.Namespace) -> None:
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             if state.global_step == opts.gate_step:
                 park(opts.gate, args.process_index)
+            if state.global_step == opts.raise_step:
+                raise ValueError("training failed")
 
     torch.manual_seed(0)
     config = GPT2Config(vocab_size=32, n_positions=8, n_embd=8, n_layer=1, n_head=2)
@@ -96,6 +98,8 @@ def train_lightning(opts: argparse.Namespace) -> None:
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             if trainer.global_step == opts.gate_step:
                 park(opts.gate, trainer.global_rank)
+            if trainer.global_step == opts.raise_step:
+                raise ValueError("training failed")
 
     torch.manual_seed(0)
     x = torch.randn(64, 4)
@@ -141,6 +145,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=20)
     ap.add_argument("--save-steps", type=int, default=10)
     ap.add_argument("--gate-step", type=int, default=-1)
+    ap.add_argument("--raise-step", type=int, default=-1, help="raise ValueError at this step")
     opts = ap.parse_args()
     faulthandler.register(signal.SIGUSR1)  # a test that gives up dumps where it hangs
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
