@@ -192,6 +192,9 @@ def test_a_run_is_up_steps_to_max_steps_and_finishes(finished: Finished) -> None
     assert value(end, "trainguard_run_scalar", **key, name="lr") is not None
     assert value(end, "trainguard_run_deaths_total", run=key["run"]) == 0
     assert value(end, "trainguard_checkpoint_location_up", run=key["run"], location="primary") == 1
+    if finished.training.framework == "hf":  # from the logged num_input_tokens_seen
+        tokens = value(end, "trainguard_run_scalar", **key, name="tokens_per_s")
+        assert tokens is not None and tokens > 0
     if finished.training.framework == "lightning":  # files: seen, by the announced pattern
         files = value(end, "trainguard_checkpoint_files", run=key["run"], location="primary")
         assert files == MAX_STEPS // SAVE_STEPS

@@ -61,6 +61,7 @@ def train_hf(opts: argparse.Namespace) -> None:
         use_cpu=True,
         report_to="none",
         disable_tqdm=True,
+        include_num_input_tokens_seen=True,  # logged: the callback makes it tokens_per_s
         ddp_timeout=120,  # a restarted worker group that cannot connect fails (and restarts)
     )
     trainer = Trainer(
