@@ -6,6 +6,7 @@ park it at a known step, so that a scrape or a SIGKILL lands mid-training withou
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
+from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from trainguard.shared.heartbeat_read import read_heartbeat
 
 pytestmark = pytest.mark.slow
@@ -271,22 +274,60 @@ def test_an_exception_in_training_is_a_failure(tmp_path: Path, framework: str) -
     assert (hb.state, hb.error, hb.step) == ("failed", "ValueError", 3), tail(t.log)
 
 
+TORCHRUN = [
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc-per-node=2",
+    "--max-restarts=3",  # a restarted group that fails to connect (gloo) is restarted
+    "--monitor-interval=0.1",
+]
+
+
+def stop_torchrun(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.skipif(
+    not (PROMETHEUS and ALERTMANAGER),
+    reason="needs the Debian packages prometheus and prometheus-alertmanager",
+)
+def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
+    """The shipped rules, in a real Prometheus and Alertmanager, page for the run when one of
+    its two torchrun ranks is killed (torchrun then stops the other one too)."""
+    stack = Stack(tmp_path)
+    t = training(tmp_path, "hf")
+    proc = t.start(5, TORCHRUN)
+    try:
+        pids = t.wait_parked(proc, ranks=2)
+        stack.prometheus.wait_until(
+            f'count(trainguard_run_process_up{{run="{t.name}"}} == 1) == 2', timeout=DEADLINE
+        )
+        kill9(pids[1])  # the restarted workers wait at the gate: the group stays dead
+        _, alert = stack.webhook.wait_for("TrainingProcessDied", timeout=DEADLINE, run=t.name)
+        assert alert["labels"]["severity"] == "critical"
+        found = re.search(r"rank\(s\) ([0-9, ]+)\.", alert["annotations"]["description"])
+        assert found is not None, alert["annotations"]["description"]
+        assert "1" in found.group(1).split(", ")
+    finally:
+        stop_torchrun(proc)
+        stack.close()
+
+
 def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path: Path) -> None:
     """Two ranks under real torchrun (gloo, CPU) with the HF callback and nothing else: one
     rank killed, torchrun restarts the group, the new workers record the deaths."""
     t = training(tmp_path, "hf")
     t.state.mkdir(parents=True)
-    launcher = [
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "--max-restarts=3",  # a restarted group that fails to connect (gloo) is restarted
-        "--monitor-interval=0.1",
-    ]
     ranks = [{"run": t.name, "rank": str(r)} for r in range(2)]
     with Exporter(state_dir=t.state) as exp:
-        proc = t.start(gate_step=15, launcher=launcher)
+        proc = t.start(gate_step=15, launcher=TORCHRUN)
         try:
             before = t.wait_parked(proc, ranks=2)
             s = poll(
@@ -326,10 +367,4 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
                 assert value(s, "trainguard_run_step", **k) == MAX_STEPS
             assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
         finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
-                try:
-                    proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_torchrun(proc)
