@@ -320,6 +320,31 @@ def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
         stack.close()
 
 
+def test_lightning_under_torchrun_reports_each_rank(tmp_path: Path) -> None:
+    t = training(tmp_path, "lightning")
+    t.state.mkdir(parents=True)
+    ranks = [{"run": t.name, "rank": str(r)} for r in range(2)]
+    with Exporter(state_dir=t.state) as exp:
+        proc = t.start(5, TORCHRUN)
+        try:
+            t.wait_parked(proc, ranks=2)
+            s = poll(
+                exp,
+                lambda s: all(value(s, "trainguard_run_step", **k) == 5 for k in ranks),
+                DEADLINE,
+            )
+            assert [value(s, "trainguard_run_process_up", **k) for k in ranks] == [1, 1]
+            t.finish(proc)
+            s = poll(
+                exp,
+                lambda s: all(value(s, "trainguard_run_finished", **k) == 1 for k in ranks),
+                DEADLINE,
+            )
+            assert [value(s, "trainguard_run_step", **k) for k in ranks] == [MAX_STEPS] * 2
+        finally:
+            stop_torchrun(proc)
+
+
 def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path: Path) -> None:
     """Two ranks under real torchrun (gloo, CPU) with the HF callback and nothing else: one
     rank killed, torchrun restarts the group, the new workers record the deaths."""

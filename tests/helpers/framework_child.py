@@ -109,7 +109,7 @@ def train_lightning(opts: argparse.Namespace) -> None:
         default_root_dir=opts.out,
         max_steps=opts.max_steps,
         accelerator="cpu",
-        devices=1,
+        devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # under torchrun: its processes
         log_every_n_steps=5,
         logger=False,
         enable_progress_bar=False,
