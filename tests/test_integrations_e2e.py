@@ -393,3 +393,45 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
             assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
         finally:
             stop_torchrun(proc)
+
+
+@pytest.mark.parametrize(
+    ("script", "dir_flag", "first", "resumed"),
+    [
+        ("train_hf.py", "--output-dir", "checkpoint-10", "checkpoint-20"),
+        ("train_lightning.py", "--root", "checkpoints/step=10.ckpt", "checkpoints/step=20.ckpt"),
+    ],
+)
+def test_the_examples_train_report_and_resume(
+    tmp_path: Path, script: str, dir_flag: str, first: str, resumed: str
+) -> None:
+    out, state = tmp_path / "run", tmp_path / "state"
+
+    def example(steps: int, *extra: str) -> str:
+        done = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "examples" / script),
+                f"{dir_flag}={out}",
+                f"--max-steps={steps}",
+                "--save-steps=10",
+                f"--state-dir={state}",
+                *extra,
+            ],
+            env=child_env(ENV),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert "resumed from None" in example(10)
+    assert (out / first).exists()
+    assert f"trained to step 20 (resumed from {out / first})" in example(20, "--resume")
+    assert (out / resumed).exists()
+    (path,) = state.glob("*.heartbeat.json")
+    hb = read_heartbeat(path)
+    assert (hb.run, hb.state, hb.step, hb.deaths) == ("run", "finished", 20, 0)
+    assert hb.checkpoint_dir == str((out / resumed).parent)
+    assert hb.scalars["loss"] > 0
