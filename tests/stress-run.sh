@@ -6,7 +6,8 @@
 #
 #     tests/stress-run.sh [-n N] [N] [-- PYTEST ARGS...]
 #
-# Runs pytest directly with .venv's python (it installs nothing: run ./run-tests once first).
+# Runs pytest directly with .venv's python, one worker per CPU as ./run-tests does (it installs
+# nothing: run ./run-tests once first).
 # Prints each run's pass/fail counts and wall time, stops the load on exit (whatever the
 # cause), and exits non-zero if any run failed. Logs: $STRESS_LOG_DIR (default a new temp dir).
 set -euo pipefail
@@ -28,7 +29,7 @@ while (($#)); do
         break
         ;;
     -h | --help)
-        sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
     *)
@@ -101,7 +102,7 @@ for ((i = 1; i <= runs; i++)); do
     echo "stress-run: run $i/$runs started $(date +%H:%M:%S)"
     start=$(date +%s)
     rc=0
-    "$py" -m pytest -p no:cacheprovider -q "$@" >"$log" 2>&1 || rc=$?
+    "$py" -m pytest -p no:cacheprovider -q -n "${TRAINGUARD_TEST_WORKERS:-auto}" "$@" >"$log" 2>&1 || rc=$?
     secs=$(($(date +%s) - start))
     # pytest's last line: "3 failed, 250 passed, 4 skipped in 612.34s (0:10:12)" (with -q;
     # framed in "=" without)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -56,19 +58,91 @@ def child(
     trace: Path | None = None,
     throttle: float = 0.0,
 ) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, str(CHILD), *args, f"--kill-at={kill_at}", f"--throttle={throttle}"]
-    if partial:
-        cmd.append("--partial")
-    if trace is not None:
-        cmd.append(f"--trace={trace}")
+    """One writer in an interpreter of its own."""
+    cmd = [sys.executable, str(CHILD), *writer_args(args, kill_at, partial, trace, throttle)]
     return subprocess.Popen(cmd, env=child_env())
 
 
-def dry_run(tmp_path: Path, *args: str) -> list[str]:
+def writer_args(
+    args: tuple[str, ...], kill_at: int, partial: bool, trace: Path | None, throttle: float
+) -> list[str]:
+    out = [*args, f"--kill-at={kill_at}", f"--throttle={throttle}"]
+    if partial:
+        out.append("--partial")
+    if trace is not None:
+        out.append(f"--trace={trace}")
+    return out
+
+
+class Writers:
+    """helpers/ckpt_child.py as a fork server: the same writers, each forked from one process
+    that imported everything once, instead of a new interpreter for each of the hundreds."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CHILD), "serve"],
+            env=child_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._buf = b""
+
+    def start(
+        self,
+        *args: str,
+        kill_at: int = -1,
+        partial: bool = False,
+        trace: Path | None = None,
+        throttle: float = 0.0,
+    ) -> int:
+        """Fork a writer; its pid, which stays its own (unreaped) until :meth:`wait`."""
+        self._send(json.dumps(writer_args(args, kill_at, partial, trace, throttle)))
+        return int(self._expect("pid"))
+
+    def wait(self, timeout: float = 120) -> int:
+        """The writer's exit status as subprocess gives it (-9: SIGKILL)."""
+        self._send("wait")
+        return int(self._expect("exit", timeout))
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def _expect(self, word: str, timeout: float = 120) -> str:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            assert left > 0, f"the writers' server said nothing for {timeout}s"
+            if select.select([fd], [], [], left)[0]:
+                chunk = os.read(fd, 4096)
+                assert chunk, f"the writers' server exited {self.proc.poll()}"
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        got, _, rest = line.decode().partition(" ")
+        assert got == word, line
+        return rest
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def dry_run(writers: Writers, tmp_path: Path, *args: str) -> list[str]:
     """The labels of every operation of one uninterrupted call."""
     trace = tmp_path / "dry.trace"
     trace.unlink(missing_ok=True)
-    assert child(*args, trace=trace).wait(120) == 0
+    writers.start(*args, trace=trace)
+    assert writers.wait() == 0
     return [line.split(" ", 1)[1] for line in trace.read_text().splitlines()]
 
 
@@ -90,7 +164,13 @@ def kill_plan(ops: list[str], partial_kinds: tuple[str, ...]) -> list[tuple[int,
 
 
 def kill_once(
-    tmp_path: Path, args: list[str], k: int, partial: bool, n_ops: int, rng: random.Random
+    writers: Writers,
+    tmp_path: Path,
+    args: list[str],
+    k: int,
+    partial: bool,
+    n_ops: int,
+    rng: random.Random,
 ) -> str | None:
     """Run one writer to be killed at its k-th operation (halfway through it when ``partial``),
     or, for k < 0, by this process at a random moment of a throttled run. Returns the label of
@@ -98,13 +178,14 @@ def kill_once(
     trace = tmp_path / "kill.trace"
     trace.unlink(missing_ok=True)
     if k >= 0:
-        rc = child(*args, kill_at=k, partial=partial, trace=trace).wait(120)
+        writers.start(*args, kill_at=k, partial=partial, trace=trace)
+        rc = writers.wait()
         assert rc == (0 if k == n_ops else -signal.SIGKILL), (args, k, rc)
     else:
-        proc = child(*args, throttle=0.002)
-        time.sleep(rng.uniform(0.05, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(120)  # killed, or finished before the signal came
+        pid = writers.start(*args, throttle=0.002)
+        time.sleep(rng.uniform(0.05, 0.3))  # a random moment: the point of these kills
+        os.kill(pid, signal.SIGKILL)  # not reaped before wait(): still this writer's pid
+        writers.wait()  # killed, or finished before the signal came
     text = trace.read_text() if trace.exists() else ""
     return text.split()[1] if text else None
 
@@ -151,9 +232,10 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
     )
     rng = random.Random(20240914)
     exp = Exporter(args=[f"--config.file={cfg}"], state_dir=tmp_path / "state")
+    writers = Writers()
     try:
         # --- save ------------------------------------------------------------------------
-        ops = dry_run(tmp_path, "save", str(p), "1")
+        ops = dry_run(writers, tmp_path, "save", str(p), "1")
         assert_order(ops, "open:part", "write:part", "fsync:part", "replace:part", "fsync:dir")
         assert_order(
             ops,
@@ -170,7 +252,9 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         killed_in: set[str] = set()
         for i, (k, partial) in enumerate(plan):
             step = 10 + i
-            label = kill_once(tmp_path, ["save", str(p), str(step)], k, partial, len(ops), rng)
+            label = kill_once(
+                writers, tmp_path, ["save", str(p), str(step)], k, partial, len(ops), rng
+            )
             if label:
                 killed_in.add(label)
             data = payload(step)
@@ -189,7 +273,7 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         sources = list(range(1000, 1000 + 120))
         for step in sources:
             save(payload(step), p / f"step_{step}.bin")
-        ops = dry_run(tmp_path, "mirror", str(p / "step_1000.bin"), str(m))
+        ops = dry_run(writers, tmp_path, "mirror", str(p / "step_1000.bin"), str(m))
         assert_order(
             ops,
             "open:file",
@@ -212,7 +296,9 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         killed_in = set()
         for (k, partial), step in zip(plan, sources[1:], strict=False):
             src = p / f"step_{step}.bin"
-            label = kill_once(tmp_path, ["mirror", str(src), str(m)], k, partial, len(ops), rng)
+            label = kill_once(
+                writers, tmp_path, ["mirror", str(src), str(m)], k, partial, len(ops), rng
+            )
             if label:
                 killed_in.add(label)
             assert_whole_or_absent(m / src.name, payload(step))
@@ -233,6 +319,7 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
                 if f.name != MANIFEST_DIR and not f.name.endswith(".part"):
                     assert f.read_bytes() == payload(int(f.name[5:].split(".")[0])), f
     finally:
+        writers.close()
         exp.stop()
         shutil.rmtree(tmp_path, ignore_errors=True)
 

@@ -202,6 +202,16 @@ def write_doc(tmp_path: Path, doc: Any, name: str | None = None) -> Path:
             "expected a string",
         ),
         (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "total_bytes": 0}]},
+            "allocator[0].total_bytes",
+            "expected an integer in 1..",
+        ),
+        (
+            {"allocator": [{**vars(AllocatorStats(1, 1, 1, 1, 1, 1, 1)), "total_bytes": "80G"}]},
+            "allocator[0].total_bytes",
+            "expected an integer",
+        ),
+        (
             {"death_history": [{"time": 1, "detected": 2, "cause": "x"}]},
             "death_history[0].cause",
             "one of",
@@ -448,3 +458,16 @@ def test_allocator_uuid_round_trips_and_is_optional(tmp_path: Path) -> None:
     doc["allocator"][0]["uuid"] = "5D6C1B0B-4B3C-FA1E-8F07-2A9B3C4D5E6F"
     path.write_text(json.dumps(doc))
     assert read_heartbeat(path).allocator[0].uuid == NVML_SPELLING
+
+
+def test_allocator_device_size_round_trips_and_is_optional(tmp_path: Path) -> None:
+    """``total_bytes`` (the device's size, for the leak warning) is written only when known:
+    a reader that predates it ignores it, and a heartbeat without it reads as unknown."""
+    sized = AllocatorStats(0, 10, 20, 15, 3, 1, 0, total_bytes=80 << 30)
+    hb = sample_heartbeat(allocator=(sized, AllocatorStats(1, 10, 20, 15, 3, 1, 0)))
+    path = tmp_path / hb.filename
+    write_heartbeat(path, hb)
+    doc = json.loads(path.read_text())
+    assert doc["allocator"][0]["total_bytes"] == 80 << 30
+    assert "total_bytes" not in doc["allocator"][1]
+    assert [a.total_bytes for a in read_heartbeat(path).allocator] == [80 << 30, None]

@@ -8,6 +8,7 @@ import errno
 import itertools
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -20,9 +21,10 @@ import pytest
 import torch
 
 import trainguard
+from helpers import cuda_snapshot
 from helpers.exporter_proc import child_env
 from helpers.run_child import CHILD, stat_start_ticks, wait_heartbeat
-from trainguard.run import oom, reporter
+from trainguard.run import reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
 from trainguard.shared import kernlog, procinfo
@@ -512,8 +514,9 @@ def test_allocator_stats_reach_the_heartbeat_when_cuda_is_in_use(
 class FakeProps:
     """What torch.cuda.get_device_properties(i) returns, as far as the reporter looks."""
 
-    def __init__(self, uuid: object) -> None:
+    def __init__(self, uuid: object, total_memory: object = None) -> None:
         self.uuid = uuid
+        self.total_memory = total_memory
 
 
 class CudaUuid:
@@ -533,7 +536,7 @@ def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any
 
     def props(device: int) -> FakeProps:
         asked.append(device)
-        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"))
+        return FakeProps(CudaUuid(f"{device:08X}-4b3c-fa1e-8f07-2a9b3c4d5e6f"), (device + 1) << 30)
 
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -543,9 +546,9 @@ def test_allocator_devices_carry_their_gpu_uuid(tmp_path: Path, monkeypatch: Any
     first = wait_heartbeat(run.path, lambda hb: len(hb.allocator) == 2)
     wait_heartbeat(run.path, lambda hb: hb.time > first.time)
     run.close()
-    assert [(a.device, a.uuid) for a in read(run).allocator] == [
-        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
-        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f"),
+    assert [(a.device, a.uuid, a.total_bytes) for a in read(run).allocator] == [
+        (0, "GPU-00000000-4b3c-fa1e-8f07-2a9b3c4d5e6f", 1 << 30),
+        (1, "GPU-00000001-4b3c-fa1e-8f07-2a9b3c4d5e6f", 2 << 30),
     ]
     assert sorted(asked) == [0, 1]  # once per device, not at every heartbeat
 
@@ -568,12 +571,14 @@ def test_allocator_stats_without_a_uuid_are_still_reported(
     monkeypatch.setattr(torch.cuda, "get_device_properties", broken)
     with Run("no-uuid", state_dir=tmp_path, interval=0.01) as run:
         run.step(1)
-    assert [(a.device, a.reserved_bytes, a.uuid) for a in read(run).allocator] == [
-        (0, 12 << 30, None),
-        (1, 12 << 30, None),
+    assert [(a.device, a.reserved_bytes, a.uuid, a.total_bytes) for a in read(run).allocator] == [
+        (0, 12 << 30, None, None),
+        (1, 12 << 30, None, None),
     ]
     warned = [r for r in caplog.records if "GPU UUID" in r.getMessage()]
     assert len(warned) == 1, warned
+    unsized = [r for r in caplog.records if "size of a CUDA device" in r.getMessage()]
+    assert len(unsized) == 1, unsized
 
 
 def test_the_uuid_is_never_read_before_cuda_is_initialised(
@@ -609,18 +614,11 @@ def test_without_cuda_there_are_no_allocator_stats_and_oom_capture_is_a_no_op(
 
 
 def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch: Any) -> None:
-    """CUDA is simulated (is_available, the history recorder and the dump), the exception is
-    torch's real OutOfMemoryError."""
-    recorded: list[dict[str, Any]] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(
-        torch.cuda.memory, "_record_memory_history", lambda **kw: recorded.append(kw)
-    )
-    monkeypatch.setattr(
-        torch.cuda.memory, "_dump_snapshot", lambda path: Path(path).write_bytes(b"snapshot")
-    )
+    """CUDA's snapshot entry points are provided to this CPU build of torch
+    (helpers/cuda_snapshot.py); the exception is torch's real OutOfMemoryError."""
+    calls = cuda_snapshot.install(monkeypatch, torch)
     run = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)
-    assert recorded == [{"max_entries": oom.OOM_HISTORY_ENTRIES}]
+    assert calls == ["record"]
     for _ in range(2):
         with pytest.raises(torch.cuda.OutOfMemoryError), run.capture_oom():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -633,6 +631,8 @@ def test_oom_snapshot_is_dumped_counted_and_reraised(tmp_path: Path, monkeypatch
         f"{stem}.oom-2.pickle",
     ]
     assert run.last_oom_snapshot == tmp_path / f"{stem}.oom-2.pickle"
+    with open(tmp_path / f"{stem}.oom-2.pickle", "rb") as f:
+        assert pickle.load(f) == cuda_snapshot.SNAPSHOT
     assert read(run).memory_snapshots == 2
     # a restart carries the count on, so new snapshots never overwrite old ones
     run2 = Run("oomy", state_dir=tmp_path, interval=0.01, oom_snapshots=True)

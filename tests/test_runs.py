@@ -609,7 +609,7 @@ def test_allocator_reserved_next_to_driver_view_memory(tmp_path: Path) -> None:
                 "ghost",
                 pid=trainer.pid,
                 create_time=psutil.Process(trainer.pid).create_time(),
-                allocator=(allocator_stats(0, stats),),
+                allocator=(allocator_stats(0, stats, total=80 * gib),),
             ),
         )
         nvml = FakeNvmlState()
@@ -634,6 +634,7 @@ def test_allocator_reserved_next_to_driver_view_memory(tmp_path: Path) -> None:
     assert sample(s, "trainguard_run_allocator_inactive_split_bytes", **dev) == 3 * gib
     assert sample(s, "trainguard_run_allocator_alloc_retries_total", **dev) == 4
     assert sample(s, "trainguard_run_allocator_ooms_total", **dev) == 1
+    assert sample(s, "trainguard_run_allocator_device_total_bytes", **dev) == 80 * gib
     procs = select(s, "trainguard_gpu_process_memory_used_bytes", pid=str(trainer.pid))
     assert [dict(lbl)["run"] for lbl in procs] == ["ghost"]
     # dead: the driver still lists the pid (ghost memory), but it is no longer the run's

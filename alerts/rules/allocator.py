@@ -1,9 +1,27 @@
 """Is the PyTorch CUDA allocator short of memory? AllocatorRetrying, AllocatorOOM (the run died
-or stopped after it), AllocatorOOMCaught (it caught the OOM and carries on)."""
+or stopped after it), AllocatorOOMCaught (it caught the OOM and carries on), and the two that
+come before an OOM: AllocatorMemoryLeak (what a rank keeps across steps climbs towards the
+device's size) and AllocatorFragmentation (free cache in pieces while cudaMalloc retries)."""
 
 from __future__ import annotations
 
-from alerts.rules.common import RANK_ARGS, RANK_SEL, Alert, Group, query_bytes, query_value
+from alerts.rules.common import (
+    RANK_ARGS,
+    RANK_SEL,
+    Alert,
+    Group,
+    Record,
+    query_bytes,
+    query_value,
+)
+
+DEV_SEL = RANK_SEL + ",device=%q"
+DEV_ARGS = RANK_ARGS + " $labels.device"
+#: what a rank keeps allocated across steps: the minimum over a few minutes, which a spike
+#: inside a step (activations, a large temporary) does not raise
+FLOOR = "run_rank_device:trainguard_run_allocator_allocated_bytes:floor"
+#: the device's size: as the process reported it, else its GPU's as NVML reports it
+TOTAL = "run_rank_device:trainguard_run_allocator_device_total_bytes:max"
 
 SNIPPETS = {
     # A whole sentence on the rank's allocator, for both alerts.
@@ -22,6 +40,66 @@ SNIPPETS = {
         "sum(trainguard_run_memory_snapshots_total{" + RANK_SEL + "})",
         RANK_ARGS,
     ),
+    # AllocatorMemoryLeak: bytes per step the floor grew over the window
+    "leak_per_step": query_bytes(
+        "("
+        + FLOOR
+        + "{"
+        + DEV_SEL
+        + "} - "
+        + FLOOR
+        + "{"
+        + DEV_SEL
+        + "} offset ${leak_window})"
+        + " / on (job, instance, run, rank)"
+        + " (trainguard_run_step{"
+        + RANK_SEL
+        + "} - trainguard_run_step{"
+        + RANK_SEL
+        + "} offset ${leak_window})",
+        DEV_ARGS + " " + DEV_ARGS + " " + RANK_ARGS + " " + RANK_ARGS,
+    ),
+    "leak_steps": query_value(
+        "trainguard_run_step{"
+        + RANK_SEL
+        + "} - trainguard_run_step{"
+        + RANK_SEL
+        + "} offset ${leak_window}",
+        RANK_ARGS + " " + RANK_ARGS,
+    ),
+    "leak_floor": query_bytes(FLOOR + "{" + DEV_SEL + "}", DEV_ARGS),
+    "leak_total": query_bytes(TOTAL + "{" + DEV_SEL + "}", DEV_ARGS),
+    "frag_stats": (
+        "Averages over ${frag_window}: reserved "
+        + query_bytes(
+            "avg_over_time(trainguard_run_allocator_reserved_bytes{"
+            + DEV_SEL
+            + "}[${frag_window}])",
+            DEV_ARGS,
+        )
+        + ", allocated "
+        + query_bytes(
+            "avg_over_time(trainguard_run_allocator_allocated_bytes{"
+            + DEV_SEL
+            + "}[${frag_window}])",
+            DEV_ARGS,
+        )
+        + ", inactive split "
+        + query_bytes(
+            "avg_over_time(trainguard_run_allocator_inactive_split_bytes{"
+            + DEV_SEL
+            + "}[${frag_window}])",
+            DEV_ARGS,
+        )
+        + "; cudaMalloc retries in the last ${frag_window}: "
+        + query_value(
+            "increase(trainguard_run_allocator_alloc_retries_total{"
+            + DEV_SEL
+            + "}[${frag_window}])",
+            DEV_ARGS,
+        )
+        + "."
+    ),
     "ooms": query_value(
         "sum(trainguard_run_allocator_ooms_total{" + RANK_SEL + "})",
         RANK_ARGS,
@@ -32,6 +110,28 @@ GROUP = Group(
     "trainguard-allocator",
     snippets=SNIPPETS,
     rules=(
+        Record(
+            FLOOR,
+            """
+            min_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+            """,
+        ),
+        # The process's own figure (torch's total_memory: right for a MIG slice too), else its
+        # GPU's through the allocator's UUID join (older reporters).
+        Record(
+            TOTAL,
+            """
+            max by (job, instance, run, rank, device) (
+              trainguard_run_allocator_device_total_bytes
+            )
+            or
+            max by (job, instance, run, rank, device) (
+              trainguard_run_allocator_device_info
+              * on (job, instance, uuid) group_left
+              max by (job, instance, uuid) (trainguard_gpu_memory_total_bytes)
+            )
+            """,
+        ),
         Alert(
             "AllocatorRetrying",
             "warning",
@@ -89,6 +189,99 @@ GROUP = Group(
             the last
             ${oom_window}): the script caught it (a batch-size finder, a skipped batch).
             AllocatorOOM pages if it stops stepping. ${stats}
+            """,
+        ),
+        Alert(
+            "AllocatorMemoryLeak",
+            "warning",
+            # headroom above the recent peak / the floor's pace = seconds until the device is
+            # full; the floor above its value leak_rise_window ago at every evaluation for
+            # leak_for; a live process that stepped, past its warm-up
+            expr="""
+            (
+              (
+                TOTAL
+                - on (job, instance, run, rank, device)
+                max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+              )
+              / on (job, instance, run, rank, device)
+              (deriv(FLOOR[${leak_window}]) > 0)
+              < ${leak_horizon_s}
+            )
+            and on (job, instance, run, rank, device)
+            (FLOOR > FLOOR offset ${leak_rise_window})
+            and on (job, instance, run, rank)
+            (trainguard_run_step - trainguard_run_step offset ${leak_window} > 0)
+            and on (job, instance, run, rank)
+            trainguard_run_process_up == 1
+            and on (job, instance, run, rank)
+            trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
+            """.replace("FLOOR", FLOOR).replace("TOTAL", TOTAL),
+            for_="${leak_for}",
+            summary="""
+            Run {{ $labels.run }} rank {{ $labels.rank }} keeps more GPU memory every step: a
+            leak.
+            """,
+            description="""
+            The memory PyTorch's allocator keeps across steps for run {{ $labels.run }} rank
+            {{ $labels.rank }} (device {{ $labels.device }}) on {{ $labels.instance }} has
+            climbed steadily for ${leak_for}: ${leak_per_step} per step over the last
+            ${leak_window} (${leak_steps} steps), now ${leak_floor} of ${leak_total}. At this
+            pace the device is full in {{ $value | humanizeDuration }}. Not the warm-up (the
+            process is past its first ${leak_warmup} + ${leak_window}) and not a spike (the
+            minimum over ${leak_floor_window} rose at every evaluation): tensors kept across
+            steps. Take a memory snapshot now (trainguard snapshot '{{ $labels.run }}' --rank
+            {{ $labels.rank }}) and another one later, and compare.
+            """,
+        ),
+        Alert(
+            "AllocatorFragmentation",
+            "warning",
+            # the value: the free cache (reserved - allocated) averaged over the window
+            expr="""
+            (
+              avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+              - on (job, instance, run, rank, device)
+              avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+              > ${frag_free_floor}
+            )
+            and on (job, instance, run, rank, device)
+            (
+              (
+                avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+                - on (job, instance, run, rank, device)
+                avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+              )
+              / on (job, instance, run, rank, device)
+              avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+              > ${frag_free_ratio}
+            )
+            and on (job, instance, run, rank, device)
+            (
+              avg_over_time(trainguard_run_allocator_inactive_split_bytes[${frag_window}])
+              / on (job, instance, run, rank, device)
+              (
+                avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+                - on (job, instance, run, rank, device)
+                avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+              )
+              > ${frag_split_share}
+            )
+            and on (job, instance, run, rank, device)
+            increase(trainguard_run_allocator_alloc_retries_total[${frag_window}]) > 0
+            """,
+            for_="${frag_for}",
+            summary="""
+            The GPU memory of run {{ $labels.run }} rank {{ $labels.rank }} is fragmented.
+            """,
+            description="""
+            The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }} (device
+            {{ $labels.device }}) on {{ $labels.instance }} holds {{ $value | humanize1024 }}B
+            it has not handed to tensors, mostly in pieces of split blocks (inactive split),
+            and still had to free its cache and retry cudaMalloc, for ${frag_for}: the "out of
+            memory with free VRAM" is coming. ${frag_stats} Take a memory snapshot (trainguard
+            snapshot '{{ $labels.run }}' --rank {{ $labels.rank }}) before changing
+            PYTORCH_CUDA_ALLOC_CONF.
             """,
         ),
     ),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as db
 
+from alerts.thresholds import DEFAULTS, resolve
 from grafana.panels import (
     IR,
     NONZERO_IS_BAD,
@@ -36,6 +37,39 @@ LIVE_RESERVED_PER_GPU = (
     "  * on (job, instance, uuid) group_left (gpu)\n"
     f"  max by (job, instance, uuid, gpu) (trainguard_gpu_info{{{I}}})\n"
     f"  and on (job, instance, run, rank) trainguard_run_process_up{{{IR}}} == 1\n"
+    ")"
+)
+
+
+# The alerts' default thresholds, drawn on the panels that show what they judge.
+_T = resolve()
+LEAK_FLOOR = _T["leak_floor_window"]
+LEAK_WINDOW = _T["leak_window"]
+LEAK_HORIZON_S = float(_T["leak_horizon_s"])
+FRAG_WINDOW = _T["frag_window"]
+FRAG_SPLIT = float(DEFAULTS["frag_split_share"])
+ALLOC = "trainguard_run_allocator_allocated_bytes"
+# What a rank keeps across steps: the minimum of its allocated bytes over a few minutes
+# (AllocatorMemoryLeak's floor), per device.
+FLOOR = f"min_over_time({ALLOC}{{{IR}}}[{LEAK_FLOOR}])"
+# Seconds until the device is full at the floor's pace over the leak window (only where it
+# grows): the headroom above the recent peak over that pace, as AllocatorMemoryLeak computes it.
+TIME_TO_FULL = (
+    "min by (run, rank) (\n"
+    f"  (trainguard_run_allocator_device_total_bytes{{{IR}}}\n"
+    f"   - on (job, instance, run, rank, device) max_over_time({ALLOC}{{{IR}}}[{LEAK_FLOOR}]))\n"
+    f"  / on (job, instance, run, rank, device) (deriv({FLOOR}[{LEAK_WINDOW}:1m]) > 0)\n"
+    ")"
+)
+# AllocatorFragmentation's share: inactive split bytes over the free cache (reserved - allocated)
+SPLIT_SHARE = (
+    "max by (run, rank) (\n"
+    f"  avg_over_time(trainguard_run_allocator_inactive_split_bytes{{{IR}}}[{FRAG_WINDOW}])\n"
+    "  / on (job, instance, run, rank, device) (\n"
+    f"    avg_over_time(trainguard_run_allocator_reserved_bytes{{{IR}}}[{FRAG_WINDOW}])\n"
+    "    - on (job, instance, run, rank, device)\n"
+    f"    avg_over_time({ALLOC}{{{IR}}}[{FRAG_WINDOW}])\n"
+    "  ) > 0\n"
     ")"
 )
 
@@ -270,7 +304,7 @@ def runs() -> list[Panel]:
             "Allocator retries, OOMs and snapshots",
             "Per interval: cudaMalloc retries (the allocator freed its cache to satisfy a "
             "request: AllocatorRetrying), out-of-memory errors (AllocatorOOM) and memory "
-            "snapshots dumped at an OOM.",
+            "snapshots (any reason: oom, periodic, requested).",
             "none",
             [
                 (
@@ -289,7 +323,9 @@ def runs() -> list[Panel]:
                 ),
                 (
                     _increase(
-                        "run, rank", "trainguard_run_memory_snapshots_total", "$__rate_interval"
+                        "run, rank",
+                        "trainguard_run_memory_snapshot_dumps_total",
+                        "$__rate_interval",
                     ),
                     f"{PER_RANK} snapshots",
                 ),
@@ -314,6 +350,67 @@ def runs() -> list[Panel]:
                 "{{run}}",
             ),
             thresholds=((None, "green"), (1, "orange")),
+            h=8,
+        ),
+        ts(
+            "Memory kept across steps (leak check)",
+            f"Per rank: the minimum of allocated bytes over {LEAK_FLOOR} (what the rank keeps "
+            "across steps; activations and temporaries inside a step do not raise it) against "
+            "the device's size (dashed). A floor that keeps climbing after the warm-up is a "
+            "leak: AllocatorMemoryLeak.",
+            "bytes",
+            [
+                (f"sum by (run, rank) ({FLOOR})", f"{PER_RANK} kept across steps"),
+                (
+                    by("run, rank", "trainguard_run_allocator_device_total_bytes", "sum"),
+                    f"{PER_RANK} device size",
+                ),
+            ],
+            w=16,
+            minimum=0,
+            dashed="/device size/",
+        ),
+        stat_panel(
+            "Time until full at the current leak pace",
+            "Per rank: the headroom above the recent peak of allocated memory divided by how "
+            f"fast the floor grows over {LEAK_WINDOW}; only ranks whose floor grows. Red below "
+            f"AllocatorMemoryLeak's default horizon ({_T['leak_horizon']}; the alert also needs "
+            "a steady climb past the warm-up).",
+            "s",
+            (TIME_TO_FULL, PER_RANK),
+            thresholds=((None, "red"), (LEAK_HORIZON_S, "orange"), (4 * LEAK_HORIZON_S, "green")),
+            w=8,
+            h=8,
+        ),
+        ts(
+            "Free cache in split blocks (fragmentation)",
+            "Per rank: inactive split bytes as a share of the allocator's free cache (reserved "
+            f"- allocated), averaged over {FRAG_WINDOW}. AllocatorFragmentation fires above "
+            f"{FRAG_SPLIT:g} (orange) while cudaMalloc retries and the free cache is large "
+            f"(above {DEFAULTS['frag_free_ratio']} of reserved and {DEFAULTS['frag_free_floor']}).",
+            "percentunit",
+            [(SPLIT_SHARE, f"{PER_RANK} split share of free cache")],
+            thresholds=((None, "green"), (FRAG_SPLIT, "orange")),
+            w=24,
+            minimum=0,
+        ),
+        table_panel(
+            "Newest memory snapshots",
+            "Each rank's newest memory snapshots (oom, periodic, requested) as its reporter "
+            "last listed them: the file in the state directory (a .json of metadata beside "
+            "it), the step and when it was written. Open a snapshot at "
+            "https://pytorch.org/memory_viz; ask a live run for one with trainguard snapshot "
+            "RUN. Needs trainguard.Run(..., oom_snapshots=True).",
+            [f"trainguard_run_memory_snapshot_timestamp_seconds{{{IR}}} * 1000"],
+            columns={
+                "run": ("Run", ""),
+                "rank": ("Rank", ""),
+                "reason": ("Reason", ""),
+                "step": ("Step", ""),
+                "file": ("File", ""),
+                "Value": ("Written", "dateTimeAsIso"),
+            },
+            hide=("instance",),
             h=8,
         ),
     ]

@@ -6,16 +6,25 @@ opening the ``.part`` to fsyncing the manifest directory, and the label of each 
 
     python ckpt_child.py save DIR STEP --kill-at K [--partial] [--trace FILE] [--throttle S]
     python ckpt_child.py mirror SRC_FILE MIRROR_DIR --kill-at K ...
+    python ckpt_child.py serve
+
+``serve`` is a fork server for the test's hundreds of writers: it imports everything once,
+then for each line of arguments (JSON) on stdin forks a writer and prints ``pid N``; on the
+next line, ``wait``, it reaps the writer and prints ``exit RC`` (RC as subprocess gives it: -9
+for SIGKILL). Until then the writer, ended or not, keeps its pid, so the test may signal it.
+The writers are the same; only the interpreter's start-up and imports are not paid each time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -103,7 +112,7 @@ class Injector:
         return op
 
 
-def main() -> None:
+def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=("save", "mirror"))
     ap.add_argument("a")
@@ -112,7 +121,42 @@ def main() -> None:
     ap.add_argument("--partial", action="store_true")
     ap.add_argument("--trace")
     ap.add_argument("--throttle", type=float, default=0.0)
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def serve() -> None:
+    lines = iter(sys.stdin.readline, "")
+    for line in lines:
+        argv = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:  # the writer: what `ckpt_child.py ARGS` would do
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, 1)  # stdout is the server's answers
+                run(parse(argv))
+            except BaseException:
+                traceback.print_exc()
+                os._exit(1)
+            os._exit(0)
+        print(f"pid {pid}", flush=True)
+        if next(lines, "").strip() != "wait":
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        _, status = os.waitpid(pid, 0)
+        print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["serve"]:
+        serve()
+        return
+    run(parse(sys.argv[1:]))
+    sys.exit(0)
+
+
+def run(args: argparse.Namespace) -> None:
     # small pieces, so that the data phase has as many kill points as the others
     writer.SMALL_WRITE = 4096
     copier.COPY_CHUNK = PIECE
@@ -130,7 +174,6 @@ def main() -> None:
     else:
         injector.install()
         checkpoint.mirror(args.a, args.b)
-    sys.exit(0)
 
 
 if __name__ == "__main__":

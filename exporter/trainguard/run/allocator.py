@@ -1,23 +1,33 @@
 """The CUDA caching allocator's own view of this process's GPU memory, read from
 ``torch.cuda.memory_stats`` without ever importing torch or initialising CUDA, and the UUID of
 each device's GPU (``torch.cuda.get_device_properties(i).uuid``), which lets the exporter put
-the allocator's bytes next to the driver's view of the same GPU."""
+the allocator's bytes next to the driver's view of the same GPU, and the device's size
+(``.total_memory``), which the leak warning compares the allocator's growth with."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import MAX_DEVICES, MAX_INT, AllocatorStats
 
-#: device index -> its GPU's UUID (None: unknown); a device's GPU does not change in a process
-DeviceUuids = dict[int, str | None]
+
+class DeviceFacts(NamedTuple):
+    """What does not change about a CUDA device in a process (None: unknown)."""
+
+    uuid: str | None
+    total_bytes: int | None
+    name: str | None = None  # "NVIDIA H100 80GB HBM3", for snapshot metadata
+
+
+#: device index -> its facts, asked once per device and process
+DeviceUuids = dict[int, DeviceFacts]
 
 
 def allocator_stats(
-    device: int, stats: Mapping[str, Any], uuid: str | None = None
+    device: int, stats: Mapping[str, Any], uuid: str | None = None, total: int | None = None
 ) -> AllocatorStats:
     """The heartbeat's view of one device from ``torch.cuda.memory_stats(device)`` keys."""
 
@@ -34,23 +44,40 @@ def allocator_stats(
         alloc_retries=get("num_alloc_retries"),
         ooms=get("num_ooms"),
         uuid=uuid,
+        total_bytes=total,
     )
 
 
-def device_uuid(
+def device_facts(
     cuda: Any, device: int, known: DeviceUuids, warn: Callable[[str, str, Any], None]
-) -> str | None:
-    """The GPU UUID of CUDA device ``device``, asked once per device (``known`` keeps it).
-    Only called once CUDA is initialised: get_device_properties would initialise it."""
+) -> DeviceFacts:
+    """The GPU UUID and size (a MIG slice's own) of CUDA device ``device``, asked once per
+    device (``known`` keeps them). Only called once CUDA is initialised:
+    get_device_properties would initialise it."""
     if device not in known:
+        uuid: str | None = None
+        total: int | None = None
         try:
-            uuid = normalize_gpu_uuid(cuda.get_device_properties(device).uuid)
+            props = cuda.get_device_properties(device)
+        except Exception as exc:  # a failing driver call
+            warn("uuid", "trainguard: GPU UUID of a CUDA device unavailable: %s", repr(exc))
+            known[device] = DeviceFacts(None, None)
+            return known[device]
+        name = getattr(props, "name", None)
+        name = name[:200] if isinstance(name, str) and name.isprintable() else None
+        try:
+            uuid = normalize_gpu_uuid(props.uuid)
             problem = None if uuid is not None else "not a GPU UUID (a MIG instance, or ROCm?)"
-        except Exception as exc:  # too old a torch for .uuid, a failing driver call
-            uuid, problem = None, repr(exc)
+        except Exception as exc:  # too old a torch for .uuid
+            problem = repr(exc)
         if problem is not None:
             warn("uuid", "trainguard: GPU UUID of a CUDA device unavailable: %s", problem)
-        known[device] = uuid
+        value = getattr(props, "total_memory", None)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INT:
+            total = value
+        else:
+            warn("total", "trainguard: size of a CUDA device unknown: %r", value)
+        known[device] = DeviceFacts(uuid, total, name)
     return known[device]
 
 
@@ -59,7 +86,7 @@ def read_allocator(
 ) -> tuple[AllocatorStats, ...]:
     """torch.cuda.memory_stats per device this process used; () when the script has not
     imported torch or initialised CUDA (memory_stats returns {} until it did). ``uuids`` keeps
-    each device's GPU UUID between calls. A failure is reported once through
+    each device's GPU UUID and size between calls. A failure is reported once through
     ``warn(key, message, arg)`` and reads as ()."""
     known: DeviceUuids = {} if uuids is None else uuids
     torch = sys.modules.get("torch")
@@ -78,7 +105,8 @@ def read_allocator(
             peak = int(stats.get("allocated_bytes.all.peak", 0))
             if reserved == 0 and peak == 0:
                 continue  # a device this process never allocated on
-            out.append(allocator_stats(device, stats, device_uuid(cuda, device, known, warn)))
+            facts = device_facts(cuda, device, known, warn)
+            out.append(allocator_stats(device, stats, facts.uuid, facts.total_bytes))
         return tuple(out[:MAX_DEVICES])
     except Exception as exc:
         warn("allocator", "trainguard: allocator stats unavailable: %r", exc)

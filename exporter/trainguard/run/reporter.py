@@ -49,7 +49,7 @@ import psutil
 from trainguard._version import __version__
 from trainguard.run.allocator import DeviceUuids, read_allocator
 from trainguard.run.deaths import DeathHistory, Identity, death_of
-from trainguard.run.oom import OomGuard, OomSnapshots
+from trainguard.run.oom import OomGuard
 from trainguard.run.options import (
     abspath,
     checked_scalars,
@@ -58,6 +58,14 @@ from trainguard.run.options import (
     mirror_dirs,
     resolve_rank,
     type_name,
+)
+from trainguard.run.snapshots import (
+    Identity as SnapshotOwner,
+)
+from trainguard.run.snapshots import (
+    MemorySnapshots,
+    check_config,
+    check_schedule,
 )
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import (
@@ -89,6 +97,13 @@ class Run:
     ``log_file`` lets it publish the log's age. ``rank`` defaults to ``$RANK``, else
     ``$LOCAL_RANK``, else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the
     per-user state dir.
+
+    ``oom_snapshots=True`` records the CUDA allocator's history, dumps a memory snapshot at an
+    OOM inside ``capture_oom()``, and answers ``trainguard snapshot RUN``; with it,
+    ``snapshot_steps`` / ``snapshot_seconds`` also keep a rolling snapshot every N steps or
+    seconds (the newest ``snapshot_keep`` files). ``config`` (a mapping, an
+    ``argparse.Namespace`` or a dataclass; at most 64 KiB as JSON) is written into each
+    snapshot's metadata, with its ``batch_size`` if it has one.
     """
 
     def __init__(
@@ -105,6 +120,10 @@ class Run:
         checkpoint_pattern: str | None = None,
         keepalive: float = 10.0,
         close_timeout: float = 10.0,
+        snapshot_steps: int | None = None,
+        snapshot_seconds: float | None = None,
+        snapshot_keep: int = 2,
+        config: Any = None,
     ) -> None:
         problem = check_run_name(name)
         if problem:
@@ -124,6 +143,10 @@ class Run:
             )
             if problem:
                 raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
+        schedule = check_schedule(
+            snapshot_steps, snapshot_seconds, snapshot_keep, bool(oom_snapshots)
+        )
+        experiment = check_config(config)
         self.name = name
         self.rank = resolve_rank(rank)
         self.world_size = env_int("WORLD_SIZE", 1, MAX_RANK + 1)
@@ -163,11 +186,19 @@ class Run:
         self._boot_time: float | None = None
         self._pid_ns: int | None = None
         self._deaths = DeathHistory()
-        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID, asked once
-        stem = self.state_dir / self.path.name[: -len(SUFFIX)]
-        self._oom = OomSnapshots(stem, self._pid, self._warn_once, lambda: self._ready.wait(2.0))
-        if oom_snapshots:
-            self._oom.start()
+        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID and size
+        self._snapshots = MemorySnapshots(
+            self.state_dir,
+            self.path.name[: -len(SUFFIX)],
+            SnapshotOwner(self.name, self.rank, self._pid, self._host),
+            self._warn_once,
+            lambda: self._ready.wait(2.0),
+            enabled=bool(oom_snapshots),
+            schedule=schedule,
+            config=experiment,
+            devices=self._snapshot_devices,
+        )
+        self._snapshots.start()
         self._thread = threading.Thread(
             target=self._writer, name="trainguard-heartbeat", daemon=True
         )
@@ -189,15 +220,16 @@ class Run:
 
     @property
     def last_oom_snapshot(self) -> Path | None:
-        """The snapshot this process wrote last, if any."""
-        return self._oom.last
+        """The OOM snapshot this process wrote last, if any."""
+        return self._snapshots.last
 
     def capture_oom(self) -> OomGuard:
         """``with run.capture_oom(): train_step()``: on ``torch.cuda.OutOfMemoryError``,
         dump a CUDA memory snapshot next to the heartbeat (``<name>.rank<N>.oom-<n>.pickle``,
-        open it at https://pytorch.org/memory_viz) and re-raise. Needs
-        ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through."""
-        return OomGuard(lambda exc: self._oom.on_exception(exc, self.name, self.rank))
+        open it at https://pytorch.org/memory_viz; the newest periodic one is kept beside it
+        as ``oom-<n>.before.pickle``) and re-raise. Needs ``oom_snapshots=True`` and CUDA;
+        otherwise it only passes exceptions through."""
+        return OomGuard(lambda exc: self._snapshots.on_exception(exc, self._progress))
 
     def __enter__(self) -> Run:
         return self
@@ -275,8 +307,11 @@ class Run:
         written: object = None  # the _latest tuple last written (compared by identity:
         written_snapshots = -1  # the script's scalars may be tensors with a strange __eq__)
         last_write = -math.inf
+        snapshots_on = self._snapshots.enabled
         while self._final is None:
-            latest, snapshots = self._latest, self._oom.count
+            if snapshots_on:
+                self._snapshots.tick(self._progress)
+            latest, snapshots = self._latest, self._snapshots.version
             now = time.monotonic()
             if (
                 latest is not written
@@ -300,16 +335,18 @@ class Run:
             return
         self._remove_stale_temps()
         if not os.path.lexists(self.path):
+            self._snapshots.carry(None, None)
             return
         try:
             prev = read_heartbeat(self.path)
         except HeartbeatError as exc:
             self._warn_once("previous", "trainguard: previous heartbeat ignored: %s", exc)
+            self._snapshots.carry(None, None)
             return
         self._deaths = DeathHistory.carried_from(prev)
-        self._oom.count = prev.memory_snapshots
         me = Identity(self._pid, self._host, self._boot_id, self._boot_time, self._pid_ns)
         death = death_of(prev, me, self._warn_duplicate)
+        self._snapshots.carry(prev, None if death is None else self._deaths.count + 1)
         if death is not None:
             self._deaths = self._deaths.plus(death)
             log.warning(
@@ -393,11 +430,29 @@ class Run:
             checkpoint_pattern=self._checkpoint_pattern,
             log_file=self._log_file,
             allocator=read_allocator(self._warn_once, self._device_uuids),
-            memory_snapshots=self._oom.count,
+            memory_snapshots=self._snapshots.oom_count,
+            snapshots=self._snapshots.state(),
             deaths=self._deaths.count,
             death_history=self._deaths.recent,
             version=__version__,
         )
+
+    def _progress(self) -> tuple[int | None, dict[str, float]]:
+        """(step, scalars) as of the script's latest step() call, for a snapshot's metadata;
+        runs on the reporter's thread, or the training thread at an OOM."""
+        latest = self._latest
+        if latest is None:
+            return self._step, self._scalars
+        step = checked_step(latest[0], self._warn_once)
+        return (self._step if step is None else step), checked_scalars(latest[2], self._warn_once)
+
+    def _snapshot_devices(self) -> list[dict[str, Any]]:
+        """The allocator's view of each device, with its GPU's name, UUID and size."""
+        out = []
+        for a in read_allocator(self._warn_once, self._device_uuids):
+            facts = self._device_uuids.get(a.device)
+            out.append({**a.to_dict(), "name": None if facts is None else facts.name})
+        return out
 
     def _take_latest(self) -> None:
         """Convert what step() stored; bad values are dropped and logged once."""

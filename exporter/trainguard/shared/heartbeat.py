@@ -45,6 +45,9 @@ STATES = ("running", "finished", "failed")
 #: :meth:`Heartbeat.to_dict`)
 CAUSES = ("reboot", "oom_killer", "gpu_xid", "exception", "unknown")
 MAX_XID = 65535
+#: why a memory snapshot was dumped (``trainguard.shared.snapshots``)
+SNAPSHOT_REASONS = ("oom", "periodic", "requested")
+MAX_RECENT_SNAPSHOTS = 8
 
 SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
@@ -71,12 +74,17 @@ class AllocatorStats:
     #: the GPU's UUID in NVML's spelling (``trainguard.shared.gpu_uuid``), which joins this
     #: device to the exporter's GPUs; None when the process could not tell (older reporters)
     uuid: str | None = None
+    #: the device's memory as the process sees it (torch's ``total_memory``; a MIG slice's
+    #: own), None when unknown (older reporters)
+    total_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object; ``uuid`` only when known (older readers ignore it either way)."""
+        """The JSON object; ``uuid`` and ``total_bytes`` only when known (older readers ignore
+        them either way)."""
         out = vars(self).copy()
-        if self.uuid is None:
-            del out["uuid"]
+        for key in ("uuid", "total_bytes"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -103,6 +111,42 @@ class Death:
             "detected": self.detected,
             "cause": cause,
             "xid": self.xid,
+        }
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """One memory snapshot file the run wrote (a name in the state directory)."""
+
+    file: str
+    reason: str  # one of SNAPSHOT_REASONS
+    step: int | None
+    time: float
+    bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    """The reporter's memory snapshots: dumped and failed per reason (carried across
+    restarts), whether torch records the allocation history, whether the reporter answers
+    ``trainguard snapshot`` requests, and the newest files (newest last)."""
+
+    counts: Mapping[str, int] = field(default_factory=dict)
+    failures: Mapping[str, int] = field(default_factory=dict)
+    history: bool | None = None
+    requests: bool = False
+    recent: tuple[SnapshotRecord, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": dict(self.counts),
+            "failures": dict(self.failures),
+            "history": self.history,
+            "requests": self.requests,
+            "recent": [r.to_dict() for r in self.recent],
         }
 
 
@@ -139,10 +183,12 @@ class Heartbeat:
     #: boot id, exact where the create time is only compared within a second. Absent in
     #: heartbeats of older reporters, which are then judged by the create time alone.
     start_ticks: int | None = None
+    #: memory snapshots beyond the OOM count (None: a reporter without them, or they are off)
+    snapshots: SnapshotState | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first."""
-        return {
+        """The JSON document, ``format`` first; ``snapshots`` only when there is one."""
+        out = {
             "format": FORMAT,
             "run": self.run,
             "rank": self.rank,
@@ -171,6 +217,9 @@ class Heartbeat:
             "death_history": [d.to_dict() for d in self.death_history],
             "version": self.version,
         }
+        if self.snapshots is not None:
+            out["snapshots"] = self.snapshots.to_dict()
+        return out
 
     @property
     def filename(self) -> str:

@@ -27,16 +27,20 @@ from trainguard.shared.heartbeat import (
     MAX_PATH,
     MAX_PID,
     MAX_RANK,
+    MAX_RECENT_SNAPSHOTS,
     MAX_SCALARS,
     MAX_TIME,
     MAX_XID,
     MIRROR_NAME_RE,
     SCALAR_NAME_RE,
+    SNAPSHOT_REASONS,
     STATES,
     AllocatorStats,
     Death,
     Heartbeat,
     HeartbeatError,
+    SnapshotRecord,
+    SnapshotState,
     check_run_name,
     heartbeat_filename,
     kind_of,
@@ -187,6 +191,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         deaths=f.integer("deaths", 0, MAX_INT, default=0),
         death_history=f.deaths("death_history"),
         version=f.text("version", 64, optional=True),
+        snapshots=f.snapshots("snapshots"),
     )
 
 
@@ -335,6 +340,7 @@ class _Fields:
                     alloc_retries=f.integer("alloc_retries", 0, MAX_INT),
                     ooms=f.integer("ooms", 0, MAX_INT),
                     uuid=f.gpu_uuid("uuid"),
+                    total_bytes=f.integer("total_bytes", 1, MAX_INT, optional=True),
                 )
             )
         return tuple(out)
@@ -348,6 +354,53 @@ class _Fields:
         if uuid is None:
             raise self.fail(key, "expected a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
         return uuid
+
+    def snapshots(self, key: str) -> SnapshotState | None:
+        """The optional ``snapshots`` object: counts per reason, the newest files."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        f = _Fields(self.source, f"{self.where}{key}.", value)
+        counts = {}
+        for name in ("counts", "failures"):
+            table = f.mapping(name, len(SNAPSHOT_REASONS))
+            for reason, count in table.items():
+                if reason not in SNAPSHOT_REASONS:
+                    raise f.fail(f"{name}.{reason[:32]}", "not a snapshot reason")
+                if (
+                    isinstance(count, bool)
+                    or not isinstance(count, int)
+                    or not 0 <= count <= MAX_INT
+                ):
+                    raise f.fail(f"{name}.{reason}", "expected an integer >= 0")
+            counts[name] = table
+        history = value.get("history")
+        if history is not None and not isinstance(history, bool):
+            raise f.fail("history", f"expected true, false or null, got {kind_of(history)}")
+        requests = value.get("requests", False)
+        if not isinstance(requests, bool):
+            raise f.fail("requests", f"expected true or false, got {kind_of(requests)}")
+        recent = []
+        for i, item in enumerate(f.items("recent", MAX_RECENT_SNAPSHOTS)):
+            r = _Fields(self.source, f"{self.where}{key}.recent[{i}].", item)
+            recent.append(
+                SnapshotRecord(
+                    file=r.get("file", _file_name),
+                    reason=r.get("reason", _one_of(SNAPSHOT_REASONS)),
+                    step=r.integer("step", 0, MAX_INT, optional=True),
+                    time=r.timestamp("time"),
+                    bytes=r.integer("bytes", 0, MAX_INT),
+                )
+            )
+        return SnapshotState(
+            counts=counts["counts"],
+            failures=counts["failures"],
+            history=history,
+            requests=requests,
+            recent=tuple(recent),
+        )
 
     def deaths(self, key: str) -> tuple[Death, ...]:
         out = []
@@ -367,6 +420,15 @@ class _Fields:
                 )
             )
         return tuple(out)
+
+
+def _file_name(v: Any) -> str | None:
+    """A plain file name (no directory part), at most 255 characters."""
+    if not isinstance(v, str):
+        return f"expected a string, got {kind_of(v)}"
+    if not 1 <= len(v) <= 255 or "/" in v or "\\" in v or v in (".", ".."):
+        return "expected a file name"
+    return text_problem(v)
 
 
 def _one_of(choices: tuple[str, ...]) -> Any:

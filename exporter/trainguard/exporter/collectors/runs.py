@@ -16,7 +16,7 @@ from trainguard.exporter.collector import Collector, MetricSpec
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import ownership_problem
-from trainguard.shared.heartbeat import Death, Heartbeat
+from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Death, Heartbeat
 
 RR = ("run", "rank")
 RUN_INFO = MetricSpec(
@@ -126,6 +126,12 @@ OOMS = MetricSpec(
     RRD,
     "Out-of-memory errors the allocator raised.",
 )
+DEVICE_TOTAL = MetricSpec(
+    "trainguard_run_allocator_device_total_bytes",
+    "gauge",
+    RRD,
+    "Total memory of the CUDA device as the process sees it (torch's total_memory).",
+)
 DEVICE_INFO = MetricSpec(
     "trainguard_run_allocator_device_info",
     "gauge",
@@ -138,6 +144,34 @@ SNAPSHOTS = MetricSpec(
     "counter",
     RR,
     "CUDA memory snapshots dumped at an OOM (carried across restarts of the run).",
+)
+SNAPSHOT_DUMPS = MetricSpec(
+    "trainguard_run_memory_snapshot_dumps_total",
+    "counter",
+    ("run", "rank", "reason"),
+    "CUDA memory snapshots written, by reason: oom, periodic, requested (carried across "
+    "restarts of the run).",
+)
+SNAPSHOT_FAILURES = MetricSpec(
+    "trainguard_run_memory_snapshot_failures_total",
+    "counter",
+    ("run", "rank", "reason"),
+    "CUDA memory snapshots that could not be taken (no CUDA, no snapshot API, disk full), by "
+    "reason; training went on.",
+)
+SNAPSHOT_HISTORY = MetricSpec(
+    "trainguard_run_memory_history_recording",
+    "gauge",
+    RR,
+    "1 if torch records the CUDA allocation history the run's snapshots show, 0 if it could "
+    "not start recording.",
+)
+SNAPSHOT_RECENT = MetricSpec(
+    "trainguard_run_memory_snapshot_timestamp_seconds",
+    "gauge",
+    ("run", "rank", "reason", "file", "step"),
+    "When each of the run's newest memory snapshots was written; file is its name in the "
+    "state directory.",
 )
 DEATHS = MetricSpec(
     "trainguard_run_deaths_total",
@@ -217,8 +251,13 @@ class RunsCollector(Collector):
         INACTIVE_SPLIT,
         ALLOC_RETRIES,
         OOMS,
+        DEVICE_TOTAL,
         DEVICE_INFO,
         SNAPSHOTS,
+        SNAPSHOT_DUMPS,
+        SNAPSHOT_FAILURES,
+        SNAPSHOT_HISTORY,
+        SNAPSHOT_RECENT,
         DEATHS,
         LAST_DEATH_STEP,
         LAST_DEATH_TIMESTAMP,
@@ -280,9 +319,25 @@ class RunsCollector(Collector):
             fam[INACTIVE_SPLIT.name].add_metric(dev, a.inactive_split_bytes)
             fam[ALLOC_RETRIES.name].add_metric(dev, a.alloc_retries)
             fam[OOMS.name].add_metric(dev, a.ooms)
+            if a.total_bytes is not None:
+                fam[DEVICE_TOTAL.name].add_metric(dev, a.total_bytes)
             if a.uuid is not None:
                 fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
         fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
+        snaps = hb.snapshots
+        if snaps is not None:
+            for reason in SNAPSHOT_REASONS:
+                fam[SNAPSHOT_DUMPS.name].add_metric([*labels, reason], snaps.counts.get(reason, 0))
+                fam[SNAPSHOT_FAILURES.name].add_metric(
+                    [*labels, reason], snaps.failures.get(reason, 0)
+                )
+            if snaps.history is not None:
+                fam[SNAPSHOT_HISTORY.name].add_metric(labels, 1 if snaps.history else 0)
+            for rec in snaps.recent:
+                step = "" if rec.step is None else str(rec.step)
+                fam[SNAPSHOT_RECENT.name].add_metric(
+                    [*labels, rec.reason, rec.file, step], rec.time
+                )
 
     def _deaths(self, fam: dict[str, Any], view: RunView, now: float) -> None:
         by_run: dict[str, list[Heartbeat]] = {}

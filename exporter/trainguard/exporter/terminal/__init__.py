@@ -1,6 +1,6 @@
 """``trainguard``: the terminal command for the person running the training (status, verify,
-launch), built on the exporter's own run table, checkpoint verdict and GPU collector. The only
-module that imports ``rich``; nothing of the training side imports it."""
+launch, snapshot), built on the exporter's own run table, checkpoint verdict and GPU collector.
+The only module that imports ``rich``; nothing of the training side imports it."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and launching a run that survives the terminal.",
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch,snapshot}")
 
     s = sub.add_parser("status", help="the runs this host knows", description=_status_doc())
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
@@ -127,6 +127,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="set $TRAINGUARD_STATE_DIR for the run",
     )
     la.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+
+    sn = sub.add_parser(
+        "snapshot",
+        help="ask a live run for a CUDA memory snapshot now",
+        description="Ask the live process of RUN (started with trainguard.Run(..., "
+        "oom_snapshots=True)) for a CUDA memory snapshot, without restarting it: its reporter "
+        "dumps one next to its heartbeat (<name>.rank<N>.requested-<n>.pickle, with a .json "
+        "of metadata) and this command prints where. Open it at https://pytorch.org/memory_viz.",
+        epilog="Exit status: 0 when the snapshot was written, 1 when the run could not take "
+        "one (gone, finished, no CUDA, no reply in time), 2 on bad input. The run takes at "
+        "most one requested snapshot every 30 seconds and keeps its newest snapshot_keep.",
+    )
+    sn.add_argument("run", metavar="RUN", help="the run's name, as passed to trainguard.Run")
+    sn.add_argument("--rank", type=int, default=0, metavar="N", help="the rank (default: 0)")
+    sn.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
+    sn.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
+    sn.add_argument(
+        "--timeout",
+        type=_duration,
+        default=60.0,
+        metavar="DURATION",
+        help="wait this long for the run's reply (default: 60s)",
+    )
+    sn.add_argument("--json", action="store_true", help="JSON for scripts")
     return p
 
 
@@ -154,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _status(args)
         if args.command == "verify":
             return _verify(args)
+        if args.command == "snapshot":
+            return _snapshot(args)
         from trainguard.exporter.terminal.launch import main_launch
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -267,3 +293,43 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(vf.plain(report))
     return 0 if report.ok else 1
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from trainguard.exporter.cli import resolve_state_dir
+    from trainguard.exporter.terminal import snapshot as sn
+    from trainguard.shared.heartbeat import MAX_RANK, check_run_name
+
+    problem = check_run_name(args.run)
+    if problem:
+        return _fail("snapshot", f"RUN: {problem}")
+    if not 0 <= args.rank <= MAX_RANK:
+        return _fail("snapshot", f"--rank: expected 0..{MAX_RANK}, got {args.rank}")
+    if not 0 < args.timeout <= 86400:
+        return _fail("snapshot", "--timeout: expected a duration above 0 and at most 1d")
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as exc:
+        return _fail("snapshot", str(exc))
+    state_dir = Path(resolve_state_dir(args.state_dir, config))
+    try:
+        taken = sn.request_snapshot(state_dir, args.run, args.rank, args.timeout)
+    except sn.SnapshotError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"trainguard snapshot: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        doc = {
+            "ok": True,
+            "snapshot": str(taken.snapshot),
+            "metadata": str(taken.metadata),
+            "step": taken.step,
+        }
+        print(json.dumps(doc))
+        return 0
+    step = "" if taken.step is None else f" at step {taken.step}"
+    print(f"memory snapshot{step}: {taken.snapshot}")
+    print(f"metadata: {taken.metadata}")
+    print("open it at https://pytorch.org/memory_viz")
+    return 0
