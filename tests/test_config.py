@@ -37,7 +37,7 @@ def test_bad_config_names_file_field_and_expectation(path: Path) -> None:
 def test_example_config_is_valid() -> None:
     repo = Path(__file__).parent.parent
     cfg = load_config(repo / "examples" / "trainguard.yml")
-    assert [r.name for r in cfg.runs] == ["llama-ft", "sd-finetune"]
+    assert [r.name for r in cfg.runs] == ["llama-ft", "sd-finetune", "hf-sft"]
     llama = cfg.runs[0]
     assert llama.pid_file == Path("/run/train.pid")
     assert llama.checkpoints is not None
@@ -49,6 +49,8 @@ def test_example_config_is_valid() -> None:
     # it identifies each run: no process name that any interpreter has
     assert cfg.warnings == ()
     assert cfg.runs[1].cmdline_match is not None and cfg.runs[1].process_match is None
+    hf = cfg.runs[2].checkpoints
+    assert hf is not None and (hf.pattern, hf.layout) == ("checkpoint-{step}", "huggingface")
 
 
 @pytest.mark.parametrize("pattern", ["^python3?$", "python", "^(python|java)$", "sh$"])

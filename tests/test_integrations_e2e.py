@@ -140,6 +140,18 @@ def kill9(pid: int) -> None:
     raise AssertionError(f"pid {pid} still running 60 s after SIGKILL")
 
 
+def exporter(t: Training) -> Exporter:
+    """The exporter on the run's state dir, calling a checkpoint settled 1 s after its last
+    write (the default grace period is minutes)."""
+    config = t.state.parent / "trainguard.yml"
+    config.write_text("checkpoints: {grace_period: 1s}\n")
+    return Exporter([f"--config.file={config}"], state_dir=t.state)
+
+
+def last_step(s: Samples, t: Training) -> float | None:
+    return value(s, "trainguard_checkpoint_last_step", run=t.name, location="primary")
+
+
 def training(tmp_path: Path, framework: str) -> Training:
     return Training(
         framework,
@@ -166,7 +178,7 @@ def finished(
     below that only read it)."""
     t = training(tmp_path_factory.mktemp(request.param), request.param)
     t.state.mkdir(parents=True)
-    with Exporter(state_dir=t.state) as exp:
+    with exporter(t) as exp:
         proc = t.start(gate_step=5)
         try:
             t.wait_parked(proc)
@@ -205,7 +217,6 @@ def test_a_run_is_up_steps_to_max_steps_and_finishes(finished: Finished) -> None
 
 #: why the exporter does not judge a framework's checkpoints yet
 NOT_YET = {
-    "hf": "needs directory checkpoints (issue 15)",
     "lightning": "needs checkpoints judged without trainguard's records (issue 15): Lightning "
     "writes its .ckpt files in place, and unrecorded files are never complete",
 }
@@ -217,9 +228,16 @@ def test_the_newest_complete_checkpoint_is_the_last_save_steps_multiple(
     reason = NOT_YET.get(finished.training.framework)
     if reason:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-    s = finished.exporter.scrape()
-    run = finished.training.name
-    assert value(s, "trainguard_checkpoint_last_step", run=run, location="primary") == MAX_STEPS
+    t = finished.training
+
+    def judged(s: Samples) -> bool:  # settled (1 s grace), or files that are never complete
+        unrecorded = value(
+            s, "trainguard_checkpoint_unrecorded_files", run=t.name, location="primary"
+        )
+        return last_step(s, t) is not None or bool(unrecorded)
+
+    s = poll(finished.exporter, judged, DEADLINE)
+    assert last_step(s, t) == MAX_STEPS
 
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
@@ -229,7 +247,7 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
     t = training(tmp_path, framework)
     t.state.mkdir(parents=True)
     key = {"run": t.name, "rank": "0"}
-    with Exporter(state_dir=t.state) as exp:
+    with exporter(t) as exp:
         first = t.start(gate_step=15)  # a checkpoint at 10, parked at 15
         try:
             (pid,) = t.wait_parked(first)
@@ -240,6 +258,9 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
             assert value(dead, "trainguard_run_process_up", **key) == 0
             assert value(dead, "trainguard_run_finished", **key) == 0
             assert value(dead, "trainguard_run_step", **key) == 15
+            if framework == "hf":  # what a restart resumes from: step 10's directory
+                settled = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
+                assert last_step(settled, t) == 10
         finally:
             if first.poll() is None:
                 first.kill()
@@ -255,6 +276,9 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
         assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
         assert value(s, "trainguard_run_last_death_step", run=t.name) == 15
         assert value(s, "trainguard_run_step", **key) == MAX_STEPS
+        if framework == "hf":
+            s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
+            assert last_step(s, t) == MAX_STEPS
         info = select(s, "trainguard_run_info", run=t.name)
         assert [dict(lbl)["pid"] for lbl in info] == [str(second.pid)]
 

@@ -234,3 +234,28 @@ def test_configured_runs_dead_longer_than_the_retention_are_no_longer_published(
             if p is not None:
                 p.kill()
                 p.wait()
+
+
+def test_announced_pattern_and_layout_reach_the_checkpoint_targets(tmp_path: Path) -> None:
+    """What an integration announces for the Hugging Face Trainer's output_dir: its step
+    directories' pattern (and a layout), for the primary and the mirrors alike."""
+    put(
+        tmp_path,
+        own_heartbeat(
+            "hf",
+            checkpoint_dir="/out",
+            mirrors={"nas": "/nas/out"},
+            checkpoint_pattern="checkpoint-{step}",
+            checkpoint_layout="huggingface",
+        ),
+    )
+    me = os.geteuid()
+    targets = RunTable(parse_config(None, "t"), tmp_path).checkpoint_targets()
+    assert targets == [
+        CheckpointTarget(
+            "hf", "primary", Path("/out"), "checkpoint-{step}", me, layout="huggingface"
+        ),
+        CheckpointTarget(
+            "hf", "nas", Path("/nas/out"), "checkpoint-{step}", me, layout="huggingface"
+        ),
+    ]

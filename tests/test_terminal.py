@@ -216,6 +216,45 @@ def test_verify_truncated_mirror_in_flight_and_unknown_mtime(tmp_path: Path) -> 
     assert child.exitstatus == 1 and "\x1b[" in out and "truncated" in out
 
 
+def _aged_tree(path: Path) -> None:
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            _aged(Path(root) / name)
+    _aged(path)
+
+
+def test_verify_step_directories(tmp_path: Path) -> None:
+    """DCP-style step directories: one item per directory, a mirror's directory with a file
+    cut short is truncated, an uncommitted one is in flight, and resume_from is a directory."""
+    primary, mirror = tmp_path / "ckpt", tmp_path / "mirror"
+    for step in (100, 200):
+        for loc in (primary, mirror):
+            d = loc / f"step-{step}"
+            d.mkdir(parents=True)
+            (d / "__0_0.distcp").write_bytes(b"a" * 2470)
+            (d / ".metadata").write_bytes(b"m" * 10)
+            _aged_tree(d)
+    cut = mirror / "step-200" / "__0_0.distcp"
+    os.truncate(cut, 1820)
+    _aged(cut)
+    (primary / "step-300").mkdir()
+    (primary / "step-300" / "__0_0.distcp").write_bytes(b"a")  # no .metadata yet
+    r = tg("verify", str(mirror), f"--primary={primary}", "--pattern=step-{step}", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    verdicts = {i["name"]: (i["verdict"], i["size"], i["expected_size"]) for i in doc["items"]}
+    assert verdicts["step-200/"] == ("truncated", 1830, 2480)
+    assert verdicts["step-100/"][0] == "complete"
+    assert doc["resume_from"] == "step-100" and doc["resume_step"] == 100
+    r = tg("verify", str(primary), "--pattern=step-{step}", "--json")
+    doc = json.loads(r.stdout)
+    verdicts = {i["name"]: i["verdict"] for i in doc["items"]}
+    assert verdicts == {"step-300/": "in flight", "step-200/": "complete", "step-100/": "complete"}
+    assert doc["resume_from"] == "step-200" and r.returncode == 0
+    r = tg("verify", str(primary / "step-100"), "--pattern=step-{step}")
+    assert r.returncode == 0 and "committed by its framework's marker" in r.stdout
+
+
 def test_verify_bad_input(tmp_path: Path) -> None:
     r = tg("verify", str(tmp_path / "nope"))
     assert r.returncode == 2 and "does not exist" in r.stderr and r.stderr.count("\n") == 1

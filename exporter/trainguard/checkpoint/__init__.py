@@ -8,16 +8,29 @@ being written, copied, or of unknown age.
     checkpoint.mirror("/data/ckpt/step_100.pt", "/mnt/backup/ckpt")
     checkpoint.prune("/data/ckpt", keep=12, mirrors=["/mnt/backup/ckpt"])
     state = torch.load(checkpoint.latest("/data/ckpt"))
+    with checkpoint.save_dir("/data/ckpt/step-200", pattern="step-{step}") as tmp:
+        torch.distributed.checkpoint.save(state, checkpoint_id=tmp)   # a directory per step
 
-torch is imported only when an object has to go through ``torch.save``. Checkpoints are single
-regular files (a directory per step is not supported). Locking uses ``flock`` where the platform
+torch is imported only when an object has to go through ``torch.save``. A checkpoint is a
+single regular file or a directory per step (written by ``save_dir`` or by a framework, see
+docs/checkpoints.md). Locking uses ``flock`` where the platform
 has it (POSIX); elsewhere the grace period alone protects files in flight.
 """
 
 from trainguard.checkpoint.copier import mirror
+from trainguard.checkpoint.dirwriter import save_dir
 from trainguard.checkpoint.part import CheckpointError
 from trainguard.checkpoint.retention import Checkpoint, latest, prune
 from trainguard.checkpoint.writer import save
 from trainguard.shared.manifest import Record
 
-__all__ = ["Checkpoint", "CheckpointError", "Record", "latest", "mirror", "prune", "save"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "Record",
+    "latest",
+    "mirror",
+    "prune",
+    "save",
+    "save_dir",
+]

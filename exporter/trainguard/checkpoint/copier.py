@@ -23,6 +23,7 @@ from trainguard.checkpoint.part import (
 from trainguard.shared.fileio import FILE_FLAGS, HASH_CHUNK, fsync_dir, write_all
 from trainguard.shared.manifest import Record, read_record, remove_record, write_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
+from trainguard.shared.steps import DEFAULT_LAYOUT
 
 #: bytes per copy_file_range call: big enough for full speed, small enough to hash behind it
 COPY_CHUNK = 16 * 1024 * 1024
@@ -159,6 +160,7 @@ def mirror(
     *,
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
     verify_hash: bool = True,
+    layout: str = DEFAULT_LAYOUT,
 ) -> Record:
     """Copy a checkpoint to another directory (usually another filesystem) with the same
     discipline as :func:`save`: ``.part``, checked, fsync, rename, fsync, record.
@@ -169,8 +171,17 @@ def mirror(
     slower than SHA-256 this costs almost nothing; ``verify_hash=False`` skips it (the exporter
     still verifies the mirror later against the hash carried into its record). The source is
     held with a shared lock so that :func:`prune` does not delete it mid-copy.
+
+    A step directory is copied file by file the same way
+    (:func:`trainguard.checkpoint.dirwriter.mirror_dir`): it must be committed (its record,
+    or its framework's marker by ``layout``), and the copy is committed by renaming its
+    ``.part`` directory, then one record lists every file.
     """
     src = Path(path)
+    if stat.S_ISDIR(os.lstat(src).st_mode):
+        from trainguard.checkpoint.dirwriter import mirror_dir as copy_dir
+
+        return copy_dir(src, mirror_dir, pattern=pattern, layout=layout, verify_hash=verify_hash)
     name = src.name
     step = step_of(name, pattern)
     dst_dir = Path(mirror_dir)

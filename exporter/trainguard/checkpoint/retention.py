@@ -1,21 +1,39 @@
 """``prune`` and ``latest``: act only on what the shared verdict calls complete, and never
-delete what is being written, copied, or of unknown age."""
+delete what is being written, copied, or of unknown age, whether a checkpoint is one file or a
+directory per step (:mod:`trainguard.shared.steps`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.checkpoint.part import lock
-from trainguard.shared.fileio import FILE_FLAGS, O_NONBLOCK, fsync_dir, settled, sha256_file
+from trainguard.shared.fileio import (
+    FILE_FLAGS,
+    O_CLOEXEC,
+    O_DIRECTORY,
+    O_NONBLOCK,
+    fsync_dir,
+    settled,
+    sha256_file,
+)
 from trainguard.shared.listing import Listing, read_listing
-from trainguard.shared.manifest import MANIFEST_DIR, remove_record
+from trainguard.shared.manifest import MANIFEST_DIR, ManifestError, remove_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, CheckpointPattern
-from trainguard.shared.verdict import Judged, judge
+from trainguard.shared.steps import DEFAULT_LAYOUT, StepDir, walk
+from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
+
+#: a step directory being deleted is first renamed to a hidden name with this in it, so that
+#: from that instant no pattern takes it for a checkpoint; a prune killed while deleting leaves
+#: one, which the next prune removes
+DELETING = ".trainguard-deleting-"
 
 
 @dataclass(frozen=True)
@@ -25,8 +43,9 @@ class Checkpoint:
 
     path: Path
     step: int
-    size: int
-    sha256: str | None
+    size: int  # for a directory: all its files together
+    sha256: str | None  # None for a directory (its record has one per file)
+    directory: bool = False  # a step directory (a framework's or save_dir's), not one file
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -79,6 +98,59 @@ def _remove_stale_records(listing: Listing, now_ns: int, grace_ns: int) -> None:
                 os.unlink(entry.path)
 
 
+def _delete_dir(directory: Path, d: StepDir) -> bool:
+    """Delete a step directory only if it is still the tree that was judged (same directory,
+    no file added, removed or touched since) and nobody holds a lock on it (a ``mirror``
+    copying it). It is first renamed to a hidden name, so that a prune killed half-way never
+    leaves a partial directory under a checkpoint's name. False, nothing deleted, otherwise."""
+    path = directory / d.name
+    try:
+        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if not lock(fd, exclusive=True, blocking=False):
+            return False
+        tree = walk(fd, path, d.name, None)
+        judged = sorted(
+            (e.name, e.stat.st_ino, e.stat.st_size, e.stat.st_mtime_ns) for e in d.files
+        )
+        now = sorted(
+            (f"{d.name}/{rel}", st.st_ino, st.st_size, st.st_mtime_ns) for rel, st in tree.files
+        )
+        if tree.touched_ns != d.touched_ns or judged != now:
+            return False  # written to since it was judged
+        st = os.fstat(fd)
+        cur = os.stat(path, follow_symlinks=False)
+        if (cur.st_dev, cur.st_ino) != (st.st_dev, st.st_ino):
+            return False
+        hidden = directory / f".{d.name}{DELETING}{secrets.token_hex(4)}"
+        os.rename(path, hidden)
+    except (OSError, ManifestError):
+        return False
+    finally:
+        os.close(fd)
+    fsync_dir(directory)
+    shutil.rmtree(hidden, ignore_errors=True)
+    return True
+
+
+def _remove_leftovers(directory: Path, now_ns: int, grace_ns: int) -> None:
+    """Hidden directories of a prune killed while deleting, once settled."""
+    with contextlib.suppress(OSError), os.scandir(directory) as it:
+        for entry in it:
+            if entry.name.startswith(".") and DELETING in entry.name:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) and settled(st, now_ns, grace_ns):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _complete_steps(judged: list[Judged], steps: list[StepVerdict]) -> set[int]:
+    out = {j.entry.step for j in judged if j.complete}
+    out.update(sv.dir.step for sv in steps if sv.complete)
+    return out
+
+
 def prune(
     directory: str | os.PathLike[str],
     keep: int,
@@ -86,32 +158,39 @@ def prune(
     mirrors: Iterable[str | os.PathLike[str]] = (),
     grace: float = 300.0,
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
+    layout: str = DEFAULT_LAYOUT,
 ) -> list[Path]:
     """Keep the newest ``keep`` complete checkpoints of ``directory`` and delete older ones,
     in the mirrors too (aligned on the same steps). Returns what was deleted.
 
-    Never deleted: a ``.part``; a file touched within ``grace`` seconds; a file whose mtime is 0
-    or unreadable (unknown is not old); the newest complete checkpoint of each location; a file
+    A checkpoint is a file or a step directory (committed by a trainguard record or its
+    framework's marker, ``layout`` as in the exporter's config). Never deleted: a ``.part`` or
+    a step directory in flight (temporary name, not committed); a file or directory touched
+    within ``grace`` seconds (anything under it, for a directory); one whose mtime is 0 or
+    unreadable (unknown is not old); the newest complete checkpoint of each location; one
     another process holds locked (a mirror copying it); anything at all when fewer than
     ``keep`` complete checkpoints exist. Every location is read before anything is deleted; a
-    location that cannot be read raises and nothing is deleted.
+    location that cannot be read raises and nothing is deleted. A directory is renamed to a
+    hidden name before it is removed, so a prune killed half-way leaves no partial checkpoint.
     """
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is never pruned")
     pat = CheckpointPattern(pattern)
     now_ns = time.time_ns()
     grace_ns = int(grace * 1e9)
-    primary = read_listing(directory, pat)
-    listings = [primary, *(read_listing(m, pat) for m in mirrors)]
+    primary = read_listing(directory, pat, layout)
+    listings = [primary, *(read_listing(m, pat, layout, primary.layout) for m in mirrors)]
     judged: list[list[Judged]] = [judge(primary, now_ns=now_ns, grace_ns=grace_ns)]
     judged += [judge(m, now_ns=now_ns, grace_ns=grace_ns, primary=primary) for m in listings[1:]]
-    steps = sorted({j.entry.step for j in judged[0] if j.complete}, reverse=True)
+    dirs = [judge_dirs(primary, now_ns=now_ns, grace_ns=grace_ns)]
+    dirs += [judge_dirs(m, now_ns=now_ns, grace_ns=grace_ns, primary=primary) for m in listings[1:]]
+    steps = sorted(_complete_steps(judged[0], dirs[0]), reverse=True)
     if len(steps) < keep:
         return []
     oldest_kept = steps[keep - 1]
     deleted: list[Path] = []
-    for listing, files in zip(listings, judged, strict=True):
-        newest = max((j.entry.step for j in files if j.complete), default=None)
+    for listing, files, step_dirs in zip(listings, judged, dirs, strict=True):
+        newest = max(_complete_steps(files, step_dirs), default=None)
         removed = False
         for j in files:
             step = j.entry.step
@@ -123,9 +202,19 @@ def prune(
                 removed = True
                 if j.entry.name in listing.records:
                     remove_record(listing.directory, j.entry.name)
+        for sv in step_dirs:
+            d = sv.dir
+            if d.step >= oldest_kept or d.step == newest or not sv.settled:
+                continue
+            if _delete_dir(listing.directory, d):
+                deleted.append(listing.directory / d.name)
+                removed = True
+                if d.name in listing.records:
+                    remove_record(listing.directory, d.name)
         if removed:
             fsync_dir(listing.directory)
         _remove_stale_records(listing, now_ns, grace_ns)
+        _remove_leftovers(listing.directory, now_ns, grace_ns)
     return deleted
 
 
@@ -136,30 +225,50 @@ def latest(
     primary: str | os.PathLike[str] | None = None,
     grace: float = 300.0,
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
+    layout: str = DEFAULT_LAYOUT,
 ) -> Checkpoint | None:
     """The newest complete checkpoint: its size matches its record (for a mirror without a
     record, the ``primary`` directory's record, or the primary file once ``grace`` has passed),
     its mtime is known, and with ``verify_hash`` its content hashes to the recorded SHA-256
-    (a file without a recorded hash then does not qualify). None when there is none."""
+    (a file without a recorded hash then does not qualify). None when there is none.
+
+    A step directory qualifies when committed (its trainguard record, or its framework's
+    marker: ``layout`` as in the exporter's config, ``auto`` by default) with every file its
+    record lists at its recorded size, or, committed by a marker only, nothing under it
+    touched for ``grace`` seconds; a mirror's directory must also hold every file of the
+    primary's directory of that step at its size. With ``verify_hash`` every file of the
+    directory must hash to its record's SHA-256."""
     pat = CheckpointPattern(pattern)
-    listing = read_listing(directory, pat)
-    plisting = read_listing(primary, pat) if primary is not None else None
-    judged = judge(listing, now_ns=time.time_ns(), grace_ns=int(grace * 1e9), primary=plisting)
-    complete = sorted(
-        (j for j in judged if j.complete), key=lambda j: (j.entry.step, j.entry.name), reverse=True
-    )
-    for j in complete:
-        path = listing.directory / j.entry.name
-        if verify_hash:
-            if j.expected_sha256 is None:
-                continue
-            try:
-                sha, size = sha256_file(path)
-            except OSError:
-                continue
-            if sha != j.expected_sha256 or size != j.expected_size:
-                continue
+    plisting = read_listing(primary, pat, layout) if primary is not None else None
+    listing = read_listing(directory, pat, layout, None if plisting is None else plisting.layout)
+    now_ns = time.time_ns()
+    grace_ns = int(grace * 1e9)
+    judged = judge(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
+    steps = judge_dirs(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
+    candidates: list[tuple[int, str, Judged | StepVerdict]] = [
+        (j.entry.step, j.entry.name, j) for j in judged if j.complete
+    ]
+    candidates += [(sv.dir.step, sv.dir.name, sv) for sv in steps if sv.complete]
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    for step, name, found in candidates:
+        path = listing.directory / name
+        files = found.files if isinstance(found, StepVerdict) else [found]
+        if verify_hash and not all(_hash_matches(listing.directory, j) for j in files):
+            continue
+        if isinstance(found, StepVerdict):
+            size = sum(j.entry.stat.st_size for j in found.files)
+            return Checkpoint(path=path, step=step, size=size, sha256=None, directory=True)
         return Checkpoint(
-            path=path, step=j.entry.step, size=j.entry.stat.st_size, sha256=j.expected_sha256
+            path=path, step=step, size=found.entry.stat.st_size, sha256=found.expected_sha256
         )
     return None
+
+
+def _hash_matches(directory: Path, j: Judged) -> bool:
+    if j.expected_sha256 is None:
+        return False
+    try:
+        sha, size = sha256_file(directory / j.entry.name)
+    except OSError:
+        return False
+    return sha == j.expected_sha256 and size == j.expected_size

@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, checkpoint_pattern_problem
+from trainguard.shared.steps import DEFAULT_LAYOUT, layout_problem
 
 _DURATION_RE = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _SIZE_RE = re.compile(r"^(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?$")
@@ -58,6 +59,8 @@ class CheckpointLocations:
     #: a settled file with no record (its writer is not trainguard.checkpoint) counts as
     #: complete; without this it is never complete, since its size cannot be checked
     trust_unrecorded: bool = False
+    #: how step directories are committed (``auto``: told from what the location holds)
+    layout: str = DEFAULT_LAYOUT
 
 
 @dataclass(frozen=True)
@@ -217,7 +220,9 @@ def _kind(value: Any) -> str:
 
 
 def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
-    f = _Fields(source, where, value, ("primary", "mirrors", "pattern", "trust_unrecorded"))
+    f = _Fields(
+        source, where, value, ("primary", "mirrors", "pattern", "trust_unrecorded", "layout")
+    )
     mirrors: dict[str, Path] = {}
     raw_mirrors = f.get("mirrors")
     if raw_mirrors is not None:
@@ -246,8 +251,16 @@ def _checkpoints(source: str, where: str, value: Any) -> CheckpointLocations:
     trust = f.get("trust_unrecorded")
     if trust is not None and not isinstance(trust, bool):
         f.fail(f.path("trust_unrecorded"), f"expected true or false, got {_kind(trust)}")
+    layout = f.string("layout") or DEFAULT_LAYOUT
+    problem = layout_problem(layout)
+    if problem:
+        f.fail(f.path("layout"), problem)
     return CheckpointLocations(
-        primary=primary, mirrors=mirrors, pattern=pattern, trust_unrecorded=bool(trust)
+        primary=primary,
+        mirrors=mirrors,
+        pattern=pattern,
+        trust_unrecorded=bool(trust),
+        layout=layout,
     )
 
 

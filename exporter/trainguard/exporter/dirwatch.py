@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import stat
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from trainguard.shared.fileio import DIR_FD, O_CLOEXEC, O_DIRECTORY
-from trainguard.shared.listing import Entry, Listing, StepMemo, list_directory, not_regular
+from trainguard.shared.listing import Found, Listing, StepMemo, list_directory, place
 from trainguard.shared.manifest import (
     MANIFEST_DIR,
     Record,
@@ -20,6 +21,7 @@ from trainguard.shared.manifest import (
     read_records,
 )
 from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.steps import DEFAULT_LAYOUT, Entry, StepDir, Tree
 
 
 class NotMounted(Exception):
@@ -46,8 +48,13 @@ class DirectoryWatch:
     means unchanged entries, once that stat has settled (see :data:`SETTLE_SECONDS`). What it
     says nothing about is the content of the entries themselves."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        revalidate: float = REVALIDATE_SECONDS,
+    ) -> None:
         self._clock = clock
+        self._revalidate = revalidate
         self._key: tuple[int, ...] | None = None
         self._since = 0.0  # when the directory was first seen with _key
         self._checked_at = 0.0
@@ -62,7 +69,7 @@ class DirectoryWatch:
         if key != self._key:
             self._key, self._since, self._trusted = key, now, False
             return False
-        if self._trusted and now - self._read_at < REVALIDATE_SECONDS:
+        if self._trusted and now - self._read_at < self._revalidate:
             return True
         self._trusted = False
         return False
@@ -113,25 +120,118 @@ class RecordCache:
         return self._records
 
 
+def _spread(rel: str) -> float:
+    """How often the directories and files of one step tree are read again in full: between
+    half of :data:`REVALIDATE_SECONDS` and all of it, fixed per path, so that the trees of a
+    location first read in one scrape do not all come due in the same later one."""
+    return REVALIDATE_SECONDS * (0.5 + (zlib.crc32(rel.split("/", 1)[0].encode()) % 1000) / 2000)
+
+
+class StepTreeMemo:
+    """What is remembered of the directories under a location's step directories (see
+    :class:`trainguard.shared.steps.TreeMemo`): each directory's file and subdirectory names,
+    trusted while its stat is unchanged (:class:`DirectoryWatch`), and whether each
+    ``trainer_state.json`` parsed. Whatever a walk did not visit is forgotten at its end."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._dirs: dict[str, tuple[DirectoryWatch, list[str] | None, list[str] | None]] = {}
+        self._markers: dict[tuple[int, ...], bool] = {}
+        self._trees: dict[str, tuple[Tree, float]] = {}  # and when its files were stat'ed
+        self._step_dirs: dict[str, StepDir] = {}
+        self._used: set[str] = set()
+        self._used_markers: set[tuple[int, ...]] = set()
+
+    def begin(self) -> None:
+        self._used = set()
+        self._used_markers = set()
+
+    def end(self) -> None:
+        for rel in [r for r in self._dirs if r not in self._used]:
+            del self._dirs[rel]
+        for rel in [r for r in self._trees if r not in self._used]:
+            del self._trees[rel]
+        for name in [n for n in self._step_dirs if n not in self._used]:
+            del self._step_dirs[name]
+        for key in [k for k in self._markers if k not in self._used_markers]:
+            del self._markers[key]
+
+    def tree(self, rel: str) -> Tree | None:
+        """A step tree whose files were stat'ed less than :data:`REVALIDATE_SECONDS` ago: while
+        its directories are unchanged, its files are not stat'ed again until then (a file cut
+        in place under an unchanged step directory shows within that time)."""
+        cached = self._trees.get(rel)
+        if cached is None or self._clock() - cached[1] >= _spread(rel):
+            return None
+        return cached[0]
+
+    def store_tree(self, rel: str, tree: Tree) -> None:
+        self._trees[rel] = (tree, self._clock())
+
+    def step_dir(self, name: str) -> StepDir | None:
+        return self._step_dirs.get(name)
+
+    def store_step_dir(self, step_dir: StepDir) -> None:
+        self._step_dirs[step_dir.name] = step_dir
+
+    def known(self, rel: str, st: os.stat_result) -> tuple[list[str], list[str]] | None:
+        self._used.add(rel)
+        memo = self._dirs.get(rel)
+        if memo is None:
+            memo = self._dirs[rel] = (DirectoryWatch(self._clock, _spread(rel)), None, None)
+        watch, files, dirs = memo
+        if watch.unchanged(st) and files is not None and dirs is not None:
+            return files, dirs
+        return None
+
+    def store(self, rel: str, st: os.stat_result, files: list[str], dirs: list[str]) -> None:
+        watch = (
+            self._dirs[rel][0] if rel in self._dirs else DirectoryWatch(self._clock, _spread(rel))
+        )
+        if rel not in self._dirs:
+            watch.unchanged(st)
+        self._dirs[rel] = (watch, files, dirs)
+        self._used.add(rel)
+        watch.read_done()
+
+    def forget(self, rel: str) -> None:
+        self._dirs.pop(rel, None)
+
+    def marker(self, key: tuple[int, ...]) -> bool | None:
+        self._used_markers.add(key)
+        return self._markers.get(key)
+
+    def store_marker(self, key: tuple[int, ...], ok: bool) -> None:
+        self._used_markers.add(key)
+        self._markers[key] = ok
+
+
 class CheckpointDirectory:
     """A checkpoint location as the exporter reads it at every scrape. While the directory is
     unchanged (:class:`DirectoryWatch`) the names that matched at the last full listing are the
     ones there, so each is stat'ed directly instead of listing the directory and parsing names
     again; each file is still stat'ed at every scrape, since a checkpoint overwritten in place
-    changes no directory stat."""
+    changes no directory stat. The directories under step directories are treated alike
+    (:class:`StepTreeMemo`): an unchanged one is not listed again, its files are stat'ed."""
 
     def __init__(
         self,
         directory: Path,
         pattern: CheckpointPattern,
         *,
+        layout: str = DEFAULT_LAYOUT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
         self.pattern = pattern
+        self.layout = layout
         self._steps: StepMemo = {}
         self._watch = DirectoryWatch(clock)
+        self._tree = StepTreeMemo(clock)
         self._mounted_dev: int | None = None  # the device it was seen mounted from, if any
+        #: the layout ``auto`` takes where this location's contents tell nothing (for a
+        #: mirror: its primary's, set by the caller before each read)
+        self.fallback: str | None = None
 
     def read(
         self, records: RecordCache, check: Callable[[os.stat_result], None] | None = None
@@ -143,7 +243,14 @@ class CheckpointDirectory:
             st = os.stat(self.directory)
             if check is not None:
                 check(st)
-            return list_directory(self.directory, self.pattern, records.read(), self._steps)
+            return list_directory(
+                self.directory,
+                self.pattern,
+                records.read(),
+                self._steps,
+                layout=self.layout,
+                fallback=self.fallback,
+            )
         fd = os.open(self.directory, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         try:
             st = os.fstat(fd)
@@ -151,12 +258,24 @@ class CheckpointDirectory:
                 check(st)
             self._check_mounted(st, os.stat("..", dir_fd=fd))
             recs = records.read(dir_fd=fd)
+            self._tree.begin()
             if self._watch.unchanged(st):
                 listing = self._restat(fd, recs)
                 if listing is not None:
+                    self._tree.end()
                     return listing
                 self._watch.forget()
-            listing = list_directory(self.directory, self.pattern, recs, self._steps, dir_fd=fd)
+            listing = list_directory(
+                self.directory,
+                self.pattern,
+                recs,
+                self._steps,
+                dir_fd=fd,
+                layout=self.layout,
+                tree_memo=self._tree,
+                fallback=self.fallback,
+            )
+            self._tree.end()
             self._watch.read_done()
             return listing
         finally:
@@ -181,14 +300,17 @@ class CheckpointDirectory:
         changed after its stat was taken: list it)."""
         files: list[Entry] = []
         partials: list[Entry] = []
+        found = Found(self.pattern, self.layout, self.fallback)
         lstat = os.stat
-        for name, (step, partial) in self._steps.items():
+        directory = self.directory
+        for name, known in self._steps.items():
             try:
                 st = lstat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 return None
-            if not stat.S_ISREG(st.st_mode):
-                not_regular(self.directory, name, st, records)
+            if stat.S_ISREG(st.st_mode) and known[0] >= 0 and not known[1]:
+                files.append(Entry(name, known[0], st))  # the common case, inlined
                 continue
-            (partials if partial else files).append(Entry(name, step, st))
-        return Listing(self.directory, tuple(files), tuple(partials), records)
+            place(directory, name, known, st, records, files, partials, found)
+        dirs, inflight, layout = found.finish(directory, fd, records, self._tree)
+        return Listing(directory, tuple(files), tuple(partials), records, dirs, inflight, layout)

@@ -29,6 +29,7 @@ from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN
+from trainguard.shared.steps import DEFAULT_LAYOUT
 
 #: heartbeat files read at most per scrape; more is an error (and a sign of misuse)
 MAX_FILES = 10_000
@@ -131,6 +132,7 @@ class RunTable:
                         Path(path),
                         hb.checkpoint_pattern or DEFAULT_CHECKPOINT_PATTERN,
                         owner=row.owner,
+                        layout=hb.checkpoint_layout or DEFAULT_LAYOUT,
                     )
                 )
         return merge_targets(config_targets(self.config), announced)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainguard.exporter.config import Config
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN
+from trainguard.shared.steps import DEFAULT_LAYOUT
 
 PRIMARY = "primary"
 
@@ -24,6 +25,7 @@ class CheckpointTarget:
     #: :func:`ownership_problem`); None for a location from the config file
     owner: int | None = None
     trust_unrecorded: bool = False  # see CheckpointLocations.trust_unrecorded
+    layout: str = DEFAULT_LAYOUT  # how step directories are committed (shared.steps.LAYOUTS)
 
 
 def config_targets(config: Config) -> list[CheckpointTarget]:
@@ -35,13 +37,23 @@ def config_targets(config: Config) -> list[CheckpointTarget]:
         if ck.primary is not None:
             targets.append(
                 CheckpointTarget(
-                    run.name, PRIMARY, ck.primary, ck.pattern, trust_unrecorded=ck.trust_unrecorded
+                    run.name,
+                    PRIMARY,
+                    ck.primary,
+                    ck.pattern,
+                    trust_unrecorded=ck.trust_unrecorded,
+                    layout=ck.layout,
                 )
             )
         for name, path in sorted(ck.mirrors.items()):
             targets.append(
                 CheckpointTarget(
-                    run.name, name, path, ck.pattern, trust_unrecorded=ck.trust_unrecorded
+                    run.name,
+                    name,
+                    path,
+                    ck.pattern,
+                    trust_unrecorded=ck.trust_unrecorded,
+                    layout=ck.layout,
                 )
             )
     return targets

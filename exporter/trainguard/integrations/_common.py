@@ -117,6 +117,7 @@ class RunLife:
         rank: int,
         checkpoint_dir: str | os.PathLike[str] | None,
         checkpoint_pattern: str | None,
+        checkpoint_layout: str | None = None,
     ) -> Run:
         """The open ``Run``, created at the first start (or after an end: a second
         ``train()`` is a new process life of the same run and rank)."""
@@ -126,6 +127,7 @@ class RunLife:
             kwargs = {
                 "checkpoint_dir": checkpoint_dir,
                 "checkpoint_pattern": checkpoint_pattern if checkpoint_dir else None,
+                "checkpoint_layout": checkpoint_layout if checkpoint_dir else None,
                 "rank": rank,
                 **self._run_kwargs,
             }

@@ -66,7 +66,7 @@ class TrainguardCallback(Callback):
     ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started."""
 
     def __init__(self, name: str | None = None, **run_kwargs: Any) -> None:
-        for key in ("checkpoint_dir", "checkpoint_pattern", "rank"):
+        for key in ("checkpoint_dir", "checkpoint_pattern", "checkpoint_layout", "rank"):
             if key in run_kwargs:
                 raise TypeError(
                     f"TrainguardCallback: {key} comes from the Trainer and its ModelCheckpoint, "
@@ -92,7 +92,8 @@ class TrainguardCallback(Callback):
                 )
             else:
                 checkpoint_dir = os.fspath(mc.dirpath)
-        self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern)
+        # single files, written in place: no step directories to judge
+        self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern, "files")
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int

@@ -6,7 +6,8 @@
 
 Every optimizer step is reported (``state.global_step``) with the last logged loss, learning
 rate, grad norm and throughput; ``args.output_dir`` is announced as the checkpoint location
-with the Trainer's ``checkpoint-{step}`` directories; the end of ``train()`` is a clean
+with the Trainer's ``checkpoint-{step}`` directories (layout ``huggingface``: complete once
+``trainer_state.json`` is written); the end of ``train()`` is a clean
 finish; a ``train()`` that raises (nothing tells a callback: seen at exit, or by the next
 ``train()``) a failure. The run is named ``name``, else ``$TRAINGUARD_RUN``, else
 ``args.run_name``, else the last component of ``args.output_dir``; under ``torchrun`` or
@@ -26,10 +27,12 @@ try:
 except ImportError as exc:  # transformers missing, or broken by its own dependencies
     raise missing_framework("transformers", "transformers", exc) from exc
 
-__all__ = ["CHECKPOINT_PATTERN", "TrainguardCallback"]
+__all__ = ["CHECKPOINT_LAYOUT", "CHECKPOINT_PATTERN", "TrainguardCallback"]
 
 #: the Trainer's checkpoint directories, ``<output_dir>/checkpoint-<global step>``
 CHECKPOINT_PATTERN = "checkpoint-{step}"
+#: a step directory is complete once ``trainer_state.json``, written last, is in it
+CHECKPOINT_LAYOUT = "huggingface"
 
 
 class TrainguardCallback(TrainerCallback):
@@ -38,7 +41,7 @@ class TrainguardCallback(TrainerCallback):
     ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once training started."""
 
     def __init__(self, name: str | None = None, **run_kwargs: Any) -> None:
-        for key in ("checkpoint_dir", "checkpoint_pattern", "rank"):
+        for key in ("checkpoint_dir", "checkpoint_pattern", "checkpoint_layout", "rank"):
             if key in run_kwargs:
                 raise TypeError(
                     f"TrainguardCallback: {key} comes from the Trainer's arguments, not from "
@@ -56,7 +59,9 @@ class TrainguardCallback(TrainerCallback):
             self._life.fail(None)  # a train() before this one raised, and the script went on
         output_dir = os.fspath(args.output_dir) if args.output_dir else None
         name = run_name(self._name, args.run_name, output_dir)
-        self._life.start(name, int(args.process_index), output_dir, CHECKPOINT_PATTERN)
+        self._life.start(
+            name, int(args.process_index), output_dir, CHECKPOINT_PATTERN, CHECKPOINT_LAYOUT
+        )
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._life.step(state.global_step)

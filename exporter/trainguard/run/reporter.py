@@ -80,6 +80,7 @@ from trainguard.shared.heartbeat import (
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.pattern import checkpoint_pattern_problem
 from trainguard.shared.statedir import default_state_dir
+from trainguard.shared.steps import layout_problem
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -92,11 +93,12 @@ class Run:
     """Report one training process (one rank of a run) to the trainguard exporter.
 
     ``name`` may be any printable text up to 128 characters; ``checkpoint_dir`` and
-    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints, named by
-    ``checkpoint_pattern`` (default ``step_{step}``, as ``trainguard.checkpoint`` writes them);
-    ``log_file`` lets it publish the log's age. ``rank`` defaults to ``$RANK``, else
-    ``$LOCAL_RANK``, else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the
-    per-user state dir.
+    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints, and
+    ``checkpoint_pattern`` (default ``step_{step}``; ``checkpoint-{step}`` for the Hugging Face
+    Trainer's directories) and ``checkpoint_layout`` (default ``auto``) what they are named and
+    how a step directory is committed (docs/checkpoints.md); ``log_file``
+    lets it publish the log's age. ``rank`` defaults to ``$RANK``, else ``$LOCAL_RANK``,
+    else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the per-user state dir.
 
     ``oom_snapshots=True`` records the CUDA allocator's history, dumps a memory snapshot at an
     OOM inside ``capture_oom()``, and answers ``trainguard snapshot RUN``; with it,
@@ -117,13 +119,14 @@ class Run:
         interval: float = 1.0,
         rank: int | None = None,
         oom_snapshots: bool = False,
-        checkpoint_pattern: str | None = None,
         keepalive: float = 10.0,
         close_timeout: float = 10.0,
         snapshot_steps: int | None = None,
         snapshot_seconds: float | None = None,
         snapshot_keep: int = 2,
         config: Any = None,
+        checkpoint_pattern: str | None = None,
+        checkpoint_layout: str | None = None,
     ) -> None:
         problem = check_run_name(name)
         if problem:
@@ -135,14 +138,6 @@ class Run:
         ):
             if not isinstance(value, (int, float)) or not 0 < value < 86400:
                 raise ValueError(f"trainguard.Run: {label}: expected seconds > 0, got {value!r}")
-        if checkpoint_pattern is not None:
-            problem = (
-                "expected a string"
-                if not isinstance(checkpoint_pattern, str)
-                else checkpoint_pattern_problem(checkpoint_pattern)
-            )
-            if problem:
-                raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
         schedule = check_schedule(
             snapshot_steps, snapshot_seconds, snapshot_keep, bool(oom_snapshots)
         )
@@ -154,8 +149,17 @@ class Run:
         self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
         self._checkpoint_dir = abspath(checkpoint_dir)
-        self._mirrors = mirror_dirs(mirrors)
+        if checkpoint_pattern is not None:
+            problem = checkpoint_pattern_problem(checkpoint_pattern)
+            if problem:
+                raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
+        if checkpoint_layout is not None:
+            problem = layout_problem(checkpoint_layout)
+            if problem:
+                raise ValueError(f"trainguard.Run: checkpoint_layout: {problem}")
         self._checkpoint_pattern = checkpoint_pattern
+        self._checkpoint_layout = checkpoint_layout
+        self._mirrors = mirror_dirs(mirrors)
         self._log_file = abspath(log_file)
         self._interval = float(interval)
         self._keepalive = max(float(keepalive), self._interval)
@@ -426,8 +430,9 @@ class Run:
             boot_time=self._boot_time,
             pid_ns=self._pid_ns,
             checkpoint_dir=self._checkpoint_dir,
-            mirrors=self._mirrors,
             checkpoint_pattern=self._checkpoint_pattern,
+            checkpoint_layout=self._checkpoint_layout,
+            mirrors=self._mirrors,
             log_file=self._log_file,
             allocator=read_allocator(self._warn_once, self._device_uuids),
             memory_snapshots=self._snapshots.oom_count,

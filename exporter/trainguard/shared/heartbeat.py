@@ -169,10 +169,12 @@ class Heartbeat:
     boot_time: float | None = None
     pid_ns: int | None = None  # inode of /proc/self/ns/pid: pids only compare within one
     checkpoint_dir: str | None = None
-    mirrors: Mapping[str, str] = field(default_factory=dict)
-    #: the checkpoint name pattern of ``checkpoint_dir`` and the mirrors (None: the default,
-    #: ``step_{step}``): a framework's own layout, such as the HF Trainer's ``checkpoint-{step}``
+    #: names of the checkpoints in checkpoint_dir and the mirrors (``checkpoint-{step}``...)
+    #: and how step directories are committed; None: the exporter's defaults (``step_{step}``,
+    #: ``auto``). Checked by the exporter, which fails that location alone when they are bad.
     checkpoint_pattern: str | None = None
+    checkpoint_layout: str | None = None
+    mirrors: Mapping[str, str] = field(default_factory=dict)
     log_file: str | None = None
     allocator: tuple[AllocatorStats, ...] = ()
     memory_snapshots: int = 0
@@ -208,8 +210,9 @@ class Heartbeat:
             "boot_time": self.boot_time,
             "pid_ns": self.pid_ns,
             "checkpoint_dir": self.checkpoint_dir,
-            "mirrors": dict(self.mirrors),
             "checkpoint_pattern": self.checkpoint_pattern,
+            "checkpoint_layout": self.checkpoint_layout,
+            "mirrors": dict(self.mirrors),
             "log_file": self.log_file,
             "allocator": [a.to_dict() for a in self.allocator],
             "memory_snapshots": self.memory_snapshots,

@@ -46,7 +46,6 @@ from trainguard.shared.heartbeat import (
     kind_of,
     text_problem,
 )
-from trainguard.shared.pattern import checkpoint_pattern_problem
 
 
 def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> Heartbeat:
@@ -183,8 +182,9 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         boot_time=f.timestamp("boot_time", optional=True),
         pid_ns=f.integer("pid_ns", 0, 2**64 - 1, optional=True),
         checkpoint_dir=f.path("checkpoint_dir"),
+        checkpoint_pattern=f.text("checkpoint_pattern", 255, optional=True),
+        checkpoint_layout=f.text("checkpoint_layout", 32, optional=True),
         mirrors=f.mirrors("mirrors"),
-        checkpoint_pattern=f.get("checkpoint_pattern", _pattern_problem, default=None),
         log_file=f.path("log_file"),
         allocator=f.allocator("allocator"),
         memory_snapshots=f.integer("memory_snapshots", 0, MAX_INT, default=0),
@@ -196,14 +196,6 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
 
 
 _MISSING = object()
-
-
-def _pattern_problem(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return f"expected a string, got {kind_of(value)}"
-    if len(value) > 255:
-        return f"expected at most 255 characters, got {len(value)}"
-    return text_problem(value) or checkpoint_pattern_problem(value)
 
 
 class _Fields:

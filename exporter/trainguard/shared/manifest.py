@@ -46,14 +46,23 @@ from trainguard.shared.pattern import is_plain_name
 MANIFEST_DIR = ".trainguard"
 RECORD_SUFFIX = ".json"
 RECORD_VERSION = 1
+#: a directory checkpoint's record lists every file under it
+DIR_RECORD_VERSION = 2
 #: a record is ~300 bytes; the cap leaves room for a long ``source`` path and nothing more
 MAX_RECORD_BYTES = 16 * 1024
+#: a directory's record (one line per file, ~150 bytes each) may be larger, up to this; it is
+#: written with its keys sorted, so it starts with ``{"files": [``
+MAX_DIR_RECORD_BYTES = 16 * 1024 * 1024
+MAX_DIR_RECORD_FILES = 100_000
+_DIR_RECORD_START = b'{"files": ['
 #: more records than this in one directory is not a checkpoint directory we can judge cheaply
 MAX_RECORDS = 100_000
 #: a record is opened without blocking on a FIFO planted in its place
 _RECORD_READ = os.O_RDONLY | FILE_FLAGS | O_NONBLOCK
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written", "source"})
+_DIR_RECORD_KEYS = _RECORD_KEYS | {"files"}
 _MAX_INT = 2**63 - 1
 
 
@@ -72,21 +81,41 @@ class Record:
     sha256: str | None  # lowercase hex of the content, None when the writer had none
     written: float  # Unix time of the commit
     source: str | None = None  # for a mirror: the file it was copied from
+    #: for a directory checkpoint: every regular file under it, (path relative to the
+    #: directory, size, SHA-256 or None), sorted by path; ``size`` is then their total and
+    #: ``sha256`` None. None for a single-file checkpoint.
+    files: tuple[tuple[str, int, str | None], ...] | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "version": RECORD_VERSION,
-                "name": self.name,
-                "step": self.step,
-                "size": self.size,
-                "sha256": self.sha256,
-                "written": self.written,
-                "source": self.source,
-            },
-            sort_keys=True,
-            allow_nan=False,
-        ).encode()
+        doc: dict[str, Any] = {
+            "version": RECORD_VERSION,
+            "name": self.name,
+            "step": self.step,
+            "size": self.size,
+            "sha256": self.sha256,
+            "written": self.written,
+            "source": self.source,
+        }
+        if self.files is not None:
+            doc["version"] = DIR_RECORD_VERSION
+            doc["files"] = [list(f) for f in self.files]
+        return json.dumps(doc, sort_keys=True, allow_nan=False).encode()
+
+    def file_map(self) -> dict[str, tuple[int, str | None]]:
+        """A directory record's files: relative path -> (size, SHA-256)."""
+        return {path: (size, sha) for path, size, sha in self.files or ()}
+
+
+def is_relative_path(path: str) -> bool:
+    """A path that can only name something under the directory it is relative to: '/'
+    separated, no empty, '.' or '..' component, no control characters (hidden names are fine:
+    DCP's ``.metadata``)."""
+    if not 0 < len(path) <= 4096 or path.startswith("/") or "\\" in path:
+        return False
+    for part in path.split("/"):
+        if part in ("", ".", "..") or len(part) > 255 or _CONTROL.search(part):
+            return False
+    return True
 
 
 def _reject_constant(value: str) -> Any:
@@ -112,8 +141,10 @@ def _int(doc: Mapping[str, Any], key: str) -> int:
 def parse_record(data: bytes, *, name: str) -> Record:
     """Parse one record; ``name`` is the checkpoint the record's file name says it is about.
     Anything but a well-formed record about exactly that plain name raises ManifestError."""
-    if len(data) > MAX_RECORD_BYTES:
-        raise ManifestError(f"larger than {MAX_RECORD_BYTES} bytes")
+    if len(data) > MAX_RECORD_BYTES and (
+        len(data) > MAX_DIR_RECORD_BYTES or not data.startswith(_DIR_RECORD_START)
+    ):
+        raise ManifestError(f"larger than {MAX_RECORD_BYTES} bytes (not a directory's record)")
     try:
         doc = json.loads(
             data.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_reject_constant
@@ -122,12 +153,16 @@ def parse_record(data: bytes, *, name: str) -> Record:
         raise ManifestError(f"not a JSON record: {exc}") from None
     if not isinstance(doc, dict):
         raise ManifestError("not a JSON object")
-    if set(doc) != _RECORD_KEYS:
-        missing = sorted(_RECORD_KEYS - set(doc))
-        extra = sorted(set(doc) - _RECORD_KEYS)
+    keys = _DIR_RECORD_KEYS if "files" in doc else _RECORD_KEYS
+    if set(doc) != keys:
+        missing = sorted(keys - set(doc))
+        extra = sorted(set(doc) - keys)
         raise ManifestError(f"unexpected keys (missing {missing}, unknown {extra})")
-    if doc["version"] != RECORD_VERSION or type(doc["version"]) is not int:
+    version = DIR_RECORD_VERSION if "files" in doc else RECORD_VERSION
+    if doc["version"] != version or type(doc["version"]) is not int:
         raise ManifestError(f"unsupported version {doc['version']!r:.40}")
+    if len(data) > MAX_RECORD_BYTES and "files" not in doc:
+        raise ManifestError(f"larger than {MAX_RECORD_BYTES} bytes")
     rec_name = doc["name"]
     if not isinstance(rec_name, str) or not is_plain_name(rec_name):
         raise ManifestError(
@@ -155,7 +190,29 @@ def parse_record(data: bytes, *, name: str) -> Record:
         sha256=sha,
         written=float(written),
         source=source,
+        files=_files(doc["files"]) if "files" in doc else None,
     )
+
+
+def _files(value: Any) -> tuple[tuple[str, int, str | None], ...]:
+    """A directory record's file list: [[path, size, sha256 or null], ...], sorted, unique."""
+    if not isinstance(value, list) or len(value) > MAX_DIR_RECORD_FILES:
+        raise ManifestError(f"files: expected a list of at most {MAX_DIR_RECORD_FILES} entries")
+    out: list[tuple[str, int, str | None]] = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 3:
+            raise ManifestError("files: expected [path, size, sha256] entries")
+        path, size, sha = item
+        if not isinstance(path, str) or not is_relative_path(path):
+            raise ManifestError(f"files: {path!r:.80} is not a path inside the directory")
+        if type(size) is not int or not 0 <= size <= _MAX_INT:
+            raise ManifestError(f"files: size of {path!r:.80}: expected an integer")
+        if sha is not None and (not isinstance(sha, str) or not _SHA256_RE.fullmatch(sha)):
+            raise ManifestError(f"files: sha256 of {path!r:.80}: expected 64 hex digits or null")
+        if out and path <= out[-1][0]:
+            raise ManifestError("files: expected paths sorted and unique")
+        out.append((path, size, sha))
+    return tuple(out)
 
 
 def _manifest_dir(directory: Path, *, create: bool) -> Path:
@@ -218,10 +275,10 @@ def _read_capped(opener: Callable[[], int], what: str) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{what} is not a regular file")
-        if st.st_size > MAX_RECORD_BYTES:
-            raise ManifestError(f"{what} is larger than {MAX_RECORD_BYTES} bytes")
+        if st.st_size > MAX_DIR_RECORD_BYTES:
+            raise ManifestError(f"{what} is larger than {MAX_DIR_RECORD_BYTES} bytes")
         chunks = []
-        left = MAX_RECORD_BYTES + 1
+        left = MAX_DIR_RECORD_BYTES + 1
         while left > 0:
             chunk = os.read(fd, left)
             if not chunk:

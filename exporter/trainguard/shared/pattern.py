@@ -28,11 +28,18 @@ def is_plain_name(name: str) -> bool:
     return 0 < len(name) <= 255 and not name.startswith(".") and _NOT_PLAIN.search(name) is None
 
 
+#: the temporary names frameworks give a step directory while they write it: trainguard's own
+#: ``<name>.part``, Orbax's ``<name>.orbax-checkpoint-tmp-<timestamp>``, and the Hugging Face
+#: Trainer's ``tmp-<name>`` (some 4.3x releases)
+_TEMP_DIR_RE = re.compile(r"(?:tmp-)?(.+?)(?:\.part|\.orbax-checkpoint-tmp(?:-[0-9]+)?)?", re.ASCII)
+
+
 class CheckpointPattern:
-    """Which file names are checkpoints: the configured pattern (``step_{step}``) with any
-    extension or none (``step_100.pt``, ``step_0100.safetensors``, ``step_100``). Only regular
-    files are checkpoints; a directory of that name is ignored. ``<checkpoint>.part`` is a
-    checkpoint being written."""
+    """Which names are checkpoints: the configured pattern (``step_{step}``) with any
+    extension or none (``step_100.pt``, ``step_0100.safetensors``, ``step_100``) for regular
+    files, and exactly the pattern (``checkpoint-500``, ``iter_0000500``) for a directory per
+    step. ``<checkpoint>.part`` is a checkpoint being written, and so is a step directory under
+    a framework's temporary name (:meth:`temp_dir_step`)."""
 
     def __init__(self, pattern: str = DEFAULT_CHECKPOINT_PATTERN) -> None:
         problem = checkpoint_pattern_problem(pattern)
@@ -42,6 +49,9 @@ class CheckpointPattern:
         prefix, suffix = pattern.split("{step}")
         self._re = re.compile(
             rf"{re.escape(prefix)}([0-9]{{1,18}}){re.escape(suffix)}(?:\.[^/\\]*)?", re.ASCII
+        )
+        self._dir_re = re.compile(
+            rf"{re.escape(prefix)}([0-9]{{1,18}}){re.escape(suffix)}", re.ASCII
         )
 
     def step(self, name: str) -> int | None:
@@ -56,3 +66,19 @@ class CheckpointPattern:
         if not name.endswith(PARTIAL_SUFFIX):
             return None
         return self.step(name[: -len(PARTIAL_SUFFIX)])
+
+    def dir_step(self, name: str) -> int | None:
+        """The step of a step directory's final name (the pattern exactly, no extension), else
+        None."""
+        m = self._dir_re.fullmatch(name)
+        if m is None or not is_plain_name(name):
+            return None
+        return int(m.group(1))
+
+    def temp_dir_step(self, name: str) -> int | None:
+        """The step of a step directory under a temporary name (``step-500.part``,
+        ``500.orbax-checkpoint-tmp-1700000000``, ``tmp-checkpoint-500``), else None."""
+        m = _TEMP_DIR_RE.fullmatch(name)
+        if m is None or m.group(1) == name:
+            return None
+        return self.dir_step(m.group(1))

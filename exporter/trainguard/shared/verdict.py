@@ -1,5 +1,6 @@
-"""Which checkpoint files are complete: the one verdict that ``trainguard.checkpoint.latest``
-and ``prune`` act on and the exporter publishes, so that the two never disagree."""
+"""Which checkpoint files and step directories are complete: the one verdict that
+``trainguard.checkpoint.latest`` and ``prune`` act on and the exporter publishes, so that the
+two never disagree."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import NamedTuple
 
 from trainguard.shared.fileio import settled
 from trainguard.shared.listing import Entry, Listing
+from trainguard.shared.steps import StepDir
 
 
 class Judged(NamedTuple):
@@ -88,4 +90,128 @@ def judge(
                 is_settled and size is not None and actual > size,
             )
         )
+    return out
+
+
+#: a location's settled step directories' verdicts: name -> (the StepDir judged, the
+#: primary's StepDir it was judged against, (trust, grace, primary settled), the verdict)
+StepCache = dict[str, tuple[StepDir, "StepDir | None", tuple[bool, int, bool], "StepVerdict"]]
+
+
+class StepVerdict(NamedTuple):
+    """A committed step directory judged as a whole: its files one by one (against its own
+    record, or for a mirror the primary's record or directory of the same step), the files
+    expected but absent, and whether the step is a complete checkpoint."""
+
+    dir: StepDir
+    files: list[Judged]
+    missing: int  # files the record (or the primary's directory) has and this one lacks
+    missing_bytes: int
+    settled: bool  # nothing under it touched for the grace period
+    complete: bool
+
+
+def judge_dirs(
+    listing: Listing,
+    *,
+    now_ns: int,
+    grace_ns: int,
+    primary: Listing | None = None,
+    trust_unrecorded: bool = False,
+    cache: StepCache | None = None,
+) -> list[StepVerdict]:
+    """Judge every committed step directory of a location. A directory committed by a
+    trainguard record is complete once every file it lists is there with its recorded size (as
+    a recorded file is); one committed by its framework's marker once nothing under it has been
+    touched for the grace period. A mirror's directory is compared file by file with the
+    primary's directory of the same step (its record, else its files once settled): a missing
+    or smaller file is truncation, and the step is not complete.
+
+    ``cache`` (the same dict for every judgement of one location) keeps the verdict of each
+    settled directory: judged again only when it, or the primary's directory of its step, is
+    another object (changed), or the settings differ."""
+    pdirs = {d.name: d for d in primary.dirs} if primary is not None else {}
+    out: list[StepVerdict] = []
+    fresh: StepCache = {}
+    for d in listing.dirs:
+        touched = d.touched_ns
+        known = touched is not None
+        is_settled = touched is not None and now_ns - touched >= grace_ns
+        pd = pdirs.get(d.name)
+        p_settled = (
+            pd is not None and pd.touched_ns is not None and now_ns - pd.touched_ns >= grace_ns
+        )
+        if cache is not None and is_settled:
+            hit = cache.get(d.name)
+            if (
+                hit is not None
+                and hit[0] is d
+                and hit[1] is pd
+                and hit[2] == (trust_unrecorded, grace_ns, p_settled)
+            ):
+                fresh[d.name] = hit
+                out.append(hit[3])
+                continue
+        ref: dict[str, tuple[int, str | None]] | None = None
+        if d.record is not None:
+            ref = d.record.file_map()
+        if ref is None and pd is not None:
+            if pd.record is not None:
+                ref = pd.record.file_map()
+            elif p_settled:
+                cut = len(pd.name) + 1
+                ref = {e.name[cut:]: (e.stat.st_size, None) for e in pd.files}
+        vouched = d.commit == "marker" and is_settled
+        cut = len(d.name) + 1
+        judged: list[Judged] = []
+        present: set[str] = set()
+        for e in d.files:
+            rel = e.name[cut:]
+            present.add(rel)
+            expected = ref.get(rel) if ref is not None else None
+            size, sha = expected if expected is not None else (None, None)
+            st = e.stat
+            mtime = st.st_mtime_ns
+            f_known = mtime > 0
+            f_settled = f_known and now_ns - mtime >= grace_ns
+            actual = st.st_size
+            judged.append(
+                Judged(
+                    e,
+                    size,
+                    sha,
+                    f_known,
+                    f_settled,
+                    f_known
+                    and (
+                        actual == size
+                        if size is not None
+                        else (vouched or (trust_unrecorded and f_settled))
+                    ),
+                    f_settled and size is not None and actual < size,
+                    f_settled and size is not None and actual > size,
+                )
+            )
+        missing = [(rel, exp[0]) for rel, exp in (ref or {}).items() if rel not in present]
+        complete = (
+            known
+            and bool(judged)
+            and not missing
+            and all(j.complete for j in judged)
+            and (d.commit == "record" or is_settled)
+        )
+        verdict = StepVerdict(
+            d,
+            judged,
+            len(missing) if is_settled or d.commit == "record" else 0,
+            sum(size for _, size in missing),
+            is_settled,
+            complete,
+        )
+        out.append(verdict)
+        if is_settled:
+            fresh[d.name] = (d, pd, (trust_unrecorded, grace_ns, p_settled), verdict)
+    if cache is not None:
+        cache.clear()
+        cache.update(fresh)
     return out

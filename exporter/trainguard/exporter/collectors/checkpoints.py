@@ -11,7 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +28,8 @@ from trainguard.shared.fileio import touched_ns
 from trainguard.shared.listing import Listing
 from trainguard.shared.manifest import ManifestError, Record
 from trainguard.shared.pattern import CheckpointPattern
-from trainguard.shared.verdict import Judged, judge
+from trainguard.shared.steps import layout_problem
+from trainguard.shared.verdict import Judged, StepCache, StepVerdict, judge, judge_dirs
 
 _LOC = ("run", "location")
 
@@ -136,8 +137,10 @@ def _reason(exc: BaseException, path: Path) -> str:
     return str(exc)
 
 
-#: (name, inode, size, mtime, ctime) of each checkpoint file of a listing, in listing order
-Signature = tuple[tuple[str, int, int, int, int], ...]
+#: (name, inode, size, mtime, ctime) of each checkpoint file of a listing, in listing order,
+#: then (name, how it was committed, newest mtime) of each committed step directory and the
+#: signature of its files
+Signature = tuple[tuple[object, ...], ...]
 #: a location's judged samples by family name, kept to be published again as they are
 Rows = dict[str, list[Sample]]
 
@@ -148,10 +151,15 @@ VERDICT_MAX_AGE = 60.0
 
 
 def _signature(listing: Listing) -> Signature:
-    return tuple(
+    files = tuple(
         (e.name, e.stat.st_ino, e.stat.st_size, e.stat.st_mtime_ns, e.stat.st_ctime_ns)
         for e in listing.files
     )
+    if not listing.dirs:
+        return files
+    # a step directory unchanged since the last scrape is the same StepDir object (see
+    # StepTreeMemo), which the comparison of two signatures takes as equal at once
+    return files + tuple(listing.dirs)
 
 
 class _Inputs(NamedTuple):
@@ -179,8 +187,8 @@ class _Verdict(NamedTuple):
     unknown_mtime: int
 
 
-#: a watched location: (run, location, directory, pattern)
-_Key = tuple[str, str, Path, str]
+#: a watched location: (run, location, directory, pattern, layout)
+_Key = tuple[str, str, Path, str, str]
 
 
 @dataclass
@@ -191,6 +199,7 @@ class _Watched:
     records: RecordCache
     directory: CheckpointDirectory
     verdict: _Verdict | None = None
+    steps: StepCache = field(default_factory=dict)  # settled step directories' verdicts
 
 
 def _owner_check(t: CheckpointTarget) -> Callable[[os.stat_result], None]:
@@ -262,12 +271,14 @@ class CheckpointsCollector(Collector):
         watched: dict[_Key, _Watched] = {}
         for t in ordered:
             labels = [t.run, t.location]
-            at = (t.run, t.location, t.path, t.pattern)
+            at = (t.run, t.location, t.path, t.pattern, t.layout)
             families[LOCATION_INFO.name].add_metric(
                 [*labels, "true" if t.trust_unrecorded else "false"], 1
             )
             try:
                 w = watched[at] = self._watched.get(at) or self._watch(t)
+                if t.location != PRIMARY and t.run in primaries:
+                    w.directory.fallback = primaries[t.run][0].layout
                 listing = w.directory.read(w.records, _owner_check(t))
                 avail = shutil.disk_usage(t.path).free
             except (OSError, ManifestError, NotMounted, ValueError, NotWatched) as exc:
@@ -294,7 +305,7 @@ class CheckpointsCollector(Collector):
                 or now_ns >= verdict.valid_until_ns
                 or self._monotonic() - verdict.made_at >= VERDICT_MAX_AGE
             ):
-                verdict = w.verdict = self._judge(labels, listing, primary, inputs, now_ns)
+                verdict = w.verdict = self._judge(labels, listing, primary, inputs, now_ns, w.steps)
             if t.location == PRIMARY:
                 primaries[t.run] = (listing, signature, verdict.valid_until_ns)
             families[LOCATION_UP.name].add_metric(labels, 1)
@@ -310,9 +321,12 @@ class CheckpointsCollector(Collector):
 
     def _watch(self, t: CheckpointTarget) -> _Watched:
         pattern = CheckpointPattern(t.pattern)
+        problem = layout_problem(t.layout)
+        if problem:
+            raise ValueError(f"checkpoint layout: {problem}")
         return _Watched(
             RecordCache(t.path, clock=self._monotonic),
-            CheckpointDirectory(t.path, pattern, clock=self._monotonic),
+            CheckpointDirectory(t.path, pattern, layout=t.layout, clock=self._monotonic),
         )
 
     def _judge(
@@ -322,23 +336,46 @@ class CheckpointsCollector(Collector):
         primary: tuple[Listing, Signature, int] | None,
         inputs: _Inputs,
         now_ns: int,
+        cache: StepCache | None = None,
     ) -> _Verdict:
         grace_ns = inputs.grace_ns
+        plisting = None if primary is None else primary[0]
         judged = judge(
             listing,
             now_ns=now_ns,
             grace_ns=grace_ns,
-            primary=None if primary is None else primary[0],
+            primary=plisting,
             trust_unrecorded=inputs.trust_unrecorded,
         )
-        # the verdict holds until the first unsettled file (here or on the primary) settles
+        steps = judge_dirs(
+            listing,
+            now_ns=now_ns,
+            grace_ns=grace_ns,
+            primary=plisting,
+            trust_unrecorded=inputs.trust_unrecorded,
+            cache=cache,
+        )
+        # the verdict holds until the first unsettled file or step directory (here or on the
+        # primary) settles
         unsettled = [j.entry.stat.st_mtime_ns for j in judged if j.mtime_known and not j.settled]
+        for sv in steps:
+            if sv.dir.touched_ns is not None and not sv.settled:
+                unsettled.append(sv.dir.touched_ns)
+            unsettled += [
+                j.entry.stat.st_mtime_ns for j in sv.files if j.mtime_known and not j.settled
+            ]
+        if plisting is not None:  # a mirror's step is judged against the primary's once settled
+            unsettled += [
+                d.touched_ns
+                for d in plisting.dirs
+                if d.touched_ns is not None and d.touched_ns > now_ns - grace_ns
+            ]
         valid_until = min(unsettled) + grace_ns if unsettled else _FOREVER
         if primary is not None:
             valid_until = min(valid_until, primary[2])
         scratch = {spec.name: spec.family() for spec in _JUDGED}
         errors: list[str] = []
-        unknown = self._rows(scratch, labels, listing, judged, errors)
+        unknown = self._rows(scratch, labels, listing, judged, steps, errors)
         return _Verdict(
             inputs=inputs,
             valid_until_ns=valid_until,
@@ -354,15 +391,25 @@ class CheckpointsCollector(Collector):
         labels: list[str],
         listing: Listing,
         judged: list[Judged],
+        steps: list[StepVerdict],
         errors: list[str],
     ) -> int:
-        """The location's series that depend on its files, into ``rows``; returns the number
-        of files whose mtime is unknown."""
+        """The location's series that depend on its files and committed step directories, into
+        ``rows``; returns the number of files whose mtime is unknown."""
 
         def put(spec: MetricSpec, value: float) -> None:
             rows[spec.name].add_metric(labels, value)
 
         verifier = self._verifier
+        n_plain = len(judged)
+        # a step directory's files are judged like single files; whether they are recorded is
+        # a question only for directories committed by a record (a framework's marker is what
+        # the others are judged by)
+        by_record: list[bool] = [True] * n_plain
+        if steps:
+            judged = judged + [j for sv in steps for j in sv.files]
+            for sv in steps:
+                by_record += [sv.dir.commit == "record"] * len(sv.files)
         # never hash a file that may still be being written: only settled files are asked about
         asked = [
             (j.entry.stat, j.expected_sha256)
@@ -373,8 +420,9 @@ class CheckpointsCollector(Collector):
         ]
         answers = iter(verifier.known_many(asked))
         mismatched = pending = total = truncated = oversized = unrecorded = unknown = 0
-        complete: list[Judged] = []
-        for j in judged:
+        complete: list[tuple[int, str, int]] = []  # (step, name, mtime) of complete checkpoints
+        bad_dirs: set[int] = set()  # steps of directories with a file that does not hash right
+        for i, j in enumerate(judged):
             st = j.entry.stat
             status = "none"
             if j.expected_sha256 is not None and st.st_size == j.expected_size:
@@ -389,22 +437,29 @@ class CheckpointsCollector(Collector):
                         errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
             if status == "mismatch":
                 mismatched += 1
+                if i >= n_plain:
+                    bad_dirs.add(j.entry.step)
             elif status in ("pending", "error"):
                 pending += 1
-            if j.complete and status != "mismatch":
-                complete.append(j)
+            if i < n_plain and j.complete and status != "mismatch":
+                complete.append((j.entry.step, j.entry.name, st.st_mtime_ns))
             total += st.st_size
             truncated += j.truncated
             oversized += j.oversized
-            unrecorded += j.expected_size is None
+            unrecorded += j.expected_size is None and by_record[i]
             unknown += not j.mtime_known
+        for sv in steps:
+            truncated += sv.missing
+            d = sv.dir
+            if sv.complete and d.step not in bad_dirs and d.touched_ns is not None:
+                complete.append((d.step, d.name, d.touched_ns))
         if complete:
-            newest = max(complete, key=lambda j: (j.entry.step, j.entry.name))
-            put(LAST_STEP, newest.entry.step)
-            put(LAST_TIMESTAMP, newest.entry.stat.st_mtime_ns / 1e9)
+            newest = max(complete)
+            put(LAST_STEP, newest[0])
+            put(LAST_TIMESTAMP, newest[2] / 1e9)
         put(FILES, len(judged))
         put(BYTES, total)
-        self._size_rows(rows, labels, judged)
+        self._size_rows(rows, labels, judged, steps)
         put(TRUNCATED, truncated)
         put(OVERSIZED, oversized)
         put(HASH_MISMATCH, mismatched)
@@ -420,30 +475,41 @@ class CheckpointsCollector(Collector):
         unknown_files: int,
         now_ns: int,
     ) -> None:
-        """The ``.part`` series: judged afresh at every scrape (there are few, and their age
-        moves with the clock)."""
+        """The ``.part`` series, with step directories not committed counted as ``.part`` files:
+        judged afresh at every scrape (there are few, and their age moves with the clock)."""
         partial_touched = [touched_ns(p.stat) for p in listing.partials]
+        partial_touched += [d.touched_ns for d in listing.inflight]
         families[UNKNOWN_MTIME.name].add_metric(labels, unknown_files + partial_touched.count(None))
-        families[PARTIAL.name].add_metric(labels, len(listing.partials))
+        families[PARTIAL.name].add_metric(labels, len(partial_touched))
         known = [t for t in partial_touched if t is not None]
         if known:
             families[PARTIAL_AGE.name].add_metric(labels, max(0.0, (now_ns - min(known)) / 1e9))
 
     def _size_rows(
-        self, rows: dict[str, Families], labels: list[str], judged: list[Judged]
+        self,
+        rows: dict[str, Families],
+        labels: list[str],
+        judged: list[Judged],
+        steps: list[StepVerdict],
     ) -> None:
         """Per-step series for the newest N steps only, so a directory of thousands of
-        checkpoints does not become thousands of series. Several files of one step add up."""
+        checkpoints does not become thousands of series. Several files of one step (the files
+        of a step directory) add up; a step directory's expected size counts the files it
+        lacks."""
         by_step: dict[int, list[Judged]] = {}
         for j in judged:
             by_step.setdefault(j.entry.step, []).append(j)
+        missing: dict[int, int] = {}
+        for sv in steps:
+            by_step.setdefault(sv.dir.step, [])
+            missing[sv.dir.step] = missing.get(sv.dir.step, 0) + sv.missing_bytes
         newest = sorted(by_step, reverse=True)[: self._settings.size_series_per_location]
         for step in newest:
             files = by_step[step]
             step_labels = [*labels, str(step)]
             rows[SIZE.name].add_metric(step_labels, sum(j.entry.stat.st_size for j in files))
             expected = [j.expected_size for j in files]
-            if all(e is not None for e in expected):
+            if files and all(e is not None for e in expected):
                 rows[EXPECTED_SIZE.name].add_metric(
-                    step_labels, sum(e for e in expected if e is not None)
+                    step_labels, sum(e for e in expected if e is not None) + missing.get(step, 0)
                 )

@@ -1,7 +1,7 @@
 """``trainguard verify``: every checkpoint of a location with the verdict the exporter and
 ``trainguard.checkpoint.latest`` share (``trainguard.shared.verdict.judge``), and the one
-``latest()`` would resume from. Single-file checkpoints only (checkpoint directories, one per
-step, are not supported yet)."""
+``latest()`` would resume from. A step directory (a framework's or ``save_dir``'s) is one
+item, named ``<dir>/``, judged as a whole (``judge_dirs``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from trainguard.checkpoint.retention import latest
 from trainguard.shared.fileio import FILE_FLAGS, sha256_fd
 from trainguard.shared.listing import Listing, read_listing
 from trainguard.shared.pattern import CheckpointPattern
-from trainguard.shared.verdict import Judged, judge
+from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
 
 #: called with (name, bytes) before hashing a file, returns the per-read callback
 HashProgress = Callable[[str, int], Callable[[int], None]]
@@ -77,7 +77,12 @@ def verify(
     only: str | None = None
     if not path.exists():
         raise FileNotFoundError(f"{path}: does not exist")
-    if not path.is_dir():
+    if path.is_dir() and (
+        pat.dir_step(path.name) is not None or pat.temp_dir_step(path.name) is not None
+    ):
+        only = path.name  # one step directory
+        path = path.parent
+    elif not path.is_dir():
         only = path.name
         if pat.step(only) is None and pat.partial_step(only) is None:
             raise ValueError(f"{path}: not a checkpoint name under the pattern {pattern!r}")
@@ -106,6 +111,23 @@ def verify(
                 else:
                     item.detail += ", SHA-256 verified"
         items.append(item)
+    steps = judge_dirs(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
+    for sv in steps:
+        if only is not None and sv.dir.name != only.rstrip("/"):
+            continue
+        items.append(_dir_item(sv, path, check_hash, progress))
+    for d in listing.inflight:
+        if only is not None and d.name != only:
+            continue
+        if d.touched_ns is None:
+            verdict, detail = "unknown mtime", "step directory with a modification time 0"
+        elif now_ns - d.touched_ns < grace_ns:
+            verdict, detail = "in flight", f"step directory being written ({d.files} files)"
+        else:
+            age = (now_ns - d.touched_ns) / 1e9
+            verdict = "orphaned .part"
+            detail = f"step directory never committed, untouched for {age:.0f}s: its writer died"
+        items.append(Item(d.name + "/", d.step, verdict, 0, None, detail))
     for e in listing.partials:
         if only is not None and e.name != only:
             continue
@@ -122,10 +144,11 @@ def verify(
     # latest() itself names the checkpoint to resume from; with --hash, the files hashed
     # above are not hashed again unless the one it picks failed (or had no hash to check)
     found = latest(path, primary=primary, pattern=pattern, grace=grace)
-    picked = next((i for i in items if found and i.name == found.path.name), None)
+    picked = next((i for i in items if found and i.name.rstrip("/") == found.path.name), None)
     if check_hash and found is not None and (picked is None or picked.hash_ok is not True):
         found = latest(path, primary=primary, pattern=pattern, grace=grace, verify_hash=True)
-    finished = [i for i in items if not i.name.endswith(".part")]
+    partial = {e.name for e in listing.partials} | {d.name + "/" for d in listing.inflight}
+    finished = [i for i in items if i.name not in partial]
     newest = finished[0] if finished else None
     return Report(
         directory=str(path),
@@ -136,6 +159,47 @@ def verify(
         newest=newest.name if newest else None,
         ok=newest is not None and newest.verdict == "complete",
     )
+
+
+def _dir_item(sv: StepVerdict, path: Path, check_hash: bool, progress: HashProgress | None) -> Item:
+    """A committed step directory as one item."""
+    d = sv.dir
+    size = sum(j.entry.stat.st_size for j in sv.files)
+    expected = [j.expected_size for j in sv.files]
+    exp_total = (
+        sum(e for e in expected if e is not None) + sv.missing_bytes
+        if all(e is not None for e in expected)
+        else None
+    )
+    how = "its record" if d.commit == "record" else "its framework's marker"
+    bad = sum(j.truncated for j in sv.files) + sv.missing
+    if d.touched_ns is None or any(not j.mtime_known for j in sv.files):
+        verdict, detail = "unknown mtime", "a file or directory under it has modification time 0"
+    elif bad:
+        verdict = "truncated"
+        detail = f"{bad} file(s) short or missing ({sv.missing} missing), {size} bytes"
+    elif any(j.oversized for j in sv.files):
+        verdict, detail = "oversized", "file(s) larger than expected"
+    elif sv.complete:
+        verdict, detail = "complete", f"{len(sv.files)} files, {size} bytes, committed by {how}"
+    else:
+        verdict = "in flight"
+        detail = f"committed by {how}, touched within the grace period or not yet whole"
+    item = Item(d.name + "/", d.step, verdict, size, exp_total, detail)
+    if check_hash and verdict == "complete":
+        hashed = [j for j in sv.files if j.expected_sha256 is not None]
+        if not hashed:
+            item.detail += ", no recorded SHA-256 to check"
+            return item
+        item.hash_ok = all(
+            _hash(path / j.entry.name, j.entry.stat.st_size, progress)[0] == j.expected_sha256
+            for j in hashed
+        )
+        if item.hash_ok:
+            item.detail += f", SHA-256 of {len(hashed)} files verified"
+        else:
+            item.verdict, item.detail = "hash mismatch", "a file differs from its record"
+    return item
 
 
 def _hash(path: Path, total: int, progress: HashProgress | None) -> tuple[str, int]:
