@@ -217,8 +217,8 @@ def test_a_run_is_up_steps_to_max_steps_and_finishes(finished: Finished) -> None
 
 #: why the exporter does not judge a framework's checkpoints yet
 NOT_YET = {
-    "lightning": "needs checkpoints judged without trainguard's records (issue 15): Lightning "
-    "writes its .ckpt files in place, and unrecorded files are never complete",
+    "lightning": "Lightning writes its .ckpt files in place, with no trainguard record and no "
+    "commit marker: unrecorded files are never complete (no layout of issue 15 covers them)",
 }
 
 
