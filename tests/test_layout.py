@@ -15,7 +15,7 @@ import pytest
 from helpers.exporter_proc import child_env
 
 PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "trainguard"
-TRAINING_SIDE = ("run", "checkpoint", "shared")
+TRAINING_SIDE = ("run", "checkpoint", "shared", "integrations")
 #: what the exporter needs and a training script must never load
 EXPORTER_ONLY = ("yaml", "prometheus_client", "bcrypt", "pynvml", "rich", "trainguard.exporter")
 

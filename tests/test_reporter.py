@@ -150,6 +150,15 @@ def test_bad_arguments_are_errors_at_construction(tmp_path: Path) -> None:
         Run("x", state_dir=tmp_path, mirrors={"primary": "/x"})
     with pytest.raises(ValueError, match="interval"):
         Run("x", state_dir=tmp_path, interval=0)
+    with pytest.raises(ValueError, match=r"checkpoint_pattern: expected a file name"):
+        Run("x", state_dir=tmp_path, checkpoint_pattern="checkpoint")
+
+
+def test_the_checkpoint_pattern_is_announced(tmp_path: Path) -> None:
+    with Run("p", tmp_path / "out", state_dir=tmp_path, checkpoint_pattern="ck-{step}") as run:
+        pass
+    hb = read(run)
+    assert (hb.checkpoint_dir, hb.checkpoint_pattern) == (str(tmp_path / "out"), "ck-{step}")
 
 
 def test_bad_scalars_and_steps_are_dropped_and_logged_once(

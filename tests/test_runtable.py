@@ -49,7 +49,10 @@ def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None
     state.mkdir()
     put(state, own_heartbeat("both", checkpoint_dir="/hb/ckpt", mirrors={"nas": "/hb/nas"}))
     put(state, own_heartbeat("both", rank=1, checkpoint_dir="/hb/rank1"))
-    put(state, own_heartbeat("hb-only", checkpoint_dir="/hb/only"))
+    put(
+        state,
+        own_heartbeat("hb-only", checkpoint_dir="/hb/only", checkpoint_pattern="checkpoint-{step}"),
+    )
     config = parse_config(
         {
             "runs": [
@@ -65,7 +68,7 @@ def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None
         CheckpointTarget("both", "primary", Path("/cfg/ckpt"), "ck_{step}"),
         CheckpointTarget("cfg-only", "usb", Path("/cfg/usb")),
         CheckpointTarget("both", "nas", Path("/hb/nas"), owner=me),
-        CheckpointTarget("hb-only", "primary", Path("/hb/only"), owner=me),
+        CheckpointTarget("hb-only", "primary", Path("/hb/only"), "checkpoint-{step}", owner=me),
     ]
 
 

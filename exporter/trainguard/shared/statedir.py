@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 STATE_DIR_ENV = "TRAINGUARD_STATE_DIR"
+#: the run's name, as ``trainguard launch --name`` passes it to the training command
+RUN_ENV = "TRAINGUARD_RUN"
 
 
 def default_state_dir() -> Path:

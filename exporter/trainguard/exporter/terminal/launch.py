@@ -14,10 +14,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainguard.shared.statedir import STATE_DIR_ENV
-
-#: the run's name for the training script: ``trainguard.Run(os.environ["TRAINGUARD_RUN"])``
-RUN_ENV = "TRAINGUARD_RUN"
+# RUN_ENV: the run's name for the training script, ``trainguard.Run(os.environ["TRAINGUARD_RUN"])``
+# (the framework callbacks read it themselves)
+from trainguard.shared.statedir import RUN_ENV, STATE_DIR_ENV
 
 WINDOWS_HELP = (
     "not supported on Windows (no sessions nor SIGHUP to escape); run it "
