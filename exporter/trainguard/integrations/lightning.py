@@ -14,6 +14,13 @@ no value other than the step (``ModelCheckpoint(filename="{step}")`` writes
 ``step=500.ckpt``); ``fit()`` ending is a clean finish, an exception (``on_exception``) a
 failure. The run is named ``name``, else ``$TRAINGUARD_RUN``, else the last component of the
 trainer's ``default_root_dir``; each process reports as ``trainer.global_rank``.
+
+Checkpoints: in ``setup()`` the callback puts :class:`TrainguardCheckpointIO` in place of
+Lightning's default ``TorchCheckpointIO`` (single device and DDP, where only rank 0 saves), so
+that every ``.ckpt`` the pattern names is written by :func:`trainguard.checkpoint.save`
+(``.part``, fsync, rename, a record with size and SHA-256) and can be judged complete.
+Lightning's own writer pickles into memory and moves a temporary file from the system's
+temporary directory with ``shutil.move`` (a copy in place across filesystems), with no fsync.
 """
 
 from __future__ import annotations
@@ -24,16 +31,25 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from trainguard.checkpoint.writer import save
 from trainguard.integrations._common import RunLife, as_float, missing_framework, run_name
 from trainguard.run.reporter import Run
-from trainguard.shared.pattern import checkpoint_pattern_problem
+from trainguard.shared.manifest import remove_record
+from trainguard.shared.pattern import CheckpointPattern, checkpoint_pattern_problem
 
 try:
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+    from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
 except ImportError as exc:  # lightning missing, or broken by its own dependencies
     raise missing_framework("lightning", "lightning", exc) from exc
 
-__all__ = ["TrainguardCallback", "checkpoint_pattern"]
+__all__ = ["TrainguardCallback", "TrainguardCheckpointIO", "checkpoint_pattern"]
+
+#: what ``ModelCheckpoint(filename="{step}")`` names its files (``step=500.ckpt``)
+DEFAULT_PATTERN = "step={step}"
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -60,6 +76,86 @@ def checkpoint_pattern(mc: Any) -> tuple[str | None, str | None]:
     return (None, problem) if problem else (pattern, None)
 
 
+class TrainguardCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``CheckpointIO`` writing through :func:`trainguard.checkpoint.save`: a file
+    whose name ``pattern`` gives a step (``step=500.ckpt``) is written to ``<name>.part``,
+    fsynced, renamed and recorded (size, SHA-256), so that the exporter, ``latest`` and
+    ``prune`` can call it complete; killed mid-save, the final name holds the previous
+    checkpoint or nothing. Other names (``last.ckpt``) and remote paths (``s3://``) are
+    written by Lightning as before, unrecorded. Loading is Lightning's; removing a checkpoint
+    (``save_top_k``) removes its record too. ``TrainguardCallback`` installs it by itself;
+    pass it yourself as ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the
+    callback."""
+
+    def __init__(self, pattern: str = DEFAULT_PATTERN) -> None:
+        super().__init__()
+        self._pattern = CheckpointPattern(pattern)  # raises on a pattern without one {step}
+
+    @property
+    def pattern(self) -> str:
+        return self._pattern.pattern
+
+    @pattern.setter
+    def pattern(self, pattern: str) -> None:
+        self._pattern = CheckpointPattern(pattern)
+
+    def _recorded(self, path: Any) -> bool:
+        """Whether trainguard writes (and records) ``path``: local, and named by the pattern."""
+        text = os.fspath(path)
+        return (
+            _is_local_file_protocol(text) and self._pattern.step(os.path.basename(text)) is not None
+        )
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        if storage_options is not None or not self._recorded(path):
+            super().save_checkpoint(checkpoint, path, storage_options)  # its own TypeError too
+            return
+        os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
+        save(checkpoint, os.fspath(path), pattern=self.pattern)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """The file first, then its record, as ``prune`` does: killed in between, a record
+        without its file is ignored by the exporter and removed by the next ``prune``."""
+        super().remove_checkpoint(path)
+        if self._recorded(path):
+            text = os.path.abspath(os.fspath(path))
+            remove_record(os.path.dirname(text), os.path.basename(text))
+
+
+def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
+    """Put a :class:`TrainguardCheckpointIO` for ``pattern`` in ``strategy``: in place of
+    Lightning's default ``TorchCheckpointIO``, or as the base of a wrapper around it
+    (``AsyncCheckpointIO``); a ``TrainguardCheckpointIO`` already there gets ``pattern``.
+    None when done, else why not (a custom ``CheckpointIO`` is left alone)."""
+    if isinstance(strategy, DeepSpeedStrategy) or not isinstance(
+        strategy, (SingleDeviceStrategy, DDPStrategy)
+    ):
+        return (
+            f"the strategy {type(strategy).__name__} saves its own way (only single-device and "
+            "DDP strategies are covered)"
+        )
+    io = strategy.checkpoint_io
+    holder = io if isinstance(io, _WrappingCheckpointIO) else None
+    base = holder.checkpoint_io if holder is not None else io
+    if isinstance(base, TrainguardCheckpointIO):
+        base.pattern = pattern
+        return None
+    if type(base) is not TorchCheckpointIO:
+        return (
+            f"its CheckpointIO is {type(base).__name__}, not Lightning's default: write the "
+            "files through trainguard.checkpoint.save in it (or subclass TrainguardCheckpointIO), "
+            "or set trust_unrecorded for the location in the exporter's config"
+        )
+    ours = TrainguardCheckpointIO(pattern)
+    if holder is None:
+        strategy.checkpoint_io = ours
+    else:  # its setter refuses once a base is set; the strategy's getter sets one
+        holder._checkpoint_io = ours
+    return None
+
+
 class TrainguardCallback(Callback):
     """``callbacks=[TrainguardCallback()]``. ``name`` overrides the run's name; the other
     keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
@@ -78,6 +174,22 @@ class TrainguardCallback(Callback):
     @property
     def run(self) -> Run | None:
         return self._life.run
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        # before any checkpoint is saved or loaded; the ModelCheckpoint's dirpath may not be
+        # resolved yet, but its file names are
+        mc = trainer.checkpoint_callback
+        if stage != "fit" or not isinstance(mc, ModelCheckpoint):
+            return
+        pattern, why = checkpoint_pattern(mc)
+        if pattern is not None:
+            why = install_checkpoint_io(trainer.strategy, pattern)
+        if why is not None:
+            log.warning(
+                "trainguard: Lightning's checkpoints are written without a trainguard record, "
+                "so none is ever called complete: %s",
+                why,
+            )
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         # after every callback's setup(): the ModelCheckpoint's dirpath is resolved by now
