@@ -21,6 +21,7 @@ import pytest
 from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
 
 pytestmark = pytest.mark.slow
@@ -215,19 +216,9 @@ def test_a_run_is_up_steps_to_max_steps_and_finishes(finished: Finished) -> None
         assert files == MAX_STEPS // SAVE_STEPS
 
 
-#: why the exporter does not judge a framework's checkpoints yet
-NOT_YET = {
-    "lightning": "Lightning writes its .ckpt files in place, with no trainguard record and no "
-    "commit marker: unrecorded files are never complete (no layout of issue 15 covers them)",
-}
-
-
 def test_the_newest_complete_checkpoint_is_the_last_save_steps_multiple(
-    finished: Finished, request: pytest.FixtureRequest
+    finished: Finished,
 ) -> None:
-    reason = NOT_YET.get(finished.training.framework)
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     t = finished.training
 
     def judged(s: Samples) -> bool:  # settled (1 s grace), or files that are never complete
@@ -258,9 +249,9 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
             assert value(dead, "trainguard_run_process_up", **key) == 0
             assert value(dead, "trainguard_run_finished", **key) == 0
             assert value(dead, "trainguard_run_step", **key) == 15
-            if framework == "hf":  # what a restart resumes from: step 10's directory
-                settled = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
-                assert last_step(settled, t) == 10
+            # what a restart resumes from: step 10's directory (hf), step=10.ckpt (lightning)
+            settled = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
+            assert last_step(settled, t) == 10
         finally:
             if first.poll() is None:
                 first.kill()
@@ -276,11 +267,47 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
         assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
         assert value(s, "trainguard_run_last_death_step", run=t.name) == 15
         assert value(s, "trainguard_run_step", **key) == MAX_STEPS
-        if framework == "hf":
-            s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
-            assert last_step(s, t) == MAX_STEPS
+        s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
+        assert last_step(s, t) == MAX_STEPS
         info = select(s, "trainguard_run_info", run=t.name)
         assert [dict(lbl)["pid"] for lbl in info] == [str(second.pid)]
+
+
+def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resumes_from_latest(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL while TrainguardCheckpointIO saves step=20.ckpt: the exporter and ``latest``
+    stay on step=10.ckpt, and the restart's ``fit(ckpt_path=...)`` starts from what
+    ``latest`` returned."""
+    t = training(tmp_path, "lightning")
+    t.state.mkdir(parents=True)
+    ckpt = t.out / "checkpoints"
+    with exporter(t) as exp:
+        first = t.start(-1, None, f"--park-in-save-step={MAX_STEPS}")
+        try:
+            (pid,) = t.wait_parked(first)
+            assert (ckpt / f"step={MAX_STEPS}.ckpt.part").exists()  # mid-save, for real
+            kill9(pid)
+        finally:
+            if first.poll() is None:
+                first.kill()
+            first.wait()
+        assert not (ckpt / f"step={MAX_STEPS}.ckpt").exists()
+        s = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
+        assert last_step(s, t) == SAVE_STEPS
+        found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+        assert found is not None and found.step == SAVE_STEPS
+        assert (t.gate / "resumed").read_text().split() == ["none", "0"]
+        second = t.start()
+        try:
+            t.finish(second)
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+        assert (t.gate / "resumed").read_text().split() == [str(found.path), str(SAVE_STEPS)]
+        s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
+        assert last_step(s, t) == MAX_STEPS
 
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])

@@ -7,7 +7,10 @@ Gates make the tests deterministic without sleeping: at ``--gate-step`` every ra
 kills, a process known to be mid-training at a known step); a worker that torchrun restarted
 (``$TORCHELASTIC_RESTART_COUNT`` > 0) waits for ``<gate dir>/restart`` before it starts (so a
 test sees the death before the restart). ``--raise-step`` raises ValueError there. Every
-start resumes from the newest checkpoint the framework finished writing, if any."""
+start resumes from the newest checkpoint the framework finished writing, if any (Lightning:
+what ``trainguard.checkpoint.latest`` returns; ``<gate dir>/resumed`` then holds that path, or
+``none``, and the step training started from). Lightning's ``--park-in-save-step`` parks
+while its checkpoint of that step is being saved (pickled), so that a test kills it there."""
 
 from __future__ import annotations
 
@@ -81,6 +84,7 @@ def train_lightning(opts: argparse.Namespace) -> None:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from torch.utils.data import DataLoader, TensorDataset
 
+    from trainguard import checkpoint
     from trainguard.integrations.lightning import TrainguardCallback
 
     class Module(L.LightningModule):
@@ -95,7 +99,24 @@ def train_lightning(opts: argparse.Namespace) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+        def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+            if self.trainer.global_step == opts.park_in_save_step:
+                checkpoint["park"] = ParkWhilePickled(self.trainer.global_rank)
+
+    class ParkWhilePickled:
+        """Parks when torch.save pickles it: mid-save, the checkpoint's file open."""
+
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            park(opts.gate, self.rank)
+            return (dict, ())
+
     class Gate(Callback):
+        def on_train_start(self, trainer: Any, *a: Any) -> None:
+            (opts.gate / "resumed").write_text(f"{resume or 'none'} {trainer.global_step}\n")
+
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             if trainer.global_step == opts.gate_step:
                 park(opts.gate, trainer.global_rank)
@@ -125,14 +146,8 @@ def train_lightning(opts: argparse.Namespace) -> None:
             Gate(),
         ],
     )
-    resume = None
-    for path in sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda p: -int(p.stem.split("=")[1])):
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:
-            continue  # killed while Lightning wrote it in place
-        resume = str(path)
-        break
+    found = checkpoint.latest(ckpt_dir, pattern="step={step}") if ckpt_dir.is_dir() else None
+    resume = str(found.path) if found else None
     data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
     trainer.fit(Module(), data, ckpt_path=resume)
 
@@ -147,6 +162,7 @@ def main() -> None:
     ap.add_argument("--save-steps", type=int, default=10)
     ap.add_argument("--gate-step", type=int, default=-1)
     ap.add_argument("--raise-step", type=int, default=-1, help="raise ValueError at this step")
+    ap.add_argument("--park-in-save-step", type=int, default=-1, help="Lightning: park mid-save")
     opts = ap.parse_args()
     faulthandler.register(signal.SIGUSR1)  # a test that gives up dumps where it hangs
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
