@@ -5,8 +5,9 @@ on CPU.
     python examples/train_lightning.py --root /tmp/pl-run --max-steps 400 --resume
 
 Checkpoints go to ``<root>/checkpoints/step=<N>.ckpt`` (``ModelCheckpoint(filename="{step}")``,
-which the callback announces with that pattern). ``--resume`` continues from the newest one
-that loads (Lightning writes a checkpoint in place: one killed mid-write is truncated).
+which the callback announces with that pattern and writes through ``trainguard.checkpoint.save``).
+``--resume`` continues from the newest complete one, as ``trainguard.checkpoint.latest`` finds
+it (a checkpoint killed mid-save never is).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from trainguard import checkpoint
 from trainguard.integrations.lightning import TrainguardCallback
 
 
@@ -40,23 +42,12 @@ class Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def newest_loadable(ckpt_dir: Path) -> str | None:
-    found = sorted(ckpt_dir.glob("step=*.ckpt"), key=lambda p: int(p.stem.split("=")[1]))
-    for path in reversed(found):
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
-        except Exception:
-            continue  # truncated by a kill mid-write
-        return str(path)
-    return None
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", required=True, help="the trainer's default_root_dir")
     ap.add_argument("--max-steps", type=int, default=200)
     ap.add_argument("--save-steps", type=int, default=50)
-    ap.add_argument("--resume", action="store_true", help="from the newest checkpoint that loads")
+    ap.add_argument("--resume", action="store_true", help="from the newest complete checkpoint")
     ap.add_argument("--name", default=None, help="run name (default: the root dir's name)")
     ap.add_argument("--state-dir", default=None, help="trainguard state dir (default: per user)")
     opts = ap.parse_args()
@@ -79,7 +70,8 @@ def main() -> None:
         enable_model_summary=False,
         callbacks=[checkpoints, TrainguardCallback(name=opts.name, state_dir=opts.state_dir)],
     )
-    resume = newest_loadable(ckpt_dir) if opts.resume and ckpt_dir.is_dir() else None
+    found = checkpoint.latest(ckpt_dir, pattern="step={step}") if ckpt_dir.is_dir() else None
+    resume = str(found.path) if opts.resume and found else None
     trainer.fit(Regression(), data, ckpt_path=resume)
     print(f"trained to step {trainer.global_step} (resumed from {resume}) pid {os.getpid()}")
 
