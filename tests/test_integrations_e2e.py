@@ -23,6 +23,7 @@ from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, sele
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.manifest import read_all_records
 
 pytestmark = pytest.mark.slow
 
@@ -394,6 +395,12 @@ def test_lightning_under_torchrun_reports_each_rank(tmp_path: Path) -> None:
             assert [value(s, "trainguard_run_step", **k) for k in ranks] == [MAX_STEPS] * 2
         finally:
             stop_torchrun(proc)
+    # DDP: rank 0 alone saved, each checkpoint through TrainguardCheckpointIO, recorded
+    ckpt = t.out / "checkpoints"
+    assert sorted(p.name for p in ckpt.iterdir()) == [".trainguard", "step=10.ckpt", "step=20.ckpt"]
+    assert sorted(read_all_records(ckpt)) == ["step=10.ckpt", "step=20.ckpt"]
+    found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+    assert found is not None and found.step == MAX_STEPS
 
 
 def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path: Path) -> None:

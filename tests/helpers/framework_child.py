@@ -115,7 +115,8 @@ def train_lightning(opts: argparse.Namespace) -> None:
 
     class Gate(Callback):
         def on_train_start(self, trainer: Any, *a: Any) -> None:
-            (opts.gate / "resumed").write_text(f"{resume or 'none'} {trainer.global_step}\n")
+            if trainer.global_rank == 0:
+                (opts.gate / "resumed").write_text(f"{resume or 'none'} {trainer.global_step}\n")
 
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
             if trainer.global_step == opts.gate_step:
