@@ -80,8 +80,8 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
     """Lightning's ``CheckpointIO`` writing through :func:`trainguard.checkpoint.save`: a file
     whose name ``pattern`` gives a step (``step=500.ckpt``) is written to ``<name>.part``,
     fsynced, renamed and recorded (size, SHA-256), so that the exporter, ``latest`` and
-    ``prune`` can call it complete; killed mid-save, the final name holds the previous
-    checkpoint or nothing. Other names (``last.ckpt``) and remote paths (``s3://``) are
+    ``prune`` can call it complete; a save killed midway leaves a ``.part`` and nothing
+    complete under its name. Other names (``last.ckpt``) and remote paths (``s3://``) are
     written by Lightning as before, unrecorded. Loading is Lightning's; removing a checkpoint
     (``save_top_k``) removes its record too. ``TrainguardCallback`` installs it by itself;
     pass it yourself as ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the
