@@ -222,11 +222,13 @@ def test_the_newest_complete_checkpoint_is_the_last_save_steps_multiple(
 ) -> None:
     t = finished.training
 
-    def judged(s: Samples) -> bool:  # settled (1 s grace), or files that are never complete
+    def judged(s: Samples) -> bool:
+        """The last save settled (1 s grace: until then the one before it is the newest
+        complete), or files that will never be complete (no point waiting)."""
         unrecorded = value(
             s, "trainguard_checkpoint_unrecorded_files", run=t.name, location="primary"
         )
-        return last_step(s, t) is not None or bool(unrecorded)
+        return last_step(s, t) == MAX_STEPS or bool(unrecorded)
 
     s = poll(finished.exporter, judged, DEADLINE)
     assert last_step(s, t) == MAX_STEPS
