@@ -4,9 +4,11 @@ unknown. The training side writes with these; the exporter reads with the same r
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -61,6 +63,31 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
     while view:
         n = os.write(fd, view)
         view = view[n:]
+
+
+def replace_file(
+    path: str | os.PathLike[str], payload: bytes, mode: int = 0o644, *, fsync: bool = False
+) -> None:
+    """Replace ``path`` atomically with ``payload``: a temp file in the same directory, created
+    exclusively (a planted symlink is never followed), written (and fsynced with ``fsync``),
+    then ``os.replace``d; the temp file is removed if anything fails. The directory is not
+    fsynced: a reader of these small files can do with the previous one after a power cut."""
+    target = os.fspath(path)
+    head, name = os.path.split(target)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_BINARY, mode)
+    try:
+        try:
+            write_all(fd, payload)
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def is_link_error(exc: OSError) -> bool:

@@ -14,18 +14,15 @@ know, and an incompatible change bumps ``format`` (which an older reader then re
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from trainguard.shared.fileio import O_BINARY, O_CLOEXEC
+from trainguard.shared.fileio import replace_file
 
 FORMAT = 1
 SUFFIX = ".heartbeat.json"
@@ -255,23 +252,7 @@ def write_heartbeat(path: str | os.PathLike[str], data: Heartbeat | Mapping[str,
     one, which is all a reader needs."""
     doc = data.to_dict() if isinstance(data, Heartbeat) else dict(data)
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_BINARY
-    fd = os.open(tmp, flags, 0o644)
-    try:
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_file(path, payload, fsync=True)
 
 
 def text_problem(value: str) -> str | None:

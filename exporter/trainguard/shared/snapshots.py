@@ -23,7 +23,6 @@ every field checked, and every failure a :class:`SnapshotFileError`.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -31,10 +30,9 @@ import re
 import secrets
 import stat
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from trainguard.shared.fileio import FILE_FLAGS, O_BINARY, O_CLOEXEC, O_NONBLOCK
+from trainguard.shared.fileio import FILE_FLAGS, O_NONBLOCK, replace_file
 from trainguard.shared.heartbeat import SNAPSHOT_REASONS, SUFFIX, heartbeat_filename
 
 REASONS = SNAPSHOT_REASONS
@@ -141,21 +139,7 @@ def write_json(path: str | os.PathLike[str], doc: Any, mode: int = 0o644) -> Non
     """Replace ``path`` atomically with ``doc`` as JSON: a temp file created exclusively (a
     planted symlink is never followed), written, then ``os.replace``d."""
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_BINARY, mode)
-    try:
-        try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_file(path, payload, mode)
 
 
 def read_small(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
