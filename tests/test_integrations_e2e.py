@@ -21,6 +21,7 @@ import pytest
 from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.run_child import sigkill
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.manifest import read_all_records
@@ -128,20 +129,6 @@ def dump_stacks(proc: subprocess.Popen[str]) -> None:
     time.sleep(1)  # the dump is asynchronous; only for the failure message
 
 
-def kill9(pid: int) -> None:
-    """SIGKILL, then wait until the kernel has ended it (a zombie is dead too)."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"pid {pid} still running 60 s after SIGKILL")
-
-
 def exporter(t: Training) -> Exporter:
     """The exporter on the run's state dir, calling a checkpoint settled 1 s after its last
     write (the default grace period is minutes)."""
@@ -247,7 +234,7 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
             (pid,) = t.wait_parked(first)
             alive = poll(exp, lambda s: value(s, "trainguard_run_step", **key) == 15, DEADLINE)
             assert value(alive, "trainguard_run_process_up", **key) == 1
-            kill9(pid)
+            sigkill(pid)
             dead = exp.scrape()  # the next scrape
             assert value(dead, "trainguard_run_process_up", **key) == 0
             assert value(dead, "trainguard_run_finished", **key) == 0
@@ -290,7 +277,7 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
         try:
             (pid,) = t.wait_parked(first)
             assert (ckpt / f"step={MAX_STEPS}.ckpt.part").exists()  # mid-save, for real
-            kill9(pid)
+            sigkill(pid)
         finally:
             if first.poll() is None:
                 first.kill()
@@ -363,7 +350,7 @@ def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
         stack.prometheus.wait_until(
             f'count(trainguard_run_process_up{{run="{t.name}"}} == 1) == 2', timeout=DEADLINE
         )
-        kill9(pids[1])  # the restarted workers wait at the gate: the group stays dead
+        sigkill(pids[1])  # the restarted workers wait at the gate: the group stays dead
         _, alert = stack.webhook.wait_for("TrainingProcessDied", timeout=DEADLINE, run=t.name)
         assert alert["labels"]["severity"] == "critical"
         found = re.search(r"rank\(s\) ([0-9, ]+)\.", alert["annotations"]["description"])
@@ -424,7 +411,7 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
                 assert value(s, "trainguard_run_process_up", **k) == 1
             for f in t.gate.glob("parked-rank*"):
                 f.unlink()
-            kill9(before[1])
+            sigkill(before[1])
             # restarted workers wait for gate/restart: this scrape sees the death, not a race
             s = exp.scrape()
             assert value(s, "trainguard_run_process_up", **ranks[1]) == 0

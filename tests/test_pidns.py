@@ -7,20 +7,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import (
     heartbeat_path,
     namespace_child,
+    sigkill,
     start_child_in_pid_namespace,
     stat_start_ticks,
     unshare_problem,
@@ -40,20 +38,6 @@ def unshare() -> None:
     problem = unshare_problem()
     if problem is not None:
         pytest.skip(problem)
-
-
-def sigkill(pid: int) -> None:
-    """SIGKILL, then wait until the kernel has ended the process (zombie or gone)."""
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"pid {pid} still running 60 s after SIGKILL")
 
 
 def stop(*procs: subprocess.Popen[str] | None) -> None:

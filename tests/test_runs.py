@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from helpers.run_child import (
     heartbeat_path,
     own_heartbeat,
     put,
+    sigkill,
     start_child,
     stat_start_ticks,
     wait_heartbeat,
@@ -34,21 +34,6 @@ from trainguard.shared.heartbeat import Death
 
 def sample(samples: Samples, metric: str, **labels: str) -> float | None:
     return samples.get((metric, frozenset(labels.items())))
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL, then wait until the kernel has finished it (a zombie: not reaped, so the
-    exporter sees the pid still listed), since the signal is delivered asynchronously."""
-    proc.send_signal(signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE:
-                return
-        except psutil.NoSuchProcess:
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"pid {proc.pid} still running 60 s after SIGKILL")
 
 
 def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_path: Path) -> None:
@@ -64,7 +49,7 @@ def test_sigkill_is_seen_at_the_next_scrape_and_clean_exit_is_not_a_death(tmp_pa
             assert sample(before, "trainguard_run_process_up", **k) == 1
             assert sample(before, "trainguard_run_finished", **k) == 0
             assert sample(before, "trainguard_run_step", **k) == 7
-            kill(killed)  # not reaped yet: a zombie is dead too
+            sigkill(killed.pid)  # not reaped yet: a zombie is dead too
             after = exp.scrape()
             assert sample(after, "trainguard_run_process_up", **k) == 0
             assert sample(after, "trainguard_run_finished", **k) == 0
@@ -171,7 +156,7 @@ def test_death_history_across_restarts(tmp_path: Path) -> None:
     try:
         path = heartbeat_path(state, "resumed")
         old = wait_heartbeat(path, lambda hb: hb.step == 41)
-        kill(first)
+        sigkill(first.pid)
         first.wait(60)
         dead = wait_heartbeat(path, lambda hb: True)  # the last heartbeat it wrote
         second = start_child("resumed", state, 3, "hang")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -201,3 +202,18 @@ def stat_start_ticks(pid: int) -> int:
     trainguard: the command name in field 2 may hold spaces and parentheses."""
     raw = Path(f"/proc/{pid}/stat").read_bytes().decode("utf-8", "replace")
     return int(raw.rsplit(")", 1)[1].split()[19])
+
+
+def sigkill(pid: int, timeout: float = 60.0) -> None:
+    """SIGKILL, then wait until the kernel has ended the process: a zombie (not reaped, so the
+    exporter still sees the pid listed) or gone. The signal is delivered asynchronously."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"pid {pid} still running {timeout:.0f} s after SIGKILL")
