@@ -1,7 +1,12 @@
 """Suite-wide settings."""
 
+from collections.abc import Iterator
+
 import pytest
 from hypothesis import settings
+
+from helpers.exporter_proc import child_env
+from helpers.zygote import Zygote
 
 # Property tests run the same examples every time (a run in CI is never red by chance) and
 # without per-example deadlines (these machines are shared and noisy). Explore new examples
@@ -16,3 +21,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the long ones then overlap each other and the many short ones fill in behind them, instead
     of one long test starting last and running alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+#: what the training children import: loaded once per pytest worker by the fork server
+FRAMEWORKS = [
+    "torch",
+    "torch.distributed.checkpoint",
+    "transformers",
+    "transformers.trainer",
+    "transformers.models.gpt2.modeling_gpt2",
+    "lightning",
+    "lightning.pytorch",
+    "trainguard",
+    "trainguard.checkpoint",
+    "trainguard.integrations.transformers",
+    "trainguard.integrations.lightning",
+]
+#: the environment the frameworks are imported in (some read it then)
+FRAMEWORK_ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="session")
+def framework_zygote() -> Iterator[Zygote]:
+    """The fork server (helpers/zygote.py) that starts the framework training children: a
+    child forked from it skips the 2-5 s of CPU that importing torch, transformers and
+    Lightning cost, which on two cores decides the suite's wall time."""
+    with Zygote(FRAMEWORKS, child_env(FRAMEWORK_ENV)) as zygote:
+        yield zygote

@@ -10,13 +10,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers.exporter_proc import Samples, child_env, free_port, value
+from helpers.zygote import Forked, Zygote
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings
@@ -223,12 +223,12 @@ def test_mirror_a_directory(tmp_path: Path) -> None:
 # -- several real ranks -------------------------------------------------------------------------
 
 
-def ranks(mode: str, loc: Path, world: int, *extra: str) -> list[subprocess.Popen[str]]:
+def ranks(zygote: Zygote, mode: str, loc: Path, world: int, *extra: str) -> list[Forked]:
+    """``world`` ranks of tests/helpers/dist_child.py, each in a session of its own."""
     port = free_port()
     return [
-        subprocess.Popen(
+        zygote.spawn(
             [
-                sys.executable,
                 str(DIST_CHILD),
                 mode,
                 str(loc),
@@ -237,28 +237,27 @@ def ranks(mode: str, loc: Path, world: int, *extra: str) -> list[subprocess.Pope
                 str(port),
                 *extra,
             ],
-            env=child_env({"OMP_NUM_THREADS": "1"}),
+            child_env({"OMP_NUM_THREADS": "1"}),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
             start_new_session=True,
         )
         for r in range(world)
     ]
 
 
-def finish(procs: list[subprocess.Popen[str]], timeout: float = 300) -> None:
+def finish(procs: list[Forked], timeout: float = 300) -> None:
     for p in procs:
         out, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, out
 
 
-def test_save_dir_with_several_ranks(tmp_path: Path) -> None:
+def test_save_dir_with_several_ranks(tmp_path: Path, framework_zygote: Zygote) -> None:
     """Three real processes over gloo: each writes its DCP shard and a file of its own into
     one save_dir; one record lists every rank's files."""
     world = 3
     pytest.importorskip("torch")
-    finish(ranks("savedir", tmp_path, world, "1", "2"))
+    finish(ranks(framework_zygote, "savedir", tmp_path, world, "1", "2"))
     for step in (1, 2):
         rec = read_record(tmp_path, f"step-{step}")
         assert rec is not None and rec.files is not None
@@ -292,7 +291,7 @@ def committed_steps(loc: Path, pattern: str, layout: str) -> list[tuple[int, Pat
 
 @pytest.mark.slow
 def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_load(
-    tmp_path: Path,
+    tmp_path: Path, framework_zygote: Zygote
 ) -> None:
     """torch.distributed.checkpoint.save on three real ranks (gloo), all SIGKILLed at a random
     moment, several times: every step the verdict calls complete (auto-detected layout, grace
@@ -305,7 +304,7 @@ def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_
     for round_ in range(4):
         loc = tmp_path / f"round{round_}"
         loc.mkdir()
-        procs = ranks("dcp", loc, world)
+        procs = ranks(framework_zygote, "dcp", loc, world)
         try:
             assert procs[0].stdout is not None
             first = procs[0].stdout.readline()  # one save done: the kill lands in a later one
@@ -337,7 +336,7 @@ def test_dcp_killed_at_random_points_never_leaves_a_complete_step_that_does_not_
 
 
 @pytest.mark.slow
-def test_save_dir_killed_at_random_points(tmp_path: Path) -> None:
+def test_save_dir_killed_at_random_points(tmp_path: Path, framework_zygote: Zygote) -> None:
     """save_dir around dcp.save on two real ranks, all SIGKILLed at random moments: no
     directory under a final name is ever partial (each loads and, where its record landed,
     matches every recorded hash); what is left is a .part directory at most."""
@@ -347,7 +346,7 @@ def test_save_dir_killed_at_random_points(tmp_path: Path) -> None:
     for round_ in range(3):
         loc = tmp_path / f"round{round_}"
         loc.mkdir()
-        procs = ranks("savedir-loop", loc, world)
+        procs = ranks(framework_zygote, "savedir-loop", loc, world)
         try:
             assert procs[0].stdout is not None
             first = procs[0].stdout.readline()
@@ -380,7 +379,7 @@ HF_CHILD = HERE / "helpers" / "hf_child.py"
 
 @pytest.mark.slow
 def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_not_load(
-    tmp_path: Path,
+    tmp_path: Path, framework_zygote: Zygote
 ) -> None:
     """A real Trainer saving at every step (tiny GPT-2 from a config, CPU), SIGKILLed at a
     random moment, three times: every checkpoint-N the verdict calls complete (grace period 0)
@@ -388,15 +387,15 @@ def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_n
     Trainer.train(resume_from_checkpoint=latest) resumes from its step."""
     pytest.importorskip("transformers")
     rng = random.Random(99)
+    env = child_env({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     inflight = 0
     for round_ in range(3):
         out = tmp_path / f"run{round_}"
-        proc = subprocess.Popen(
-            [sys.executable, str(HF_CHILD), "train", str(out)],
-            env=child_env({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}),
+        proc = framework_zygote.spawn(
+            [HF_CHILD, "train", out],
+            env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
             start_new_session=True,
         )
         try:
@@ -408,27 +407,15 @@ def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_n
             proc.communicate()
         complete = committed_steps(out, "checkpoint-{step}", "auto")
         assert complete
-        check = subprocess.run(
-            [sys.executable, str(HF_CHILD), "check", *(str(p) for _, p in complete)],
-            env=child_env({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert check.returncode == 0, check.stdout + check.stderr
+        rc, output = framework_zygote.run([HF_CHILD, "check", *(p for _, p in complete)], env, 600)
+        assert rc == 0, output
         found = latest(out, pattern="checkpoint-{step}", grace=0)
         assert found is not None and found.step == max(s for s, _ in complete)
         inflight += sum(1 for p in out.glob("checkpoint-*")) - len(complete)
     print(f"in-flight checkpoint directories left by the kills: {inflight}")
-    resumed = subprocess.run(
-        [sys.executable, str(HF_CHILD), "resume", str(out), str(found.path)],
-        env=child_env({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert json.loads(resumed.stdout.strip().splitlines()[-1])["resumed_from"] == found.step
+    rc, output = framework_zygote.run([HF_CHILD, "resume", out, found.path], env, 600)
+    assert rc == 0, output
+    assert json.loads(output.strip().splitlines()[-1])["resumed_from"] == found.step
     # and prune keeps what it must: the newest complete one survives
     prune(out, keep=1, pattern="checkpoint-{step}", grace=0)
     again = latest(out, pattern="checkpoint-{step}", grace=0)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers.exporter_proc import REPO, child_env
+from helpers.zygote import Zygote
 from trainguard import checkpoint
 from trainguard.shared.heartbeat import heartbeat_filename
 from trainguard.shared.heartbeat_read import read_heartbeat
@@ -16,12 +15,12 @@ from trainguard.shared.heartbeat_read import read_heartbeat
 pytestmark = pytest.mark.slow
 
 
-def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
+def toy(zygote: Zygote, tmp_path: Path, steps: int, *extra: str) -> str:
+    """The example's output (stdout and stderr); run forked from the fork server."""
     ckpt, state, log = tmp_path / "ckpt", tmp_path / "state", tmp_path / "train.log"
-    proc = subprocess.run(
+    rc, output = zygote.run(
         [
-            sys.executable,
-            str(REPO / "examples" / "train_toy.py"),
+            REPO / "examples" / "train_toy.py",
             f"--steps={steps}",
             "--checkpoint-every=10",
             "--keep=2",
@@ -31,18 +30,16 @@ def toy(tmp_path: Path, steps: int, *extra: str) -> subprocess.CompletedProcess[
             f"--log-file={log}",
             *extra,
         ],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+        child_env(),
+        600,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+    assert rc == 0, output
+    return output
 
 
-def test_toy_training_reports_and_checkpoints(tmp_path: Path) -> None:
+def test_toy_training_reports_and_checkpoints(tmp_path: Path, framework_zygote: Zygote) -> None:
     ckpt, state, log = tmp_path / "ckpt", tmp_path / "state", tmp_path / "train.log"
-    toy(tmp_path, 20)
+    toy(framework_zygote, tmp_path, 20)
     hb = read_heartbeat(state / heartbeat_filename("toy", 0))
     assert (hb.state, hb.step) == ("finished", 20)
     assert set(hb.scalars) == {"loss", "samples_per_s"}
@@ -56,8 +53,8 @@ def test_toy_training_reports_and_checkpoints(tmp_path: Path) -> None:
     assert mirrored is not None and mirrored.step == 20
     assert log.read_text().count("\n") == 20
     # a second start resumes from the newest complete checkpoint and prunes to --keep=2
-    again = toy(tmp_path, 40, "--prune-grace=0")
-    assert f"resumed from {ckpt / 'step_20.pt'} at step 20" in again.stdout
+    again = toy(framework_zygote, tmp_path, 40, "--prune-grace=0")
+    assert f"resumed from {ckpt / 'step_20.pt'} at step 20" in again
     assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [
         "step_30.pt",
         "step_40.pt",

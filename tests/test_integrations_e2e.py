@@ -22,6 +22,7 @@ from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import sigkill
+from helpers.zygote import Forked, Zygote
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.manifest import read_all_records
@@ -29,6 +30,8 @@ from trainguard.shared.manifest import read_all_records
 pytestmark = pytest.mark.slow
 
 CHILD = REPO / "tests" / "helpers" / "framework_child.py"
+#: a training child: forked from the fork server (conftest.framework_zygote), or torchrun
+Proc = subprocess.Popen[str] | Forked
 #: generous: importing a framework on a loaded 2-core machine takes tens of seconds
 DEADLINE = 600.0
 MAX_STEPS, SAVE_STEPS = 20, 10
@@ -50,6 +53,7 @@ class Training:
     state: Path
     gate: Path
     log: Path
+    zygote: Zygote | None  # None: only under a launcher
 
     @property
     def name(self) -> str:  # the callbacks name the run after its output / root directory
@@ -68,20 +72,27 @@ class Training:
             *extra,
         ]
 
-    def start(
-        self, gate_step: int = -1, launcher: list[str] | None = None, *extra: str
-    ) -> subprocess.Popen[str]:
+    def start(self, gate_step: int = -1, launcher: list[str] | None = None, *extra: str) -> Proc:
+        """The training child; under ``launcher`` (torchrun), a real ``python -m`` process."""
         self.gate.mkdir(parents=True, exist_ok=True)
         with open(self.log, "a") as log:
+            if launcher is None:
+                assert self.zygote is not None, "a training child without torchrun: the zygote"
+                return self.zygote.spawn(
+                    self.command(gate_step, *extra),
+                    child_env(ENV),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             return subprocess.Popen(
-                [sys.executable, *(launcher or []), *self.command(gate_step, *extra)],
+                [sys.executable, *launcher, *self.command(gate_step, *extra)],
                 env=child_env(ENV),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
             )
 
-    def wait_parked(self, proc: subprocess.Popen[str], ranks: int = 1) -> list[int]:
+    def wait_parked(self, proc: Proc, ranks: int = 1) -> list[int]:
         """The pids parked at the gate step, once every rank is there."""
         files = [self.gate / f"parked-rank{r}" for r in range(ranks)]
         wait_until(lambda: all(f.exists() for f in files), proc, self.log, "parked at the gate")
@@ -91,7 +102,7 @@ class Training:
             pids.append(int(f.read_text()))
         return pids
 
-    def finish(self, proc: subprocess.Popen[str]) -> None:
+    def finish(self, proc: Proc) -> None:
         (self.gate / "release").touch()
         try:
             rc = proc.wait(DEADLINE)
@@ -106,7 +117,7 @@ def tail(log: Path) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-40:])
 
 
-def wait_until(ok: Callable[[], bool], proc: subprocess.Popen[str], log: Path, what: str) -> None:
+def wait_until(ok: Callable[[], bool], proc: Proc, log: Path, what: str) -> None:
     deadline = time.monotonic() + DEADLINE
     while not ok():
         if proc.poll() is not None:
@@ -117,14 +128,16 @@ def wait_until(ok: Callable[[], bool], proc: subprocess.Popen[str], log: Path, w
         time.sleep(0.05)
 
 
-def dump_stacks(proc: subprocess.Popen[str]) -> None:
+def dump_stacks(proc: Proc) -> None:
     """Ask the training processes to write their stacks to the log (faulthandler)."""
     try:
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         return
-    for p in family:
-        if "framework_child" in " ".join(p.cmdline()):
+    for p in family:  # a forked child, or torchrun's workers (not torchrun: no faulthandler)
+        if (p.pid == proc.pid and isinstance(proc, Forked)) or "framework_child" in " ".join(
+            p.cmdline()
+        ):
             os.kill(p.pid, signal.SIGUSR1)
     time.sleep(1)  # the dump is asynchronous; only for the failure message
 
@@ -141,13 +154,14 @@ def last_step(s: Samples, t: Training) -> float | None:
     return value(s, "trainguard_checkpoint_last_step", run=t.name, location="primary")
 
 
-def training(tmp_path: Path, framework: str) -> Training:
+def training(tmp_path: Path, framework: str, zygote: Zygote | None = None) -> Training:
     return Training(
         framework,
         tmp_path / f"{framework}-run",
         tmp_path / "state",
         tmp_path / "gate",
         tmp_path / "train.log",
+        zygote,
     )
 
 
@@ -161,11 +175,13 @@ class Finished:
 
 @pytest.fixture(scope="module", params=["hf", "lightning"])
 def finished(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    framework_zygote: Zygote,
 ) -> Iterator[Finished]:
     """One clean run per framework, scraped mid-training and at the end (shared by the tests
     below that only read it)."""
-    t = training(tmp_path_factory.mktemp(request.param), request.param)
+    t = training(tmp_path_factory.mktemp(request.param), request.param, framework_zygote)
     t.state.mkdir(parents=True)
     with exporter(t) as exp:
         proc = t.start(gate_step=5)
@@ -223,9 +239,9 @@ def test_the_newest_complete_checkpoint_is_the_last_save_steps_multiple(
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
 def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
-    tmp_path: Path, framework: str
+    tmp_path: Path, framework: str, framework_zygote: Zygote
 ) -> None:
-    t = training(tmp_path, framework)
+    t = training(tmp_path, framework, framework_zygote)
     t.state.mkdir(parents=True)
     key = {"run": t.name, "rank": "0"}
     with exporter(t) as exp:
@@ -264,12 +280,12 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
 
 
 def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resumes_from_latest(
-    tmp_path: Path,
+    tmp_path: Path, framework_zygote: Zygote
 ) -> None:
     """SIGKILL while TrainguardCheckpointIO saves step=20.ckpt: the exporter and ``latest``
     stay on step=10.ckpt, and the restart's ``fit(ckpt_path=...)`` starts from what
     ``latest`` returned."""
-    t = training(tmp_path, "lightning")
+    t = training(tmp_path, "lightning", framework_zygote)
     t.state.mkdir(parents=True)
     ckpt = t.out / "checkpoints"
     with exporter(t) as exp:
@@ -301,8 +317,10 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
 
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
-def test_an_exception_in_training_is_a_failure(tmp_path: Path, framework: str) -> None:
-    t = training(tmp_path, framework)
+def test_an_exception_in_training_is_a_failure(
+    tmp_path: Path, framework: str, framework_zygote: Zygote
+) -> None:
+    t = training(tmp_path, framework, framework_zygote)
     proc = t.start(-1, None, "--raise-step=3")
     try:
         assert proc.wait(DEADLINE) != 0
@@ -325,7 +343,7 @@ TORCHRUN = [
 ]
 
 
-def stop_torchrun(proc: subprocess.Popen[str]) -> None:
+def stop_torchrun(proc: Proc) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)  # torchrun stops its workers on SIGTERM
         try:
@@ -450,14 +468,18 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
     ],
 )
 def test_the_examples_train_report_and_resume(
-    tmp_path: Path, script: str, dir_flag: str, first: str, resumed: str
+    tmp_path: Path,
+    script: str,
+    dir_flag: str,
+    first: str,
+    resumed: str,
+    framework_zygote: Zygote,
 ) -> None:
     out, state = tmp_path / "run", tmp_path / "state"
 
     def example(steps: int, *extra: str) -> str:
-        done = subprocess.run(
+        rc, output = framework_zygote.run(
             [
-                sys.executable,
                 str(REPO / "examples" / script),
                 f"{dir_flag}={out}",
                 f"--max-steps={steps}",
@@ -465,13 +487,11 @@ def test_the_examples_train_report_and_resume(
                 f"--state-dir={state}",
                 *extra,
             ],
-            env=child_env(ENV),
-            capture_output=True,
-            text=True,
-            timeout=DEADLINE,
+            child_env(ENV),
+            DEADLINE,
         )
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
+        assert rc == 0, output
+        return output
 
     assert "resumed from None" in example(10)
     assert (out / first).exists()

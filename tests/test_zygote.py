@@ -1,0 +1,93 @@
+"""The fork server that starts the framework training children (helpers/zygote.py): a child
+forked from it must behave as ``python SCRIPT ARGS`` does, or the tests that use it prove
+less than they claim (an uncaught exception, ``sys.exit``, atexit, a SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from helpers.exporter_proc import child_env
+from helpers.zygote import Zygote
+
+SCRIPT = textwrap.dedent(
+    """
+    import atexit, os, sys, time
+    atexit.register(lambda: print("atexit", flush=True))
+    print(__name__, sys.argv[1:], os.environ.get("ZYGOTE_TEST"), os.getcwd(), flush=True)
+    print("session", os.getsid(0) == os.getpid(), flush=True)
+    mode = sys.argv[1]
+    if mode == "raise":
+        raise ValueError("boom")
+    if mode == "exit":
+        sys.exit(3)
+    if mode == "hang":
+        time.sleep(600)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    with Zygote(["json"], child_env()) as z:
+        yield z
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def test_a_child_runs_its_script_as_main_with_its_argv_env_and_atexit(
+    zygote: Zygote, script: Path, tmp_path: Path
+) -> None:
+    env = {**child_env(), "ZYGOTE_TEST": "yes"}
+    proc = zygote.spawn([script, "ok"], env, stdout=subprocess.PIPE, cwd=tmp_path)
+    out, _ = proc.communicate(60)
+    assert proc.returncode == 0
+    assert out == f"__main__ ['ok'] yes {tmp_path}\nsession False\natexit\n"
+    assert proc.pid != os.getpid()
+
+
+def test_exit_status_uncaught_exception_and_sys_exit(zygote: Zygote, script: Path) -> None:
+    rc, out = zygote.run([script, "raise"], child_env(), 60)
+    assert rc == 1
+    assert "Traceback" in out and out.rstrip().endswith("ValueError: boom\natexit")
+    rc, out = zygote.run([script, "exit"], child_env(), 60)
+    assert rc == 3 and out.endswith("atexit\n")
+
+
+def test_a_killed_child_reports_the_signal_and_a_session_of_its_own(
+    zygote: Zygote, script: Path
+) -> None:
+    proc = zygote.spawn(
+        [script, "hang"], child_env(), stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    assert proc.stdout.readline() == "session True\n"
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_closing_the_server_ends_what_it_started(script: Path, tmp_path: Path) -> None:
+    with Zygote([], child_env()) as z, open(tmp_path / "log", "w") as log:
+        proc = z.spawn([script, "hang"], child_env(), stdout=log)
+        while "session" not in (tmp_path / "log").read_text():
+            assert proc.poll() is None
+            time.sleep(0.01)
+    assert not psutil.pid_exists(proc.pid)
