@@ -118,6 +118,38 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
                 p.wait()
 
 
+def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
+    """``--watch`` on a terminal: the table is redrawn in place (the cursor goes back up over
+    the previous frame) with the live run's newer step, until Ctrl-C, which ends it as a
+    shell expects (status 130, no traceback, the cursor shown again)."""
+    state = tmp_path / "state"
+    proc = start_child("live", state, 0, "steady")
+    try:
+        wait_heartbeat(heartbeat_path(state, "live"), lambda hb: hb.step > 0)
+        child = pexpect.spawn(
+            CMD[0],
+            [*CMD[1:], "status", f"--state.dir={state}", "--watch", "--interval=1s"],
+            env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
+            encoding="utf-8",
+            timeout=DEADLINE,
+            dimensions=(40, 200),
+        )
+        steps: set[int] = set()
+        while len(steps) < 2:  # frames until one shows a newer step than the first
+            child.expect(r"live +0 +(?:\x1b\[[0-9;]*m)*alive(?:\x1b\[[0-9;]*m)* +(\d+) ")
+            steps.add(int(child.match.group(1)))
+        child.sendintr()
+        rest = child.read()
+        child.wait()
+        assert child.exitstatus == 130, rest
+        assert "Traceback" not in rest and "KeyboardInterrupt" not in rest, rest
+        assert "\x1b[1A" in child.before + rest  # cursor up: redrawn over the last frame
+        assert rest.rstrip().endswith("\x1b[?25h")  # cursor visible again
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_status_bad_input(tmp_path: Path) -> None:
     r = tg("status", f"--state.dir={tmp_path / 'nope'}")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
