@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -148,6 +149,44 @@ def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_status_watch_into_a_pipe_appends_each_refresh(tmp_path: Path) -> None:
+    """Piped (``--watch | tee status.log``): each refresh is appended as a plain block, so the
+    log holds the live run's steps one after the other; SIGINT ends it with status 130."""
+    state = tmp_path / "state"
+    proc = start_child("live", state, 0, "steady")
+    watcher = None
+    try:
+        wait_heartbeat(heartbeat_path(state, "live"), lambda hb: hb.step > 0)
+        watcher = subprocess.Popen(
+            [*CMD, "status", f"--state.dir={state}", "--watch", "--interval=1s"],
+            env=plain_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert watcher.stdout is not None
+        steps: list[int] = []
+        deadline = time.monotonic() + DEADLINE
+        while len(set(steps)) < 2:  # blocks until one shows a newer step than the first
+            left = deadline - time.monotonic()
+            assert left > 0 and select.select([watcher.stdout], [], [], left)[0], steps
+            line = watcher.stdout.readline()
+            assert line, f"--watch ended with {watcher.wait()}: {watcher.communicate()[1]}"
+            assert "\x1b" not in line
+            if line.split()[:3] == ["live", "0", "alive"]:
+                steps.append(int(line.split()[3]))
+        assert steps == sorted(steps)
+        watcher.send_signal(signal.SIGINT)
+        _, err = watcher.communicate(timeout=DEADLINE)
+        assert watcher.returncode == 130 and err == "", err
+    finally:
+        proc.kill()
+        proc.wait()
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
 
 
 def test_status_bad_input(tmp_path: Path) -> None:

@@ -206,11 +206,10 @@ def _status(args: argparse.Namespace) -> int:
     try:
         snap = status.read()
         if args.watch and not args.json:
-            console = _console()
-            render: Callable[[st.Snapshot], Any] = (
-                st.rich_view if console.is_terminal else lambda s: st.plain(s)
-            )
-            st.watch(status, args.interval, render)
+            if _console().is_terminal:
+                st.watch(status, args.interval, st.rich_view)
+            else:
+                st.watch_plain(status, args.interval, sys.stdout)
             return 0
         if args.sample > 0 and any(r.state in ("alive", "stalled") for r in snap.runs):
             import time

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from trainguard.checkpoint.retention import latest
 from trainguard.exporter.collectors.gpu import GpuCollector
@@ -353,12 +353,23 @@ def rich_view(snap: Snapshot) -> Any:
 
 
 def watch(status: Status, every: float, render: Callable[[Snapshot], Any]) -> None:
+    """On a terminal: one table, redrawn in place."""
     from rich.live import Live
 
     with Live(render(status.read()), refresh_per_second=4, screen=False) as live:
         while True:
             time.sleep(every)
             live.update(render(status.read()))
+
+
+def watch_plain(status: Status, every: float, out: TextIO) -> None:
+    """Into a pipe or a file: every refresh appended, a blank line apart, as ``kubectl get
+    -w`` does, so that ``--watch | tee status.log`` keeps the history (a pipe has no place to
+    redraw in)."""
+    print(plain(status.read()), end="", file=out, flush=True)
+    while True:
+        time.sleep(every)
+        print("\n" + plain(status.read()), end="", file=out, flush=True)
 
 
 def state_dir_problem(path: Path, explicit: bool) -> str | None:
