@@ -2,10 +2,12 @@
 the label matchers, over grafana-foundation-sdk (Grafana 11.6 schema).
 
 The dashboards only use raw ``trainguard_*`` metrics (plus ``ALERTS``/``up``), so they work
-without the recording rules. Every query is filtered on ``instance=~"$instance"`` (:data:`I`)
-and, where the metric has a ``run`` label, on ``run=~"$run"`` (:data:`IR`). Per-rank series are
-kept where a straggler matters (step, heartbeat, allocator); summaries are aggregated by
-``run`` so a run spread over several nodes (one exporter each) reads as one line.
+without the recording rules. Every query is filtered on ``cluster=~"$cluster"`` and
+``instance=~"$instance"`` (:data:`I`) and, where the metric has a ``run`` label, on
+``run=~"$run"`` (:data:`IR`). Per-rank series are kept where a straggler matters (step,
+heartbeat, allocator); summaries are aggregated by ``run`` so a run spread over several nodes
+(one exporter each) reads as one line, and every aggregation and join keeps ``cluster`` and
+``namespace`` (:data:`TARGET`) so that same-named runs of two clusters stay two.
 
 The builders take the few things that differ between panels (title, description, unit,
 queries, size, thresholds) and fix everything else, so the dashboards look alike.
@@ -59,8 +61,14 @@ Steps = Sequence[tuple[float | None, str]]
 #: The Prometheus data source, chosen by the ``$datasource`` variable.
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
-# Label matchers used in every query.
-I = 'instance=~"$instance"'  # noqa: E741 - short on purpose: it is in every expression
+#: The labels that tell two same-named runs apart: a run spans exporters (one per node) but
+#: never two clusters or namespaces. Kept in every aggregation and join; absent (a single
+#: Prometheus without those labels) they change nothing.
+TARGET = "cluster, namespace"
+
+# Label matchers used in every query. `cluster=~""` (the variable with no values: no cluster
+# label anywhere) matches series without the label.
+I = 'cluster=~"$cluster", instance=~"$instance"'  # noqa: E741 - short: in every expression
 R = 'run=~"$run"'
 IR = f"{I}, {R}"
 
@@ -69,8 +77,9 @@ NONZERO_IS_BAD: Steps = ((None, "green"), (1, "red"))
 
 
 def by(labels: str, metric: str, op: str = "max", matchers: str = IR) -> str:
-    """``op by (labels) (metric{matchers})``: one series per ``labels`` whatever the exporter."""
-    return f"{op} by ({labels}) ({metric}{{{matchers}}})"
+    """``op by (cluster, namespace, labels) (metric{matchers})``: one series per ``labels``
+    whatever the exporter, kept apart per cluster and namespace (see :data:`TARGET`)."""
+    return f"{op} by ({TARGET}, {labels}) ({metric}{{{matchers}}})"
 
 
 def value_mappings(*texts: tuple[str, str]) -> list[Any]:
@@ -354,19 +363,33 @@ def state_timeline(
 
 
 def _variables() -> list[Any]:
-    """``$datasource``, ``$instance`` and ``$run``. "All" is ``.*`` (a regex, not a huge
-    alternation); the lists refresh with the time range because runs come and go."""
+    """``$datasource``, ``$cluster``, ``$instance`` and ``$run``. "All" is ``.*`` (a regex, not
+    a huge alternation); the lists refresh with the time range because runs come and go."""
     all_selected = VariableOption(selected=True, text=["All"], value=["$__all"])
     return [
         db.DatasourceVariable("datasource")
         .label("Data source")
         .description("Prometheus that scrapes the trainguard exporters.")
         .type("prometheus"),
+        db.QueryVariable("cluster")
+        .label("Cluster")
+        .description(
+            "The `cluster` label of the trainguard series (an external label or a target label "
+            "of your Prometheus setup); empty where there is none."
+        )
+        .datasource(DS)
+        .query("label_values(trainguard_exporter_build_info, cluster)")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(all_selected),
         db.QueryVariable("instance")
         .label("Exporter")
         .description("trainguard exporter (one per GPU host).")
         .datasource(DS)
-        .query("label_values(trainguard_exporter_build_info, instance)")
+        .query('label_values(trainguard_exporter_build_info{cluster=~"$cluster"}, instance)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(VariableSort.ALPHABETICAL_ASC)
         .multi(True)

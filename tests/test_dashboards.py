@@ -214,13 +214,18 @@ def test_uids_titles_and_files(committed: dict[str, dict[str, Any]]) -> None:
 def test_template_variables(committed: dict[str, dict[str, Any]]) -> None:
     for d in committed.values():
         variables = {v["name"]: v for v in d["templating"]["list"]}
-        assert list(variables) == ["datasource", "instance", "run"], d["uid"]
+        assert list(variables) == ["datasource", "cluster", "instance", "run"], d["uid"]
         assert variables["datasource"]["type"] == "datasource"
         assert variables["datasource"]["query"] == "prometheus"
-        inst, run = variables["instance"], variables["run"]
-        assert inst["query"] == "label_values(trainguard_exporter_build_info, instance)"
-        assert run["query"] == 'label_values(trainguard_run_info{instance=~"$instance"}, run)'
-        for v in (inst, run):
+        cluster, inst, run = variables["cluster"], variables["instance"], variables["run"]
+        assert cluster["query"] == "label_values(trainguard_exporter_build_info, cluster)"
+        assert inst["query"] == (
+            'label_values(trainguard_exporter_build_info{cluster=~"$cluster"}, instance)'
+        )
+        assert run["query"] == (
+            'label_values(trainguard_run_info{cluster=~"$cluster", instance=~"$instance"}, run)'
+        )
+        for v in (cluster, inst, run):
             assert v["type"] == "query"
             assert v["datasource"] == DATASOURCE
             assert v["multi"] is True and v["includeAll"] is True
@@ -266,6 +271,9 @@ def test_every_selector_filters_instance_and_run(committed: dict[str, dict[str, 
         for metric, matchers in selectors:
             if metric.startswith("trainguard_"):
                 assert metric in known, f"{where}: {metric} is not in the metric contract"
+            if q.kind == "variable" and q.title == "variable cluster":
+                continue  # the $cluster variable itself
+            assert 'cluster=~"$cluster' in matchers, f"{where}: {metric} not filtered on $cluster"
             if q.kind == "variable" and q.title == "variable instance":
                 continue  # the $instance variable itself
             assert 'instance=~"$instance' in matchers, (
@@ -275,6 +283,26 @@ def test_every_selector_filters_instance_and_run(committed: dict[str, dict[str, 
                 continue  # the $run variable itself
             if metric in METRICS_WITH_RUN or metric == "ALERTS":
                 assert 'run=~"$run' in matchers, f"{where}: {metric} not filtered on $run"
+
+
+_GROUPING_RE = re.compile(r"\b(by|on) \(([^)]*)\)")
+
+
+def test_every_aggregation_and_join_keeps_cluster_and_namespace(
+    committed: dict[str, dict[str, Any]],
+) -> None:
+    """A run spans exporters but never two clusters or namespaces: aggregated by ``run``
+    alone, a ``llama-ft`` in staging and one in production would be drawn as one line (and a
+    join ``on (run)`` between them would fail as many-to-many)."""
+    seen = 0
+    for q in queries.extract_queries(committed):
+        for keyword, labels in _GROUPING_RE.findall(q.raw):
+            seen += 1
+            names = [name.strip() for name in labels.split(",")]
+            assert names[:2] == ["cluster", "namespace"], (
+                f"{q.dashboard_uid} / {q.title}: {keyword} ({labels}) in {q.raw}"
+            )
+    assert seen > 40  # the check saw the dashboards' aggregations
 
 
 def test_panel_ids_and_layout(committed: dict[str, dict[str, Any]]) -> None:
@@ -314,14 +342,14 @@ def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
 def test_iter_queries_covers_every_target(committed: dict[str, dict[str, Any]]) -> None:
     got = queries.iter_queries(committed)
     n_targets = sum(len(p["targets"]) for _, p in _all_query_panels(committed))
-    assert len(got) == n_targets + 2 * len(committed)  # + the instance and run variables
+    assert len(got) == n_targets + 3 * len(committed)  # + the cluster, instance, run variables
     for uid, title, expr in got:
         assert uid in UIDS and title
         assert "$" not in expr, (uid, title, expr)
     assert (
         "trainguard-runs",
         "variable run",
-        'trainguard_run_info{instance=~".*"}',
+        'trainguard_run_info{cluster=~".*", instance=~".*"}',
     ) in got
     assert queries.iter_queries() == got  # default: the committed files
 
@@ -410,3 +438,63 @@ def test_json_is_plain_grafana_model(committed: dict[str, dict[str, Any]]) -> No
         assert json.loads(text) == committed[name]
         assert "grafana_foundation_sdk" not in text and "_internal" not in text
         assert '"id": null' not in text
+
+
+def test_same_named_runs_of_two_clusters_stay_two(
+    tmp_path: Path, committed: dict[str, dict[str, Any]]
+) -> None:
+    """Evaluated by promtool over series from two clusters that both run ``llama-ft`` (All
+    clusters selected): the step panel draws two lines, and the steps-at-risk join pairs each
+    cluster's step with its own checkpoint instead of failing as many-to-many."""
+    exprs = {title: expr for uid, title, expr in queries.iter_queries(committed)}
+    step, at_risk = exprs["Step"], exprs["Steps since last complete checkpoint"]
+    target = {"namespace": "ml", "job": "trainguard", "instance": "node0:9636", "run": "llama-ft"}
+
+    def series(name: str, cluster: str, value: int, **labels: str) -> dict[str, str]:
+        inner = ",".join(f'{k}="{v}"' for k, v in {**target, "cluster": cluster, **labels}.items())
+        return {"series": f"{name}{{{inner}}}", "values": f"{value}x10"}
+
+    def sample(value: int, cluster: str, **labels: str) -> dict[str, Any]:
+        both = {"cluster": cluster, "namespace": "ml", "run": "llama-ft", **labels}
+        inner = ",".join(f'{k}="{v}"' for k, v in both.items())
+        return {"labels": f"{{{inner}}}", "value": value}
+
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    series("trainguard_run_step", "staging", 100, rank="0"),
+                    series("trainguard_run_step", "prod", 200, rank="0"),
+                    series("trainguard_checkpoint_last_step", "staging", 90, location="primary"),
+                    series("trainguard_checkpoint_last_step", "prod", 150, location="primary"),
+                ],
+                "promql_expr_test": [
+                    {
+                        "expr": step,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            sample(100, "staging", rank="0"),
+                            sample(200, "prod", rank="0"),
+                        ],
+                    },
+                    {
+                        "expr": at_risk,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            sample(10, "staging", location="primary"),
+                            sample(50, "prod", location="primary"),
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "two_clusters_test.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr

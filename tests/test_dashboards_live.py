@@ -47,7 +47,7 @@ FILLING_QUERY = "-deriv(trainguard_checkpoint_filesystem_avail_bytes"
 #: the panel that shows data only while a rank leaks: the minimum of its allocated bytes over
 #: minutes must grow for minutes, longer than this test runs; its query is still run (valid
 #: PromQL), and promtool tests cover AllocatorMemoryLeak's same expression with data
-LEAKING_QUERY = "/ on (job, instance, run, rank, device) (deriv(min_over_time("
+LEAKING_QUERY = "(deriv(min_over_time(trainguard_run_allocator_allocated_bytes{"
 
 
 def mount_tmpfs(path: Path, size: str) -> bool:

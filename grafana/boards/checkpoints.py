@@ -17,6 +17,7 @@ from grafana.panels import (
     table_panel,
     ts,
 )
+from grafana.panels import TARGET as T
 
 UID = "trainguard-checkpoints"
 
@@ -176,7 +177,7 @@ def integrity() -> list[Panel]:
             "percentunit",
             [
                 (
-                    f"min by (run, location) (\n"
+                    f"min by ({T}, run, location) (\n"
                     f"  trainguard_checkpoint_size_bytes{{{IR}}}\n"
                     f"  / trainguard_checkpoint_expected_size_bytes{{{IR}}}\n"
                     ")",
@@ -231,7 +232,7 @@ def storage() -> list[Panel]:
                     f"{PER_LOCATION} largest checkpoint",
                 ),
                 (
-                    f"min by (run, location) (predict_linear("
+                    f"min by ({T}, run, location) (predict_linear("
                     f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",
                     f"{PER_LOCATION} forecast +4h",
                 ),
@@ -245,7 +246,7 @@ def storage() -> list[Panel]:
             "s",
             [
                 (
-                    f"min by (run, location) (\n"
+                    f"min by ({T}, run, location) (\n"
                     f"  trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}\n"
                     f"  / (-deriv(trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h]) > 0)\n"
                     ")",

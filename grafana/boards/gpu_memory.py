@@ -19,6 +19,7 @@ from grafana.panels import (
     table_panel,
     ts,
 )
+from grafana.panels import TARGET as T
 
 UID = "trainguard-gpu-memory"
 
@@ -30,13 +31,13 @@ ALLOCATED = by("run, rank", "trainguard_run_allocator_allocated_bytes", "sum")
 # The live runs' allocator reserved bytes per GPU, joined by UUID (whatever CUDA_VISIBLE_DEVICES
 # made of the device index) and labelled with the GPU's NVML index.
 LIVE_RESERVED_PER_GPU = (
-    "sum by (instance, gpu) (\n"
+    f"sum by ({T}, instance, gpu) (\n"
     f"  trainguard_run_allocator_reserved_bytes{{{IR}}}\n"
-    "  * on (job, instance, run, rank, device) group_left (uuid)\n"
+    f"  * on ({T}, job, instance, run, rank, device) group_left (uuid)\n"
     f"  trainguard_run_allocator_device_info{{{IR}}}\n"
-    "  * on (job, instance, uuid) group_left (gpu)\n"
-    f"  max by (job, instance, uuid, gpu) (trainguard_gpu_info{{{I}}})\n"
-    f"  and on (job, instance, run, rank) trainguard_run_process_up{{{IR}}} == 1\n"
+    f"  * on ({T}, job, instance, uuid) group_left (gpu)\n"
+    f"  max by ({T}, job, instance, uuid, gpu) (trainguard_gpu_info{{{I}}})\n"
+    f"  and on ({T}, job, instance, run, rank) trainguard_run_process_up{{{IR}}} == 1\n"
     ")"
 )
 
@@ -55,19 +56,20 @@ FLOOR = f"min_over_time({ALLOC}{{{IR}}}[{LEAK_FLOOR}])"
 # Seconds until the device is full at the floor's pace over the leak window (only where it
 # grows): the headroom above the recent peak over that pace, as AllocatorMemoryLeak computes it.
 TIME_TO_FULL = (
-    "min by (run, rank) (\n"
+    f"min by ({T}, run, rank) (\n"
     f"  (trainguard_run_allocator_device_total_bytes{{{IR}}}\n"
-    f"   - on (job, instance, run, rank, device) max_over_time({ALLOC}{{{IR}}}[{LEAK_FLOOR}]))\n"
-    f"  / on (job, instance, run, rank, device) (deriv({FLOOR}[{LEAK_WINDOW}:1m]) > 0)\n"
+    f"   - on ({T}, job, instance, run, rank, device)\n"
+    f"     max_over_time({ALLOC}{{{IR}}}[{LEAK_FLOOR}]))\n"
+    f"  / on ({T}, job, instance, run, rank, device) (deriv({FLOOR}[{LEAK_WINDOW}:1m]) > 0)\n"
     ")"
 )
 # AllocatorFragmentation's share: inactive split bytes over the free cache (reserved - allocated)
 SPLIT_SHARE = (
-    "max by (run, rank) (\n"
+    f"max by ({T}, run, rank) (\n"
     f"  avg_over_time(trainguard_run_allocator_inactive_split_bytes{{{IR}}}[{FRAG_WINDOW}])\n"
-    "  / on (job, instance, run, rank, device) (\n"
+    f"  / on ({T}, job, instance, run, rank, device) (\n"
     f"    avg_over_time(trainguard_run_allocator_reserved_bytes{{{IR}}}[{FRAG_WINDOW}])\n"
-    "    - on (job, instance, run, rank, device)\n"
+    f"    - on ({T}, job, instance, run, rank, device)\n"
     f"    avg_over_time({ALLOC}{{{IR}}}[{FRAG_WINDOW}])\n"
     "  ) > 0\n"
     ")"
@@ -76,7 +78,7 @@ SPLIT_SHARE = (
 
 def _increase(labels: str, metric: str, window: str) -> str:
     """How much a counter grew per ``labels`` over ``window``."""
-    return f"sum by ({labels}) (increase({metric}{{{IR}}}[{window}]))"
+    return f"sum by ({T}, {labels}) (increase({metric}{{{IR}}}[{window}]))"
 
 
 def devices() -> list[Panel]:
@@ -360,7 +362,7 @@ def runs() -> list[Panel]:
             "leak: AllocatorMemoryLeak.",
             "bytes",
             [
-                (f"sum by (run, rank) ({FLOOR})", f"{PER_RANK} kept across steps"),
+                (f"sum by ({T}, run, rank) ({FLOOR})", f"{PER_RANK} kept across steps"),
                 (
                     by("run, rank", "trainguard_run_allocator_device_total_bytes", "sum"),
                     f"{PER_RANK} device size",

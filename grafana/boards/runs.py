@@ -20,6 +20,7 @@ from grafana.panels import (
     ts,
     value_mappings,
 )
+from grafana.panels import TARGET as T
 
 UID = "trainguard-runs"
 
@@ -27,9 +28,9 @@ RUN_STATE_MAPPINGS = value_mappings(("dead", "red"), ("alive", "green"), ("finis
 
 # 2 = exited cleanly, 1 = process alive (PID and create time match), 0 = gone without a clean exit.
 RUN_STATE_EXPR = (
-    "max by (run, rank) (\n"
+    f"max by ({T}, run, rank) (\n"
     f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
-    "  or on (instance, run, rank)\n"
+    f"  or on ({T}, instance, run, rank)\n"
     f"  trainguard_run_process_up{{{IR}}}\n"
     ")"
 )
@@ -38,14 +39,14 @@ RUN_STATE_EXPR = (
 # resumes from an older checkpoint, and rate() would read that as a counter reset and draw a
 # spike of (new step / window). clamp_min hides the brief negative slope of a resume.
 STEPS_PER_MIN_EXPR = (
-    f"clamp_min(max by (run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
+    f"clamp_min(max by ({T}, run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
 )
 
 # The run's usual throughput, as TrainingThroughputDropped compares against it: the 90th
 # percentile of its steps per minute over the last 6 hours.
 STEPS_PER_MIN_USUAL_EXPR = (
     "quantile_over_time(0.9, (\n"
-    f"  clamp_min(max by (run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60\n"
+    f"  clamp_min(max by ({T}, run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60\n"
     ")[6h:1m])"
 )
 
@@ -70,7 +71,7 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "label) are always shown. Empty table = nothing firing.",
             [
                 f'ALERTS{{alertstate="firing", alertname=~"{alerts}", '
-                'instance=~"$instance|", run=~"$run|"}'
+                'cluster=~"$cluster|", instance=~"$instance|", run=~"$run|"}'
             ],
             columns={"alertname": ("Alert", ""), "severity": ("Severity", "")},
             hide=("Value", "alertstate"),
@@ -97,7 +98,7 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "none",
             (
                 f"count(\n  trainguard_run_process_up{{{IR}}} == 0\n"
-                f"  unless on (instance, run, rank) trainguard_run_finished{{{IR}}} == 1\n"
+                f"  unless on ({T}, instance, run, rank) trainguard_run_finished{{{IR}}} == 1\n"
                 ") or vector(0)",
                 "dead",
             ),
@@ -235,7 +236,7 @@ def checkpoints() -> list[Panel]:
             [
                 (
                     f"{by('run', 'trainguard_run_step')}\n"
-                    "- on (run) group_right\n"
+                    f"- on ({T}, run) group_right\n"
                     f"{by('run, location', 'trainguard_checkpoint_last_step')}",
                     PER_LOCATION,
                 )
@@ -280,7 +281,7 @@ def deaths() -> list[Panel]:
             "none",
             [
                 (
-                    f"max by (run) (increase(trainguard_run_deaths_total{{{IR}}}"
+                    f"max by ({T}, run) (increase(trainguard_run_deaths_total{{{IR}}}"
                     "[$__rate_interval]))",
                     "{{run}}",
                 )
@@ -323,8 +324,8 @@ def exporter() -> list[Panel]:
             "Exporters seen in the time range, their version and whether Prometheus can scrape "
             "them now (up).",
             [
-                f"max by (instance, version) ({build_info})",
-                f"max by (instance) (up{{{I}}} and on (instance, job) {build_info})",
+                f"max by ({T}, instance, version) ({build_info})",
+                f"max by ({T}, instance) (up{{{I}}} and on ({T}, instance, job) {build_info})",
             ],
             columns={
                 "instance": ("Exporter", ""),
