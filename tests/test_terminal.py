@@ -21,6 +21,7 @@ import pytest
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import heartbeat_path, start_child, wait_heartbeat
 from trainguard import checkpoint
+from trainguard.shared.heartbeat import Heartbeat
 
 CMD = [sys.executable, "-m", "trainguard.exporter.terminal"]
 DEADLINE = 60.0
@@ -119,6 +120,10 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
                 p.wait()
 
 
+def stepped(hb: Heartbeat) -> bool:
+    return hb.step is not None and hb.step > 0  # None: written before the first step
+
+
 def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
     """``--watch`` on a terminal: the table is redrawn in place (the cursor goes back up over
     the previous frame) with the live run's newer step, until Ctrl-C, which ends it as a
@@ -126,7 +131,7 @@ def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     proc = start_child("live", state, 0, "steady")
     try:
-        wait_heartbeat(heartbeat_path(state, "live"), lambda hb: hb.step > 0)
+        wait_heartbeat(heartbeat_path(state, "live"), stepped)
         child = pexpect.spawn(
             CMD[0],
             [*CMD[1:], "status", f"--state.dir={state}", "--watch", "--interval=1s"],
@@ -158,7 +163,7 @@ def test_status_watch_into_a_pipe_appends_each_refresh(tmp_path: Path) -> None:
     proc = start_child("live", state, 0, "steady")
     watcher = None
     try:
-        wait_heartbeat(heartbeat_path(state, "live"), lambda hb: hb.step > 0)
+        wait_heartbeat(heartbeat_path(state, "live"), stepped)
         watcher = subprocess.Popen(
             [*CMD, "status", f"--state.dir={state}", "--watch", "--interval=1s"],
             env=plain_env(),
