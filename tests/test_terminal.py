@@ -120,6 +120,13 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
                 p.wait()
 
 
+def interruptible() -> None:
+    """In the child: SIGINT as a terminal user has it. Started in the background (``nohup
+    ./run-tests &``, some CI runners) the suite inherits SIGINT ignored, and Python then leaves
+    it ignored: Ctrl-C would do nothing and the test would hang instead of testing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def stepped(hb: Heartbeat) -> bool:
     return hb.step is not None and hb.step > 0  # None: written before the first step
 
@@ -139,6 +146,7 @@ def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
             encoding="utf-8",
             timeout=DEADLINE,
             dimensions=(40, 200),
+            preexec_fn=interruptible,
         )
         steps: set[int] = set()
         while len(steps) < 2:  # frames until one shows a newer step than the first
@@ -170,6 +178,7 @@ def test_status_watch_into_a_pipe_appends_each_refresh(tmp_path: Path) -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=interruptible,
         )
         assert watcher.stdout is not None
         steps: list[int] = []
