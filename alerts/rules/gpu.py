@@ -7,6 +7,8 @@ from alerts.rules.common import RANK_ARGS, RANK_SEL, Alert, Group, query_bytes, 
 
 GPU_SEL = "${target_labels_sel},gpu=%q,uuid=%q"
 GPU_ARGS = "${target_labels_args} $labels.gpu $labels.uuid"
+#: how far back the GPU alerts look for the runs that used the GPU
+RECENT_RUNS_WINDOW = "1h"
 
 SNIPPETS = {
     "driver": query_bytes(
@@ -31,6 +33,20 @@ SNIPPETS = {
         "uuid:trainguard_run_allocator_reserved_bytes:sum{${target_labels_sel},uuid=%q}",
         "${target_labels_args} $labels.uuid",
     ),
+    # "llama-ft rank 0, llama-ft rank 1", or "none": the runs whose processes held memory on
+    # the GPU (driver view, Linux) or whose allocator used it (by UUID: WDDM/WSL too) lately,
+    # dead ones included; where ghost memory comes from, most of the time.
+    "recent_runs": (
+        "{{ range $i, $s := printf `max by (${target_labels}, run, rank) ("
+        "max_over_time(trainguard_run_allocator_device_info{${target_labels_sel},uuid=%q}"
+        "[" + RECENT_RUNS_WINDOW + "])"
+        " or max_over_time(trainguard_run_gpu_memory_used_bytes{${target_labels_sel},gpu=%q}"
+        "[" + RECENT_RUNS_WINDOW + "])"
+        ")` ${target_labels_args} $labels.uuid ${target_labels_args} $labels.gpu"
+        ' | query | sortByLabel "run" }}{{ if $i }}, {{ end }}{{ $s.Labels.run }} rank'
+        " {{ $s.Labels.rank }}{{ else }}none{{ end }}"
+    ),
+    "recent_runs_window": RECENT_RUNS_WINDOW,
     "xid_count": query_value(
         "trainguard_gpu_xid_errors_total{" + GPU_SEL + ",xid=%q}",
         GPU_ARGS + " $labels.xid",
@@ -103,7 +119,8 @@ GROUP = Group(
             ${ghost_ratio} and gap > ${ghost_device_floor_h}). NVML cannot attribute memory to
             processes here (WDDM/WSL), so this is judged per GPU. Typical of ghost memory left
             by crashed runs: throughput drops until the driver session is restarted (wsl
-            --shutdown).
+            --shutdown). Runs on this GPU in the last ${recent_runs_window}:
+            ${recent_runs}.
             """,
         ),
         Alert(
@@ -137,7 +154,8 @@ GROUP = Group(
             {{ $value | humanize1024 }}B of its ${gpu_total} in use that no live process
             accounts for (threshold ${unattributed_floor_h}, sustained ${unattributed_for}).
             Memory of crashed processes the driver never released; it stays lost until the
-            driver session (the VM, under WSL) is restarted.
+            driver session (the VM, under WSL) is restarted. Runs on this GPU in the last
+            ${recent_runs_window}: ${recent_runs}.
             """,
         ),
         Alert(
