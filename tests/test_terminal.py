@@ -164,16 +164,34 @@ def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
         proc.wait()
 
 
-def test_status_watch_into_a_pipe_appends_each_refresh(tmp_path: Path) -> None:
-    """Piped (``--watch | tee status.log``): each refresh is appended as a plain block, so the
-    log holds the live run's steps one after the other; SIGINT ends it with status 130."""
+def plain_step(line: str) -> int | None:
+    """The live run's step in a line of the plain table, if the line is its row."""
+    assert "\x1b" not in line
+    words = line.split()
+    return int(words[3]) if words[:3] == ["live", "0", "alive"] else None
+
+
+def json_step(line: str) -> int | None:
+    """The live run's step in a ``--watch --json`` line: every line one whole snapshot."""
+    rows = [r for r in json.loads(line)["runs"] if r["run"] == "live"]
+    assert [r["state"] for r in rows] == ["alive"], line
+    return int(rows[0]["step"])
+
+
+@pytest.mark.parametrize(("extra", "step_in"), [((), plain_step), (("--json",), json_step)])
+def test_status_watch_into_a_pipe_appends_each_refresh(
+    tmp_path: Path, extra: tuple[str, ...], step_in: Callable[[str], int | None]
+) -> None:
+    """Piped (``--watch | tee status.log``): each refresh is appended, a plain block or with
+    ``--json`` one JSON line, so the log holds the live run's steps one after the other;
+    SIGINT ends it with status 130."""
     state = tmp_path / "state"
     proc = start_child("live", state, 0, "steady")
     watcher = None
     try:
         wait_heartbeat(heartbeat_path(state, "live"), stepped)
         watcher = subprocess.Popen(
-            [*CMD, "status", f"--state.dir={state}", "--watch", "--interval=1s"],
+            [*CMD, "status", f"--state.dir={state}", "--watch", "--interval=1s", *extra],
             env=plain_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -188,9 +206,9 @@ def test_status_watch_into_a_pipe_appends_each_refresh(tmp_path: Path) -> None:
             assert left > 0 and select.select([watcher.stdout], [], [], left)[0], steps
             line = watcher.stdout.readline()
             assert line, f"--watch ended with {watcher.wait()}: {watcher.communicate()[1]}"
-            assert "\x1b" not in line
-            if line.split()[:3] == ["live", "0", "alive"]:
-                steps.append(int(line.split()[3]))
+            step = step_in(line)
+            if step is not None:
+                steps.append(step)
         assert steps == sorted(steps)
         watcher.send_signal(signal.SIGINT)
         _, err = watcher.communicate(timeout=DEADLINE)

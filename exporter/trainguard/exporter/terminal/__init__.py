@@ -61,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="read twice this far apart for steps/s; 0: no rate (default: 2s)",
     )
-    s.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    s.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh until Ctrl-C: in place on a terminal, appended when piped, one JSON "
+        "line per refresh with --json",
+    )
     s.add_argument(
         "--interval",
         type=_duration,
@@ -205,7 +210,10 @@ def _status(args: argparse.Namespace) -> int:
     status = st.Status(config, state_dir, args.stall)
     try:
         snap = status.read()
-        if args.watch and not args.json:
+        if args.watch and args.json:
+            st.watch_json(status, args.interval, sys.stdout)
+            return 0
+        if args.watch:
             if _console().is_terminal:
                 st.watch(status, args.interval, st.rich_view)
             else:

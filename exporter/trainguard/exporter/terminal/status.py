@@ -14,6 +14,7 @@ empty when the run reported no new step in between.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -370,6 +371,13 @@ def watch_plain(status: Status, every: float, out: TextIO) -> None:
     while True:
         time.sleep(every)
         print("\n" + plain(status.read()), end="", file=out, flush=True)
+
+
+def watch_json(status: Status, every: float, out: TextIO) -> None:
+    """``--watch --json``: one snapshot per line (JSON Lines), for a script to follow."""
+    while True:
+        print(json.dumps(status.read().to_json()), file=out, flush=True)
+        time.sleep(every)
 
 
 def state_dir_problem(path: Path, explicit: bool) -> str | None:
