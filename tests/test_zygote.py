@@ -91,3 +91,22 @@ def test_closing_the_server_ends_what_it_started(script: Path, tmp_path: Path) -
             assert proc.poll() is None
             time.sleep(0.01)
     assert not psutil.pid_exists(proc.pid)
+
+
+def test_kill_goes_through_the_server_and_is_harmless_once_the_child_ended(
+    zygote: Zygote, script: Path
+) -> None:
+    """Popen.kill never signals a pid its child no longer holds; neither may this: the server
+    reaps children as they end, so the pid could already belong to someone else."""
+    done = zygote.spawn([script, "ok"], child_env(), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while psutil.pid_exists(done.pid):  # ended and reaped, its status not yet read here
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    done.kill()  # no ProcessLookupError, and no signal to whoever has the pid now
+    assert done.wait(60) == 0
+    hanging = zygote.spawn([script, "hang"], child_env(), stdout=subprocess.PIPE)
+    assert hanging.stdout is not None
+    hanging.stdout.readline()
+    hanging.kill()
+    assert hanging.wait(60) == -signal.SIGKILL

@@ -88,6 +88,9 @@ def serve(path: str, preload: list[str]) -> Child | None:
                 for pid in waiting:
                     os.waitpid(pid, 0)
                 return None
+            if key.data is not None:  # a client: "signal N" for its child, or gone
+                _signal(sel, key.fileobj, key.data, waiting)
+                continue
             if key.fileobj == wake_r:
                 while True:
                     try:
@@ -95,7 +98,7 @@ def serve(path: str, preload: list[str]) -> Child | None:
                             break
                     except BlockingIOError:
                         break
-                _reap(waiting)
+                _reap(sel, waiting)
                 continue
             conn, _ = server.accept()
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
@@ -121,14 +124,33 @@ def serve(path: str, preload: list[str]) -> Child | None:
                 os.close(fd)
             conn.send(f"pid {pid}".encode())
             waiting[pid] = conn
-        _reap(waiting)
+            sel.register(conn, selectors.EVENT_READ, data=pid)
+        _reap(sel, waiting)
 
 
-def _reap(waiting: dict[int, socket.socket]) -> None:
+def _signal(
+    sel: selectors.BaseSelector, conn: socket.socket, pid: int, waiting: dict[int, socket.socket]
+) -> None:
+    """Signal a child for its client. Only the server may: it alone knows whether the pid is
+    still its unreaped child, where a client's os.kill could hit the pid's next owner."""
+    try:
+        msg = conn.recv(64).decode()
+    except OSError:
+        msg = ""
+    if not msg:  # the client closed its end: the child runs on, nobody to tell its status
+        sel.unregister(conn)
+        return
+    if msg.startswith("signal ") and waiting.get(pid) is conn:
+        os.kill(pid, int(msg.split()[1]))  # unreaped, so still ours (a zombie at worst)
+
+
+def _reap(sel: selectors.BaseSelector, waiting: dict[int, socket.socket]) -> None:
     for pid in list(waiting):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             conn = waiting.pop(pid)
+            with contextlib.suppress(KeyError, ValueError):
+                sel.unregister(conn)
             with contextlib.suppress(OSError):  # the client may have given up on it
                 conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
             conn.close()
@@ -183,8 +205,11 @@ class Forked:
         return code
 
     def send_signal(self, sig: int) -> None:
+        """Through the server, which signals the child only while it has not reaped it (as
+        Popen only signals its own unreaped child); nothing once the child has ended."""
         if self.returncode is None:
-            os.kill(self.pid, sig)
+            with contextlib.suppress(OSError):  # the server has told the exit and hung up
+                self._conn.send(f"signal {int(sig)}".encode())
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -235,17 +260,20 @@ class Zygote:
         cwd: str | Path | None = None,
     ) -> Forked:
         """``subprocess.Popen([sys.executable, *argv], ...)``, forked from the server:
-        ``stdout`` a file, ``subprocess.PIPE`` (text) or None (this process's), ``stderr``
-        likewise or ``subprocess.STDOUT``."""
+        ``stdout`` a file, ``subprocess.PIPE`` (text), ``DEVNULL`` or None (this process's),
+        ``stderr`` likewise or ``subprocess.STDOUT``."""
         opened: list[int] = []  # our copies of the child's ends, closed once sent
         pipe_r: int | None = None
         null = os.open(os.devnull, os.O_RDONLY)
-        opened.append(null)
+        null_out = os.open(os.devnull, os.O_WRONLY)
+        opened += [null, null_out]
 
         def fd(target: IO[Any] | int | None, default: int) -> int:
             nonlocal pipe_r
             if target is None:
                 return default
+            if target == subprocess.DEVNULL:
+                return null_out
             if target == subprocess.PIPE:
                 pipe_r, w = os.pipe()
                 opened.append(w)
