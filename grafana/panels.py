@@ -362,51 +362,51 @@ def state_timeline(
 # --------------------------------------------------------------------------------------------
 
 
+def _query_variable(name: str, label: str, description: str, query: str) -> Any:
+    """A multi-select label variable whose "All" is ``.*`` and that refreshes with the time
+    range (runs come and go)."""
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .description(description)
+        .datasource(DS)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(VariableOption(selected=True, text=["All"], value=["$__all"]))
+    )
+
+
 def _variables() -> list[Any]:
     """``$datasource``, ``$cluster``, ``$instance`` and ``$run``. "All" is ``.*`` (a regex, not
     a huge alternation); the lists refresh with the time range because runs come and go."""
-    all_selected = VariableOption(selected=True, text=["All"], value=["$__all"])
     return [
         db.DatasourceVariable("datasource")
         .label("Data source")
         .description("Prometheus that scrapes the trainguard exporters.")
         .type("prometheus"),
-        db.QueryVariable("cluster")
-        .label("Cluster")
-        .description(
+        _query_variable(
+            "cluster",
+            "Cluster",
             "The `cluster` label of the trainguard series (an external label or a target label "
-            "of your Prometheus setup); empty where there is none."
-        )
-        .datasource(DS)
-        .query("label_values(trainguard_exporter_build_info, cluster)")
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(all_selected),
-        db.QueryVariable("instance")
-        .label("Exporter")
-        .description("trainguard exporter (one per GPU host).")
-        .datasource(DS)
-        .query('label_values(trainguard_exporter_build_info{cluster=~"$cluster"}, instance)')
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(all_selected),
-        db.QueryVariable("run")
-        .label("Run")
-        .description("Training run (the `run` label), across the selected exporters.")
-        .datasource(DS)
-        .query(f"label_values(trainguard_run_info{{{I}}}, run)")
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(all_selected),
+            "of your Prometheus setup); empty where there is none.",
+            "label_values(trainguard_exporter_build_info, cluster)",
+        ),
+        _query_variable(
+            "instance",
+            "Exporter",
+            "trainguard exporter (one per GPU host).",
+            'label_values(trainguard_exporter_build_info{cluster=~"$cluster"}, instance)',
+        ),
+        _query_variable(
+            "run",
+            "Run",
+            "Training run (the `run` label), across the selected exporters.",
+            f"label_values(trainguard_run_info{{{I}}}, run)",
+        ),
     ]
 
 
