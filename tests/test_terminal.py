@@ -100,14 +100,7 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
             assert "no NVML" in r.stdout
 
         # on a terminal: rich's table, in colour
-        child = pexpect.spawn(
-            CMD[0],
-            [*CMD[1:], "status", f"--state.dir={state}", "--stall=3s", "--sample=0"],
-            env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
-            encoding="utf-8",
-            timeout=DEADLINE,
-            dimensions=(40, 200),
-        )
+        child = on_terminal("status", f"--state.dir={state}", "--stall=3s", "--sample=0")
         out = child.read()
         child.wait()
         assert child.exitstatus == 0, out
@@ -118,6 +111,19 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def on_terminal(*args: str) -> pexpect.spawn:
+    """The command on a 200-column pseudo-terminal, as a user at a colour terminal runs it."""
+    return pexpect.spawn(
+        CMD[0],
+        [*CMD[1:], *args],
+        env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
+        encoding="utf-8",
+        timeout=DEADLINE,
+        dimensions=(40, 200),
+        preexec_fn=interruptible,
+    )
 
 
 def interruptible() -> None:
@@ -139,15 +145,7 @@ def test_status_watch_redraws_in_place_until_ctrl_c(tmp_path: Path) -> None:
     proc = start_child("live", state, 0, "steady")
     try:
         wait_heartbeat(heartbeat_path(state, "live"), stepped)
-        child = pexpect.spawn(
-            CMD[0],
-            [*CMD[1:], "status", f"--state.dir={state}", "--watch", "--interval=1s"],
-            env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
-            encoding="utf-8",
-            timeout=DEADLINE,
-            dimensions=(40, 200),
-            preexec_fn=interruptible,
-        )
+        child = on_terminal("status", f"--state.dir={state}", "--watch", "--interval=1s")
         steps: set[int] = set()
         while len(steps) < 2:  # frames until one shows a newer step than the first
             child.expect(r"live +0 +(?:\x1b\[[0-9;]*m)*alive(?:\x1b\[[0-9;]*m)* +(\d+) ")
