@@ -91,14 +91,10 @@ def serve(path: str, preload: list[str]) -> Child | None:
             if key.data is not None:  # a client: "signal N" for its child, or gone
                 _signal(sel, key.fileobj, key.data, waiting)
                 continue
-            if key.fileobj == wake_r:
-                while True:
-                    try:
-                        if not os.read(wake_r, 4096):
-                            break
-                    except BlockingIOError:
-                        break
-                _reap(sel, waiting)
+            if key.fileobj == wake_r:  # SIGCHLD: drained here, reaped after the batch
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 4096):
+                        pass
                 continue
             conn, _ = server.accept()
             msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
