@@ -2,7 +2,7 @@
 # The whole pytest suite, N times in a row, on a deliberately busy machine: two processes that
 # burn a CPU each and one that keeps writing to the disk the tests use. A test that passes
 # quietly but fails here waits for a fixed time, asserts a duration, or has a deadline too
-# short for a machine 5-10x slower than usual; see the README's test section.
+# short for a machine 5-10x slower than usual; see tests/README.md.
 #
 #     tests/stress-run.sh [-n N] [N] [-- PYTEST ARGS...]
 #

@@ -41,7 +41,7 @@ ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     # torchrun shares its rendezvous store with the workers' process group by default, and a
     # restarted group may then read the dead workers' addresses: its gloo connect is refused
-    # or hangs (pytorch/pytorch#135712); the README tells torchrun users the same
+    # or hangs (pytorch/pytorch#135712); docs/integrations.md tells torchrun users the same
     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
 

@@ -176,6 +176,14 @@ def mirror(
     (:func:`trainguard.checkpoint.dirwriter.mirror_dir`): it must be committed (its record,
     or its framework's marker by ``layout``), and the copy is committed by renaming its
     ``.part`` directory, then one record lists every file.
+
+    Example::
+
+        path = f"/data/ckpt/step_{step}.pt"
+        checkpoint.save(model.state_dict(), path)
+        checkpoint.mirror(path, "/mnt/backup/ckpt")        # /mnt/backup/ckpt/step_<step>.pt
+        checkpoint.mirror("/data/out/checkpoint-500", "/mnt/backup/out",
+                          pattern="checkpoint-{step}")    # a step directory, file by file
     """
     src = Path(path)
     if stat.S_ISDIR(os.lstat(src).st_mode):

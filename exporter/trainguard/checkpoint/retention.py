@@ -172,6 +172,11 @@ def prune(
     ``keep`` complete checkpoints exist. Every location is read before anything is deleted; a
     location that cannot be read raises and nothing is deleted. A directory is renamed to a
     hidden name before it is removed, so a prune killed half-way leaves no partial checkpoint.
+
+    Example::
+
+        checkpoint.save(model.state_dict(), f"/data/ckpt/step_{step}.pt")
+        checkpoint.prune("/data/ckpt", keep=3, mirrors=["/mnt/backup/ckpt"])
     """
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is never pruned")
@@ -237,7 +242,17 @@ def latest(
     record lists at its recorded size, or, committed by a marker only, nothing under it
     touched for ``grace`` seconds; a mirror's directory must also hold every file of the
     primary's directory of that step at its size. With ``verify_hash`` every file of the
-    directory must hash to its record's SHA-256."""
+    directory must hash to its record's SHA-256.
+
+    Example::
+
+        found = checkpoint.latest("/data/ckpt")          # a Checkpoint (path-like) or None
+        if found is not None:
+            model.load_state_dict(torch.load(found))
+            first_step = found.step + 1
+        out = checkpoint.latest("/data/out", pattern="checkpoint-{step}")   # Trainer dirs
+        trainer.train(resume_from_checkpoint=str(out.path) if out else None)
+    """
     pat = CheckpointPattern(pattern)
     plisting = read_listing(primary, pat, layout) if primary is not None else None
     listing = read_listing(directory, pat, layout, None if plisting is None else plisting.layout)

@@ -119,6 +119,12 @@ def save(
     this name (if any) removed, rename to ``path``, fsync the directory, then the new record
     (size, SHA-256) committed the same way. Killed before the record lands, the file is there
     but unrecorded, and neither :func:`latest` nor the exporter calls it complete.
+
+    Example::
+
+        checkpoint.save(model.state_dict(), f"/data/ckpt/step_{step}.pt")   # via torch.save
+        checkpoint.save(blob, "/data/ckpt/step_100.bin")                     # bytes as they are
+        checkpoint.save(lambda f: f.write(blob), "/data/ckpt/step_100.bin")  # any writer
     """
     path = Path(path)
     step = step_of(path.name, pattern)

@@ -73,7 +73,7 @@ class CollectorError(Exception):
 
 
 class Collector(abc.ABC):
-    """One concern of the exporter (one file under ``trainguard/collectors``)."""
+    """One concern of the exporter (one file under ``trainguard/exporter/collectors``)."""
 
     #: value of the ``collector`` label
     name: str

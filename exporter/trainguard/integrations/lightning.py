@@ -157,9 +157,26 @@ def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
 
 
 class TrainguardCallback(Callback):
-    """``callbacks=[TrainguardCallback()]``. ``name`` overrides the run's name; the other
-    keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
-    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started."""
+    """Report a Lightning run to the trainguard exporter, with crash-safe checkpoint files.
+
+    Lightning owns the training loop, so a callback is the one place that sees every step, the
+    checkpoints and the end of ``fit()``. ``name`` overrides the run's name (else
+    ``$TRAINGUARD_RUN``, else the last component of ``default_root_dir``); the other keyword
+    arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
+    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started. With
+    ``ModelCheckpoint(filename="{step}")`` each ``step=N.ckpt`` is written through
+    ``TrainguardCheckpointIO`` and its location announced (docs/integrations.md).
+
+    Example::
+
+        from trainguard import checkpoint
+        from trainguard.integrations.lightning import TrainguardCallback
+
+        ckpt = ModelCheckpoint(dirpath="ckpt/", filename="{step}")
+        trainer = L.Trainer(max_steps=10_000, callbacks=[ckpt, TrainguardCallback()])
+        found = checkpoint.latest("ckpt/", pattern="step={step}")
+        trainer.fit(model, data, ckpt_path=str(found.path) if found else None)
+    """
 
     def __init__(self, name: str | None = None, **run_kwargs: Any) -> None:
         for key in ("checkpoint_dir", "checkpoint_pattern", "checkpoint_layout", "rank"):

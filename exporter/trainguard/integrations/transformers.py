@@ -36,9 +36,25 @@ CHECKPOINT_LAYOUT = "huggingface"
 
 
 class TrainguardCallback(TrainerCallback):
-    """``callbacks=[TrainguardCallback()]``. ``name`` overrides the run's name; the other
-    keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
-    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once training started."""
+    """Report a Hugging Face Trainer's run to the trainguard exporter, with no change to the loop.
+
+    The Trainer owns the training loop, so a callback is the one place that sees every step,
+    log, checkpoint and the end of ``train()``. ``name`` overrides the run's name (else
+    ``$TRAINGUARD_RUN``, the Trainer's ``run_name``, the last component of ``output_dir``); the
+    other keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``,
+    ``state_dir``, ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once training
+    started. The ``output_dir``'s ``checkpoint-{step}`` directories are announced to the
+    exporter (docs/integrations.md).
+
+    Example::
+
+        from trainguard import checkpoint
+        from trainguard.integrations.transformers import TrainguardCallback
+
+        trainer = Trainer(model, args, train_dataset=data, callbacks=[TrainguardCallback()])
+        found = checkpoint.latest(args.output_dir, pattern="checkpoint-{step}")
+        trainer.train(resume_from_checkpoint=str(found.path) if found else None)
+    """
 
     def __init__(self, name: str | None = None, **run_kwargs: Any) -> None:
         for key in ("checkpoint_dir", "checkpoint_pattern", "checkpoint_layout", "rank"):

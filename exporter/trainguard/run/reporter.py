@@ -92,20 +92,47 @@ _QUIET_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQ
 class Run:
     """Report one training process (one rank of a run) to the trainguard exporter.
 
-    ``name`` may be any printable text up to 128 characters; ``checkpoint_dir`` and
-    ``mirrors`` (``{name: dir}``) tell the exporter where to watch checkpoints, and
-    ``checkpoint_pattern`` (default ``step_{step}``; ``checkpoint-{step}`` for the Hugging Face
-    Trainer's directories) and ``checkpoint_layout`` (default ``auto``) what they are named and
-    how a step directory is committed (docs/checkpoints.md); ``log_file``
-    lets it publish the log's age. ``rank`` defaults to ``$RANK``, else ``$LOCAL_RANK``,
-    else 0. ``state_dir`` defaults to ``$TRAINGUARD_STATE_DIR`` or the per-user state dir.
+    A dead process cannot report its own death, so the run writes a heartbeat (its pid, step
+    and scalars) from a background thread, and the exporter, watching from outside, reports a
+    death when that pid is gone without a clean finish recorded.
 
-    ``oom_snapshots=True`` records the CUDA allocator's history, dumps a memory snapshot at an
-    OOM inside ``capture_oom()``, and answers ``trainguard snapshot RUN``; with it,
-    ``snapshot_steps`` / ``snapshot_seconds`` also keep a rolling snapshot every N steps or
-    seconds (the newest ``snapshot_keep`` files). ``config`` (a mapping, an
-    ``argparse.Namespace`` or a dataclass; at most 64 KiB as JSON) is written into each
-    snapshot's metadata, with its ``batch_size`` if it has one.
+    Args:
+        name: the run's name, any printable text up to 128 characters; keep it the same
+            across restarts (deaths are counted per name and rank).
+        checkpoint_dir: where the run writes its checkpoints, for the exporter to watch.
+        mirrors: ``{location name: directory}`` of the copies made with
+            ``checkpoint.mirror``, watched as well.
+        log_file: the training log, whose age the exporter publishes.
+        state_dir: the heartbeat directory; default ``$TRAINGUARD_STATE_DIR``, else the
+            per-user state directory (the exporter's default too).
+        interval: seconds between the writer thread's wake-ups (default 1).
+        rank: default ``$RANK``, else ``$LOCAL_RANK``, else 0.
+        oom_snapshots: record the CUDA allocator's history, dump a memory snapshot at an OOM
+            inside ``capture_oom()`` and answer ``trainguard snapshot RUN``
+            (docs/snapshots.md).
+        keepalive: rewrite an unchanged heartbeat at least this often, in seconds (default
+            10).
+        close_timeout: seconds ``close()`` waits for the final heartbeat on a slow disk
+            (default 10).
+        snapshot_steps: with ``oom_snapshots``, keep a rolling snapshot every N steps.
+        snapshot_seconds: with ``oom_snapshots``, keep a rolling snapshot every N seconds.
+        snapshot_keep: how many rolling (and requested) snapshots to keep (default 2).
+        config: a mapping, an ``argparse.Namespace`` or a dataclass (at most 64 KiB as JSON),
+            written into each snapshot's metadata, with its ``batch_size`` if it has one.
+        checkpoint_pattern: the checkpoints' names, default ``step_{step}``;
+            ``checkpoint-{step}`` for the Hugging Face Trainer's directories.
+        checkpoint_layout: how a step directory is committed, default ``auto``
+            (docs/checkpoints.md).
+
+    Example::
+
+        with trainguard.Run("llama-ft", checkpoint_dir="/data/ckpt") as run:
+            for step in range(1, total_steps + 1):
+                loss = train_one_step()
+                run.step(step, loss=loss)     # no I/O here: the writer thread does it
+
+    Leaving the ``with`` block normally records a clean finish, an exception a failure; a
+    ``kill -9`` records nothing, which the exporter reports as a death.
     """
 
     def __init__(
@@ -229,10 +256,10 @@ class Run:
 
     def capture_oom(self) -> OomGuard:
         """``with run.capture_oom(): train_step()``: on ``torch.cuda.OutOfMemoryError``,
-        dump a CUDA memory snapshot next to the heartbeat (``<name>.rank<N>.oom-<n>.pickle``,
-        open it at https://pytorch.org/memory_viz; the newest periodic one is kept beside it
-        as ``oom-<n>.before.pickle``) and re-raise. Needs ``oom_snapshots=True`` and CUDA;
-        otherwise it only passes exceptions through."""
+        dump a CUDA memory snapshot next to the heartbeat
+        (``<name>-<hash>.rank<N>.oom-<n>.pickle``, open it at https://pytorch.org/memory_viz;
+        the newest periodic one is kept beside it as ``oom-<n>.before.pickle``) and re-raise.
+        Needs ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through."""
         return OomGuard(lambda exc: self._snapshots.on_exception(exc, self._progress))
 
     def __enter__(self) -> Run:

@@ -17,8 +17,14 @@ from trainguard.exporter.config import ConfigError, load_config, parse_duration
 EPILOG_VERIFY = (
     "Exit status: 0 when the newest checkpoint is complete (a resume can go ahead), 1 when it "
     "is not (or there is none), 2 on bad input. Verdicts: complete, truncated, oversized, hash "
-    "mismatch (--hash), unrecorded, in flight, orphaned .part, unknown mtime. Single-file "
-    "checkpoints only: directory checkpoints (one directory per step) are not supported yet."
+    "mismatch (--hash), unrecorded, in flight, orphaned .part, unknown mtime. Step "
+    "directories (one directory per step, as frameworks write them: give their name as "
+    "--pattern, e.g. 'checkpoint-{step}') are one item each, shown as 'checkpoint-500/' and "
+    "judged as a whole: committed by their trainguard record or by their framework's marker "
+    "(the layout is detected from the location, as the exporter's layout: auto does), "
+    "complete once every file has its recorded size (committed by a marker only: once "
+    "nothing under it was touched for --grace); --hash checks every file. An uncommitted one "
+    "is in flight, or an orphaned .part after --grace. PATH may also be one step directory."
 )
 
 
@@ -138,8 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask a live run for a CUDA memory snapshot now",
         description="Ask the live process of RUN (started with trainguard.Run(..., "
         "oom_snapshots=True)) for a CUDA memory snapshot, without restarting it: its reporter "
-        "dumps one next to its heartbeat (<name>.rank<N>.requested-<n>.pickle, with a .json "
-        "of metadata) and this command prints where. Open it at https://pytorch.org/memory_viz.",
+        "dumps one next to its heartbeat (<name>-<hash>.rank<N>.requested-<n>.pickle, with a "
+        ".json of metadata) and this command prints where. Open it at "
+        "https://pytorch.org/memory_viz.",
         epilog="Exit status: 0 when the snapshot was written, 1 when the run could not take "
         "one (gone, finished, no CUDA, no reply in time), 2 on bad input. The run takes at "
         "most one requested snapshot every 30 seconds and keeps its newest snapshot_keep.",
