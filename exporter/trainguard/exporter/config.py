@@ -21,7 +21,6 @@ from trainguard.exporter.schema import FieldError, key
 from trainguard.exporter.yamlfile import ConfigError, load_yaml
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, checkpoint_pattern_problem
 from trainguard.shared.steps import DEFAULT_LAYOUT, layout_problem
-from trainguard.shared.units import parse_duration, parse_size
 
 __all__ = [
     "GENERIC_PROCESS_NAMES",
@@ -33,8 +32,6 @@ __all__ = [
     "RunConfig",
     "load_config",
     "parse_config",
-    "parse_duration",
-    "parse_size",
 ]
 
 #: process names of interpreters that run many unrelated programs: a run's process_match that
