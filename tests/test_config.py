@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainguard.exporter.config import ConfigError, load_config, parse_config
-from trainguard.exporter.yamlfile import parse_yaml
+from trainguard.exporter.yamlfile import MAX_BYTES, parse_yaml
 
 DATA = Path(__file__).parent / "data" / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))
@@ -181,3 +181,10 @@ def test_any_text_is_accepted_or_a_config_error(text: str) -> None:
         parse_config(parse_yaml(text, "fuzz.yml"), "fuzz.yml")
     except ConfigError as exc:
         assert str(exc).startswith("fuzz.yml:")
+
+
+def test_readme_states_the_loader_limits() -> None:
+    """The cap and the error form the README promises are the loader's."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert f"a file over {MAX_BYTES // 2**20} MiB" in readme
+    assert "`tg.yml:8:17: runs[1].checkpoints.mirrors.backup: expected an absolute path" in readme
