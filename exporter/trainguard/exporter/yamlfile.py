@@ -1,4 +1,5 @@
-"""The one reader of the exporter's YAML files (``--config.file``, ``--web.config.file``).
+"""The one reader of trainguard's YAML files (``--config.file``, ``--web.config.file``, and
+the alert thresholds' ``--config``).
 
 Both files are small, hand-written and read once at start, so reading is strict: a size cap
 (a file that big is a mistake, never a config), safe loading (no Python tags), duplicate keys
@@ -56,16 +57,20 @@ class ConfigError(ValueError):
 class Located(dict[Any, Any]):
     """A YAML mapping that remembers where each key and its value were written."""
 
-    mark: Mark | None = None
-    keys_at: dict[Any, Mark]
-    values_at: dict[Any, Mark]
+    def __init__(self) -> None:
+        super().__init__()
+        self.mark: Mark | None = None
+        self.keys_at: dict[Any, Mark | None] = {}
+        self.values_at: dict[Any, Mark | None] = {}
 
 
 class LocatedList(list[Any]):
     """A YAML sequence that remembers where each item was written."""
 
-    mark: Mark | None = None
-    items_at: list[Mark]
+    def __init__(self) -> None:
+        super().__init__()
+        self.mark: Mark | None = None
+        self.items_at: list[Mark | None] = []
 
 
 class _Loader(yaml.SafeLoader):
@@ -77,18 +82,17 @@ class _Loader(yaml.SafeLoader):
         yield data
         self._refuse_duplicates(node)
         data.update(self.construct_mapping(node))  # also merges "<<" keys into node.value
-        data.keys_at, data.values_at = {}, {}
         for key_node, value_node in node.value:
             key = self.construct_object(key_node)  # constructed already: the same object
-            data.keys_at[key] = Mark.of(key_node.start_mark)  # type: ignore[assignment]
-            data.values_at[key] = Mark.of(value_node.start_mark)  # type: ignore[assignment]
+            data.keys_at[key] = Mark.of(key_node.start_mark)
+            data.values_at[key] = Mark.of(value_node.start_mark)
 
     def construct_located_seq(self, node: SequenceNode) -> Iterator[LocatedList]:
         data = LocatedList()
         data.mark = Mark.of(node.start_mark)
         yield data
         data.extend(self.construct_sequence(node))
-        data.items_at = [Mark.of(n.start_mark) for n in node.value]  # type: ignore[misc]
+        data.items_at = [Mark.of(n.start_mark) for n in node.value]
 
     def _refuse_duplicates(self, node: MappingNode) -> None:
         first: dict[Hashable, Node] = {}
