@@ -183,6 +183,11 @@ def test_any_text_is_accepted_or_a_config_error(text: str) -> None:
         assert str(exc).startswith("fuzz.yml:")
 
 
+def test_home_of_an_unknown_user_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"^tg\.yml: state_dir: expected an absolute path, got"):
+        parse_config({"state_dir": "~no-such-user-here/state"}, "tg.yml")
+
+
 def test_readme_states_the_loader_limits() -> None:
     """The cap and the error form the README promises are the loader's."""
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")

@@ -171,7 +171,10 @@ def name(value: Value) -> str:
 
 def abspath(value: Value) -> Path:
     text = string(value)
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~user of a user this host does not have
+        value.fail(f"expected an absolute path, got {text!r} (no such home directory)")
     if not path.is_absolute():
         value.fail(f"expected an absolute path, got {text!r}")
     return path
