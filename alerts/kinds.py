@@ -9,8 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-_BYTE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+from trainguard.shared import units
 
 
 def _plain(value: object) -> str | int | float:
@@ -21,53 +20,30 @@ def _plain(value: object) -> str | int | float:
 
 
 def parse_duration(value: object) -> int:
-    """Seconds in a PromQL duration ("90m", "1h30m") or a plain number of seconds."""
-    value = _plain(value)
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value):
-            raise ValueError(f"not a duration: {value!r}")
-        seconds = int(value)
-    else:
-        text = value.strip()
-        if text.isdigit():
-            seconds = int(text)
-        else:
-            parts = re.findall(r"(\d+)([smhdwy])", text)
-            if not parts or "".join(n + u for n, u in parts) != text:
-                raise ValueError(f"not a duration: {value!r}")
-            seconds = sum(int(n) * _UNITS[u] for n, u in parts)
+    """Whole, positive seconds in a duration of the one grammar (``90m``, ``1h30m``, ``1w``, a
+    number of seconds; :func:`trainguard.shared.units.parse_duration`): a rule compares ages
+    in whole seconds, and a zero threshold would make an alert fire at once or never."""
+    seconds = units.parse_duration(_plain(value))
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {value!r}")
-    return seconds
+    if not seconds.is_integer():
+        raise ValueError(f"duration must be whole seconds: {value!r}")
+    return int(seconds)
 
 
 def format_duration(seconds: int) -> str:
     """The shortest single-unit PromQL duration for seconds (7d, 90m, 45s)."""
-    for unit in ("d", "h", "m"):
-        if seconds % _UNITS[unit] == 0:
-            return f"{seconds // _UNITS[unit]}{unit}"
-    return f"{seconds}s"
+    return units.format_duration(seconds)
 
 
 def parse_bytes(value: object) -> int:
-    """Bytes in 1073741824, "1GiB", "512MiB"."""
-    value = _plain(value)
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"not a byte size >= 0: {value!r}")
-        return int(value)
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]iB|B)?\s*", value, re.IGNORECASE)
-    if not match:
-        raise ValueError(f"not a byte size: {value!r}")
-    return int(float(match.group(1)) * _BYTE_UNITS[(match.group(2) or "").lower()])
+    """Bytes in 1073741824, "1GiB", "512MiB" (:func:`trainguard.shared.units.parse_size`)."""
+    return units.parse_size(_plain(value))
 
 
 def format_bytes(n: int) -> str:
     """The largest binary unit that divides n exactly (2GiB, 512MiB, 1000B)."""
-    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= factor and n % factor == 0:
-            return f"{n // factor}{unit}"
-    return f"{n}B"
+    return units.format_size(n)
 
 
 def parse_number(value: object) -> float:
@@ -207,12 +183,15 @@ class Kind:
 
 def _duration_placeholders(value: object) -> dict[str, str]:
     seconds = parse_duration(value)
-    # Keep a duration the user wrote as text ("24h"), format plain seconds ("86400").
+    # Keep a duration the user wrote with units ("24h"), format plain seconds ("86400", 1.5e3).
     text = value.strip() if isinstance(value, str) else ""
-    return {
-        "": text if text and not text.isdigit() else format_duration(seconds),
-        "_s": str(seconds),
-    }
+    try:
+        float(text)
+    except ValueError:
+        shown = text
+    else:
+        shown = format_duration(seconds)
+    return {"": shown or format_duration(seconds), "_s": str(seconds)}
 
 
 def _bytes_placeholders(value: object) -> dict[str, str]:

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
-
 from alerts.kinds import (
     BYTES,
     DURATION,
@@ -29,6 +27,7 @@ from alerts.kinds import (
     Kind,
     format_duration,
 )
+from trainguard.exporter.yamlfile import ConfigError, load_yaml
 
 Value = str | int | float
 
@@ -498,11 +497,12 @@ def parse_set(items: list[str]) -> dict[str, str]:
 
 
 def load_config(path: Path) -> dict[str, object]:
-    """A ``--config`` file: a flat YAML mapping of threshold name to value."""
+    """A ``--config`` file: a flat YAML mapping of threshold name to value, read as the
+    exporter reads its config file (size cap, duplicate keys refused, line and column)."""
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ThresholdError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+        loaded = load_yaml(path, "thresholds file")
+    except ConfigError as exc:
+        raise ThresholdError(str(exc)) from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict) or not all(isinstance(k, str) for k in loaded):

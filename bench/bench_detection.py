@@ -22,14 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from helpers.e2e_stack import Stack  # noqa: E402
-
-
-def seconds(duration: str) -> float:
-    units = {"ms": 0.001, "s": 1.0, "m": 60.0}
-    for suffix in ("ms", "s", "m"):
-        if duration.endswith(suffix):
-            return float(duration[: -len(suffix)]) * units[suffix]
-    raise ValueError(duration)
+from trainguard.shared.units import parse_duration as seconds  # noqa: E402
 
 
 def main() -> None:

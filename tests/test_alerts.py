@@ -267,6 +267,17 @@ def test_bad_config_files_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out == ""
 
 
+def test_config_file_is_read_like_the_exporters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--config goes through the exporter's YAML loader: a key given twice is refused with
+    its line, not silently overridden by the second."""
+    config = tmp_path / "thresholds.yml"
+    config.write_text("stall: 1h\nghost_ratio: 2\nstall: 2h\n", encoding="utf-8")
+    assert build.main(["--config", str(config), "-o", "-"]) == 2
+    assert f"{config}:3:1: invalid YAML: duplicate key 'stall'" in capsys.readouterr().err
+
+
 def test_list_prints_every_threshold_as_a_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

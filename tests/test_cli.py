@@ -97,7 +97,8 @@ def test_bad_config_is_a_clear_error(tmp_path) -> None:
     r = run_cli(f"--config.file={cfg}")
     assert r.returncode == 2
     assert (
-        f"{cfg}: process_counts[0].matches: unknown key; expected one of: name, match" in r.stderr
+        f"error: {cfg}:3:5: process_counts[0].matches: unknown key; expected one of: name, match\n"
+        in r.stderr
     )
 
 

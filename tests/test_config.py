@@ -1,37 +1,30 @@
-import contextlib
 import re
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.exporter.config import (
-    ConfigError,
-    load_config,
-    parse_config,
-    parse_duration,
-    parse_size,
-)
+from trainguard.exporter.config import ConfigError, load_config, parse_config
+from trainguard.exporter.yamlfile import MAX_BYTES, parse_yaml
 
 DATA = Path(__file__).parent / "data" / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))
 
 
 def expected_error(path: Path) -> str:
+    """The fixture's first line: ``# expect: LINE:COLUMN: FIELD: MESSAGE`` (or its start)."""
     first = path.read_bytes().split(b"\n", 1)[0].decode()
     assert first.startswith("# expect: "), path
     return first.removeprefix("# expect: ")
 
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
-def test_bad_config_names_file_field_and_expectation(path: Path) -> None:
+def test_bad_config_names_file_line_field_and_expectation(path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(path)
     message = str(err.value)
-    assert message.startswith(f"{path}: "), message
-    assert expected_error(path) in message, message
+    assert message.startswith(f"{path}:{expected_error(path)}"), message
 
 
 def test_example_config_is_valid() -> None:
@@ -84,22 +77,66 @@ def test_empty_and_missing(tmp_path: Path) -> None:
 
 def test_huge_config_is_refused(tmp_path: Path) -> None:
     big = tmp_path / "big.yml"
-    big.write_bytes(b"#" * (2 * 1024 * 1024))
-    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+    big.write_bytes(b"#" * (1024 * 1024 + 1))
+    with pytest.raises(ConfigError) as err:
         load_config(big)
+    assert str(err.value) == (
+        f"{big}: config file is larger than 1 MiB: not a config; check the path"
+    )
+    # the cap itself is allowed: a comment of 1 MiB is an empty config
+    big.write_bytes(b"#" * (1024 * 1024))
+    assert load_config(big).runs == ()
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [(300, 300.0), (1.5, 1.5), ("90s", 90.0), ("5m", 300.0), ("1h30m", 5400.0), ("7d", 604800.0)],
+    [
+        ("300", 300.0),
+        ("1.5", 1.5),
+        ("90s", 90.0),
+        ("1h30m", 5400.0),
+        ("7d", 604800.0),
+        ("1w", 604800.0),
+        ("500ms", 0.5),
+        ("'2w1d'", 15 * 86400.0),
+    ],
 )
-def test_durations(text: object, seconds: float) -> None:
-    assert parse_duration(text) == seconds
+def test_durations_follow_the_one_grammar(tmp_path: Path, text: str, seconds: float) -> None:
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text(f"run_retention: {text}\ncheckpoints: {{grace_period: {text}}}\n")
+    config = load_config(cfg)
+    assert config.run_retention_seconds == seconds
+    assert config.checkpoints.grace_period_seconds == seconds
 
 
-@pytest.mark.parametrize(("text", "size"), [(10, 10), ("200MiB", 200 * 1024**2), ("1GB", 10**9)])
-def test_sizes(text: object, size: int) -> None:
-    assert parse_size(text) == size
+@pytest.mark.parametrize(
+    ("text", "size"), [("10", 10), ("200MiB", 200 * 1024**2), ("1GB", 10**9), ("1.5KiB", 1536)]
+)
+def test_sizes_follow_the_one_grammar(tmp_path: Path, text: str, size: int) -> None:
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text(f"checkpoints:\n  verify_rate: {text}\n")
+    assert load_config(cfg).checkpoints.verify_bytes_per_second == size
+
+
+def test_a_wrong_field_names_its_line_and_column(tmp_path: Path) -> None:
+    """The position of the value at fault, deep in the document too."""
+    cfg = tmp_path / "tg.yml"
+    cfg.write_text(
+        "runs:\n"
+        + "  - name: a\n"
+        + "  - name: b\n"
+        + "    checkpoints:\n"
+        + "      primary: /data/b\n"
+        + "      mirrors:\n"
+        + "        usb: /mnt/usb\n"
+        + "        backup: relative/dir\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg)
+    assert str(err.value) == (
+        f"{cfg}:8:17: runs[1].checkpoints.mirrors.backup: expected an absolute path, "
+        "got 'relative/dir'"
+    )
 
 
 yaml_values = st.recursive(
@@ -139,9 +176,20 @@ def test_any_document_is_accepted_or_a_config_error(doc: object) -> None:
 
 @given(st.text(max_size=200))
 def test_any_text_is_accepted_or_a_config_error(text: str) -> None:
+    """The loader and the validator together: any text is a config or a ConfigError."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return
-    with contextlib.suppress(ConfigError):
-        parse_config(data, "fuzz.yml")
+        parse_config(parse_yaml(text, "fuzz.yml"), "fuzz.yml")
+    except ConfigError as exc:
+        assert str(exc).startswith("fuzz.yml:")
+
+
+def test_home_of_an_unknown_user_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"^tg\.yml: state_dir: expected an absolute path, got"):
+        parse_config({"state_dir": "~no-such-user-here/state"}, "tg.yml")
+
+
+def test_readme_states_the_loader_limits() -> None:
+    """The cap and the error form the README promises are the loader's."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert f"a file over {MAX_BYTES // 2**20} MiB" in readme
+    assert "`tg.yml:8:17: runs[1].checkpoints.mirrors.backup: expected an absolute path" in readme

@@ -232,6 +232,9 @@ def test_status_bad_input(tmp_path: Path) -> None:
     cfg.write_text("runs: 3\n")
     r = tg("status", f"--state.dir={tmp_path}", f"--config.file={cfg}")
     assert r.returncode == 2 and str(cfg) in r.stderr
+    # durations follow the config file's grammar: units from largest to smallest
+    r = tg("status", f"--state.dir={tmp_path}", "--stall=30m1h")
+    assert r.returncode == 2 and "--stall: expected a duration such as" in r.stderr, r.stderr
 
 
 OLD = time.time() - 3600  # written an hour ago: settled, past the grace period

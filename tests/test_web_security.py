@@ -15,7 +15,7 @@ import bcrypt
 import pytest
 
 from helpers.exporter_proc import Exporter, child_env
-from trainguard.exporter.webconfig import load_web_config
+from trainguard.exporter.webconfig import WebConfigError, load_web_config
 
 
 def openssl(*args: str | Path) -> None:
@@ -135,18 +135,23 @@ def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
     ("text", "message"),
     [
         ("tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /x.key\n",
-         "tls_server_config.cert_file: no such file '/nonexistent.crt'"),
-        ("tls_server_config:\n  cert_file: a\n",
-         "tls_server_config: both cert_file and key_file are required"),
+         "2:14: tls_server_config.cert_file: no such file '/nonexistent.crt'"),
+        # a relative path is relative to the file: web.yml is the file itself, so it exists
+        ("tls_server_config:\n  cert_file: web.yml\n",
+         "2:3: tls_server_config: both cert_file and key_file are required"),
         ("basic_auth_users:\n  alice: plaintext\n",
-         "basic_auth_users.alice: expected a bcrypt hash"),
-        ("tls_config: {}\n", "tls_config: unknown key"),
+         "2:10: basic_auth_users.alice: expected a bcrypt hash"),
+        ("tls_config: {}\n", "1:1: tls_config: unknown key"),
         ("http_server_config:\n  http2: true\n",
-         "http_server_config.http2: trainguard serves HTTP/1.1 only"),
+         "2:10: http_server_config.http2: trainguard serves HTTP/1.1 only"),
         ("http_server_config:\n  http2: 'no'\n",
-         "http_server_config.http2: expected true or false, got 'no'"),
+         "2:10: http_server_config.http2: expected true or false, got 'no'"),
         ("tls_server_config:\n  prefer_server_cipher_suites: 1\n",
-         "tls_server_config.prefer_server_cipher_suites: expected true or false, got 1"),
+         "2:32: tls_server_config.prefer_server_cipher_suites: expected true or false, got 1"),
+        ("http_server_config:\n  headers: {X-A: b}\n  headers: {}\n",
+         "3:3: invalid YAML: duplicate key 'headers', first given on line 2"),
+        ("tls_server_config:\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+         "2:18: tls_server_config.cipher_suites: not supported by trainguard"),
     ],
 )  # fmt: skip
 def test_bad_web_config_is_a_clear_error(tmp_path: Path, text: str, message: str) -> None:
@@ -166,7 +171,16 @@ def test_bad_web_config_is_a_clear_error(tmp_path: Path, text: str, message: str
         timeout=30,
     )
     assert r.returncode == 2
-    assert f"--web.config.file: {cfg}: {message}" in r.stderr, r.stderr
+    assert f"--web.config.file: {cfg}:{message}" in r.stderr, r.stderr
+
+
+def test_web_config_file_has_the_size_cap_of_the_config_file(tmp_path: Path) -> None:
+    """The same loader as --config.file: a file over 1 MiB is refused, naming it."""
+    cfg = tmp_path / "web.yml"
+    cfg.write_bytes(b"#" * (1024 * 1024 + 1))
+    with pytest.raises(WebConfigError) as err:
+        load_web_config(cfg)
+    assert str(err.value).startswith(f"{cfg}: web config file is larger than 1 MiB")
 
 
 @pytest.mark.parametrize(("setting", "preferred"), [("", True), ("true", True), ("false", False)])

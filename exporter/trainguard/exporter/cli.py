@@ -23,11 +23,12 @@ from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.collectors.gpu import GpuCollector
 from trainguard.exporter.collectors.processes import ProcessesCollector
 from trainguard.exporter.collectors.runs import RunsCollector
-from trainguard.exporter.config import Config, ConfigError, load_config, parse_duration
+from trainguard.exporter.config import Config, ConfigError, load_config
 from trainguard.exporter.runtable import RunTable
 from trainguard.exporter.web import make_app, make_http_server
 from trainguard.exporter.webconfig import WebConfigError, load_web_config
 from trainguard.shared.statedir import STATE_DIR_ENV, default_state_dir
+from trainguard.shared.units import parse_duration
 
 log = logging.getLogger("trainguard")
 
@@ -121,17 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _timeout(value: str) -> float:
+    """A positive duration, in the one grammar of the config file (``8s``, ``2.5``, ``1500ms``)."""
     try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = parse_duration(value)
-        except ValueError:
-            seconds = 0.0
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(
-            f"expected a positive duration such as '5s' or '2.5', got {value!r}"
-        )
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive duration, got {value!r}")
     return seconds
 
 

@@ -1,6 +1,10 @@
 """TLS and basic auth from the web configuration file that Prometheus exporters share
 (``--web.config.file``, the exporter-toolkit format), so that one file and one habit serve
-node_exporter, dcgm-exporter and trainguard alike."""
+node_exporter, dcgm-exporter and trainguard alike.
+
+Read like exporter-toolkit reads it: its structs tagged with YAML names, unmarshalled strictly,
+are the dataclasses below (:mod:`trainguard.exporter.schema`), read by the same loader as the
+config file (:mod:`trainguard.exporter.yamlfile`: size cap, line and column in errors)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
+
+from trainguard.exporter import schema
+from trainguard.exporter.schema import FieldError, key
+from trainguard.exporter.yamlfile import ConfigError, load_yaml
 
 CLIENT_AUTH_TYPES = {
     "NoClientCert": ssl.CERT_NONE,
@@ -32,159 +39,168 @@ TLS_VERSIONS = {
 }
 
 
-class WebConfigError(ValueError):
-    """A web config file that cannot be used, naming the file and field."""
+def _header_name(name: Any) -> str | None:
+    return None if isinstance(name, str) and name else f"expected a header name, got {name!r}"
+
+
+def _user_name(name: Any) -> str | None:
+    return None if isinstance(name, str) and name else f"expected a user name, got {name!r}"
+
+
+def _bcrypt_hash(value: schema.Value) -> bytes:
+    if not isinstance(value.raw, str) or not value.raw.startswith("$2"):
+        value.fail("expected a bcrypt hash ($2a$/$2b$/$2y$...)")
+    return value.raw.encode()
+
+
+class WebConfigError(ConfigError):
+    """A web config file that cannot be used, naming the file, line and field."""
 
 
 @dataclass(frozen=True)
 class WebConfig:
+    """What the web server needs from the file: TLS, the users of basic auth, extra headers."""
+
     ssl_context: ssl.SSLContext | None = None
     users: Mapping[str, bytes] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-def _mapping(source: str, where: str, value: Any, allowed: tuple[str, ...]) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise WebConfigError(f"{source}: {where}: expected a mapping")
-    for key in value:
-        if key not in allowed:
-            raise WebConfigError(
-                f"{source}: {where}.{key}: unknown key; expected one of: {', '.join(allowed)}"
-                if where
-                else f"{source}: {key}: unknown key; expected one of: {', '.join(allowed)}"
+_UNSUPPORTED = "not supported by trainguard; Python's TLS defaults are used"
+_VERIFYING = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+
+
+@dataclass(frozen=True)
+class TLSServerConfig:
+    """exporter-toolkit's ``tls_server_config``, less what Python's ssl cannot set."""
+
+    cert_file: str | None = field(
+        default=None, metadata=key(schema.existing_file, "the server's certificate (PEM)")
+    )
+    key_file: str | None = field(
+        default=None, metadata=key(schema.existing_file, "the certificate's private key")
+    )
+    client_auth_type: str = field(
+        default="NoClientCert",
+        metadata=key(schema.choice(tuple(CLIENT_AUTH_TYPES)), "whether clients show a cert"),
+    )
+    client_ca_file: str | None = field(
+        default=None, metadata=key(schema.existing_file, "CAs that sign client certificates")
+    )
+    min_version: str | None = field(
+        default=None, metadata=key(schema.choice(tuple(TLS_VERSIONS)), "oldest TLS version")
+    )
+    max_version: str | None = field(
+        default=None, metadata=key(schema.choice(tuple(TLS_VERSIONS)), "newest TLS version")
+    )
+    cipher_suites: None = field(default=None, metadata=key(schema.refused(_UNSUPPORTED), ""))
+    curve_preferences: None = field(default=None, metadata=key(schema.refused(_UNSUPPORTED), ""))
+    #: exporter-toolkit's default is true: the server's cipher order wins
+    prefer_server_cipher_suites: bool = field(
+        default=True, metadata=key(schema.boolean, "the server's cipher order wins")
+    )
+
+    def __post_init__(self) -> None:
+        if self.cert_file is None or self.key_file is None:
+            raise FieldError("both cert_file and key_file are required")
+        if self.client_auth_type in _VERIFYING and self.client_ca_file is None:
+            raise FieldError(f"client_auth_type {self.client_auth_type} needs client_ca_file")
+
+
+@dataclass(frozen=True)
+class HTTPServerConfig:
+    """exporter-toolkit's ``http_server_config``."""
+
+    http2: bool = field(default=False, metadata=key(schema.boolean, "serve HTTP/2"))
+    headers: Mapping[str, str] = field(
+        default_factory=dict,
+        metadata=key(
+            schema.mapping_of(_header_name, schema.string, "name: value strings"),
+            "headers added to every response",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.http2:
+            raise FieldError(
+                "trainguard serves HTTP/1.1 only (which is all Prometheus needs); set it to "
+                "false or remove it",
+                "http2",
             )
-    return value
 
 
-def _file(source: str, base: Path, where: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise WebConfigError(f"{source}: {where}: expected a file path")
-    path = Path(value)
-    if not path.is_absolute():
-        path = base / path  # relative to the config file, as exporter-toolkit does
-    if not path.is_file():
-        raise WebConfigError(f"{source}: {where}: no such file {str(path)!r}")
-    return str(path)
+def _tls_section(value: schema.Value) -> TLSServerConfig | None:
+    """An empty ``tls_server_config: {}`` is no TLS, as a missing one."""
+    if value.raw == {}:
+        return None
+    return schema.read(TLSServerConfig, value)
 
 
-def _ssl_context(source: str, base: Path, tls: dict[str, Any]) -> ssl.SSLContext:
-    where = "tls_server_config"
-    # exporter-toolkit's default is true: the server's cipher order wins
-    prefer_server = _flag(source, f"{where}.prefer_server_cipher_suites", tls, default=True)
-    if "cert_file" not in tls or "key_file" not in tls:
-        raise WebConfigError(f"{source}: {where}: both cert_file and key_file are required")
+@dataclass(frozen=True)
+class WebConfigFile:
+    """The file, in the exporter-toolkit format that Prometheus exporters share."""
+
+    tls_server_config: TLSServerConfig | None = field(
+        default=None, metadata=key(_tls_section, "serve HTTPS")
+    )
+    http_server_config: HTTPServerConfig = field(
+        default_factory=HTTPServerConfig,
+        metadata=key(schema.section(HTTPServerConfig), "HTTP settings"),
+    )
+    basic_auth_users: Mapping[str, bytes] = field(
+        default_factory=dict,
+        metadata=key(
+            schema.mapping_of(_user_name, _bcrypt_hash), "user name: bcrypt hash of the password"
+        ),
+    )
+
+
+def _ssl_context(tls: TLSServerConfig, at: schema.Value) -> ssl.SSLContext:
+    """The server's TLS context; at: the ``tls_server_config`` section, for errors."""
+    assert tls.cert_file is not None and tls.key_file is not None  # __post_init__
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    cert = _file(source, base, f"{where}.cert_file", tls["cert_file"])
-    key = _file(source, base, f"{where}.key_file", tls["key_file"])
     try:
-        ctx.load_cert_chain(cert, key)
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
     except (ssl.SSLError, OSError) as exc:
-        raise WebConfigError(f"{source}: {where}: cannot load certificate and key: {exc}") from exc
-    auth_type = tls.get("client_auth_type", "NoClientCert")
-    if auth_type not in CLIENT_AUTH_TYPES:
-        raise WebConfigError(
-            f"{source}: {where}.client_auth_type: expected one of "
-            f"{', '.join(CLIENT_AUTH_TYPES)}, got {auth_type!r}"
-        )
-    ctx.verify_mode = CLIENT_AUTH_TYPES[auth_type]
-    if "client_ca_file" in tls:
-        ca = _file(source, base, f"{where}.client_ca_file", tls["client_ca_file"])
+        at.fail(f"cannot load certificate and key: {exc}")
+    ctx.verify_mode = CLIENT_AUTH_TYPES[tls.client_auth_type]
+    if tls.client_ca_file is not None:
         try:
-            ctx.load_verify_locations(ca)
+            ctx.load_verify_locations(tls.client_ca_file)
         except (ssl.SSLError, OSError) as exc:
-            raise WebConfigError(f"{source}: {where}.client_ca_file: {exc}") from exc
-    elif auth_type in ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert"):
-        raise WebConfigError(
-            f"{source}: {where}: client_auth_type {auth_type} needs client_ca_file"
-        )
-    for bound in ("min_version", "max_version"):
-        if bound in tls:
-            name = tls[bound]
-            if name not in TLS_VERSIONS:
-                raise WebConfigError(
-                    f"{source}: {where}.{bound}: expected one of {', '.join(TLS_VERSIONS)}, "
-                    f"got {name!r}"
-                )
-            setattr(
-                ctx,
-                "minimum_version" if bound == "min_version" else "maximum_version",
-                TLS_VERSIONS[name],
-            )
-    if prefer_server:
+            at.child("client_ca_file").fail(str(exc))
+    if tls.min_version is not None:
+        ctx.minimum_version = TLS_VERSIONS[tls.min_version]
+    if tls.max_version is not None:
+        ctx.maximum_version = TLS_VERSIONS[tls.max_version]
+    if tls.prefer_server_cipher_suites:
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     else:
         ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
     return ctx
 
 
-def _flag(source: str, where: str, section: Mapping[str, Any], *, default: bool) -> bool:
-    value = section.get(where.rsplit(".", 1)[-1], default)
-    if not isinstance(value, bool):
-        raise WebConfigError(f"{source}: {where}: expected true or false, got {value!r}")
-    return value
-
-
 def load_web_config(path: str | Path | None) -> WebConfig:
+    """Read and validate the ``--web.config.file``; no path means plain HTTP, no auth."""
     if path is None:
         return WebConfig()
-    source = str(path)
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WebConfigError(f"{source}: cannot read web config file: {exc.strerror}") from exc
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise WebConfigError(f"{source}: invalid YAML: {exc}") from exc
-    top = _mapping(
-        source, "", data or {}, ("tls_server_config", "http_server_config", "basic_auth_users")
-    )
-    base = Path(path).resolve().parent
-    tls = _mapping(
-        source,
-        "tls_server_config",
-        top.get("tls_server_config"),
-        (
-            "cert_file",
-            "key_file",
-            "client_auth_type",
-            "client_ca_file",
-            "min_version",
-            "max_version",
-            "cipher_suites",
-            "curve_preferences",
-            "prefer_server_cipher_suites",
-        ),
-    )
-    for unsupported in ("cipher_suites", "curve_preferences"):
-        if unsupported in tls:
-            raise WebConfigError(
-                f"{source}: tls_server_config.{unsupported}: not supported by trainguard; "
-                "Python's TLS defaults are used"
-            )
-    http = _mapping(
-        source, "http_server_config", top.get("http_server_config"), ("http2", "headers")
-    )
-    if _flag(source, "http_server_config.http2", http, default=False):
-        raise WebConfigError(
-            f"{source}: http_server_config.http2: trainguard serves HTTP/1.1 only (which is all "
-            "Prometheus needs); set it to false or remove it"
+        doc = schema.Value.root(
+            load_yaml(path, "web config file"), str(path), Path(path).resolve().parent
         )
-    headers = http.get("headers") or {}
-    if not isinstance(headers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-    ):
-        raise WebConfigError(f"{source}: http_server_config.headers: expected name: value strings")
-    users: dict[str, bytes] = {}
-    for user, hashed in (top.get("basic_auth_users") or {}).items():
-        if not isinstance(user, str) or not isinstance(hashed, str) or not hashed.startswith("$2"):
-            raise WebConfigError(
-                f"{source}: basic_auth_users.{user}: expected a bcrypt hash ($2a$/$2b$/$2y$...)"
-            )
-        users[user] = hashed.encode()
-    ctx = _ssl_context(source, base, tls) if tls else None
-    return WebConfig(ssl_context=ctx, users=users, headers=dict(headers))
+        parsed = schema.read(WebConfigFile, doc)
+        tls = parsed.tls_server_config
+        ctx = None if tls is None else _ssl_context(tls, doc.child("tls_server_config"))
+    except WebConfigError:
+        raise
+    except ConfigError as exc:
+        raise WebConfigError(exc.source, exc.message, field=exc.field, mark=exc.mark) from None
+    return WebConfig(
+        ssl_context=ctx,
+        users=parsed.basic_auth_users,
+        headers=dict(parsed.http_server_config.headers),
+    )
 
 
 class BasicAuth:

@@ -102,22 +102,33 @@ def format_duration(seconds: float) -> str:
 def parse_size(value: object) -> int:
     """Bytes in a size: a whole number of bytes or a number with a unit (``512MiB``, ``2GB``).
 
+    Raises ValueError for anything else, and for a size that is not a whole number of bytes
+    (``1.5``, ``0.1KiB``).
+
     >>> parse_size("200MiB"), parse_size(4096), parse_size("1.5KiB")
     (209715200, 4096, 1536)
     """
     expected = f"expected a size such as {SIZE_EXAMPLE}, got {value!r}"
     if isinstance(value, bool):
         raise ValueError(expected)
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(expected)
+        return value
+    if isinstance(value, float):
         if not math.isfinite(value) or value < 0:
             raise ValueError(expected)
-        return int(value)
-    if not isinstance(value, str):
+        n = value
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
+        number, factor = match.group(1), SIZE_UNITS[(match.group(2) or "").lower()]
+        if number.isdigit():
+            return int(number) * factor  # exact, however large
+        n = float(number) * factor
+    else:
         raise ValueError(expected)
-    match = _SIZE.fullmatch(value.strip())
-    if not match:
-        raise ValueError(expected)
-    return int(float(match.group(1)) * SIZE_UNITS[(match.group(2) or "").lower()])
+    if not n.is_integer():
+        raise ValueError(f"expected a whole number of bytes, got {value!r}")
+    return int(n)
 
 
 def format_size(n: int) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._version import __version__
-from trainguard.exporter.config import ConfigError, load_config, parse_duration
+from trainguard.exporter.config import ConfigError, load_config
+from trainguard.shared.units import parse_duration
 
 EPILOG_VERIFY = (
     "Exit status: 0 when the newest checkpoint is complete (a resume can go ahead), 1 when it "
@@ -29,16 +30,11 @@ EPILOG_VERIFY = (
 
 
 def _duration(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        pass
+    """A duration flag, in the one grammar of the config file and the alert thresholds."""
     try:
         return parse_duration(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration such as '30m' or '90s', got {value!r}"
-        ) from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
