@@ -14,18 +14,20 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
-from trainguard.exporter.collector import DEFAULT_COLLECTOR_TIMEOUT, Collector, ExporterCollector
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.collectors.processes import ProcessesCollector
-from trainguard.exporter.collectors.runs import RunsCollector
+from trainguard.exporter.collector import (
+    DEFAULT_COLLECTOR_TIMEOUT,
+    Collector,
+    ExporterCollector,
+    ExporterRegistry,
+    Setup,
+)
+from trainguard.exporter.collectors import COLLECTORS
 from trainguard.exporter.config import Config, ConfigError, load_config
 from trainguard.exporter.runtable import RunTable
-from trainguard.exporter.web import make_app, make_http_server
+from trainguard.exporter.web import SCRAPE_TIMEOUT_OFFSET, make_app, make_http_server
 from trainguard.exporter.webconfig import WebConfigError, load_web_config
 from trainguard.shared.statedir import STATE_DIR_ENV, default_state_dir
 from trainguard.shared.units import parse_duration
@@ -37,15 +39,6 @@ LOG_LEVELS = {
     "info": logging.INFO,
     "warn": logging.WARNING,
     "error": logging.ERROR,
-}
-
-
-#: every collector, by the name of its ``--[no-]collector.NAME`` flag and ``collector`` label
-COLLECTORS = {
-    "gpu": "GPU memory through NVML, the driver's view per device and process",
-    "processes": "counts of the host processes named in the config file",
-    "runs": "training runs, from heartbeat files and the config file",
-    "checkpoints": "checkpoint locations: newest complete step, truncation, free space",
 }
 
 
@@ -98,17 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_COLLECTOR_TIMEOUT,
         type=_timeout,
         metavar="DURATION",
-        help="a collector that takes longer (a hung GPU driver or network filesystem) is "
-        "reported failed and the scrape answers without it; keep it below Prometheus's "
-        "scrape_timeout (default: %(default)ss)",
+        help="the scrape's deadline: the collectors run side by side, and one still running "
+        "then (a hung GPU driver or network filesystem) is reported failed while the others' "
+        "series are served. Prometheus's X-Prometheus-Scrape-Timeout-Seconds header, less "
+        f"{SCRAPE_TIMEOUT_OFFSET:g}s, shortens it (default: %(default)ss)",
     )
-    for name, what in COLLECTORS.items():
+    for c in COLLECTORS:
         p.add_argument(
-            f"--collector.{name}",
-            dest=f"collector_{name}",
+            f"--collector.{c.name}",
+            dest=f"collector_{c.name}",
             action=argparse.BooleanOptionalAction,
-            default=True,
-            help=f"enable the {name} collector: {what} (default: enabled)",
+            default=c.enabled_by_default,
+            help=f"enable the {c.name} collector: {c.help} "
+            f"(default: {'enabled' if c.enabled_by_default else 'disabled'})",
         )
     p.add_argument(
         "--log.level",
@@ -141,26 +136,25 @@ def resolve_state_dir(flag: str | None, config: Config) -> Path:
     return config.state_dir
 
 
+def default_collectors() -> list[str]:
+    """The names of the collectors on unless switched off."""
+    return [c.name for c in COLLECTORS if c.enabled_by_default]
+
+
 def build_collectors(
-    config: Config, state_dir: Path, enabled: Collection[str] = tuple(COLLECTORS)
+    config: Config, state_dir: Path, enabled: Collection[str] | None = None
 ) -> list[Collector]:
-    """The enabled collectors, wired to the ones they share data with: one run table
-    (heartbeats + configured runs) feeds the runs collector, the GPU collector (pids of live
-    runs) and the checkpoint collector (checkpoint locations)."""
-    table = RunTable(config, state_dir)
-    collectors: list[Collector] = [
-        GpuCollector(pid_runs=table.pid_runs),
-        ProcessesCollector(config.process_counts),
-        RunsCollector(table),
-        CheckpointsCollector(table.checkpoint_targets, config.checkpoints),
-    ]
-    return [c for c in collectors if c.name in enabled]
+    """The enabled collectors (None: those on by default), wired to what they share (see
+    :class:`~trainguard.exporter.collector.Setup`)."""
+    on = default_collectors() if enabled is None else enabled
+    setup = Setup(config, state_dir, RunTable(config, state_dir))
+    return [c.build(setup) for c in COLLECTORS if c.name in on]
 
 
 def build_registry(
     collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
-) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
+) -> ExporterRegistry:
+    registry = ExporterRegistry()
     registry.register(ExporterCollector(collectors, timeout))
     ProcessCollector(registry=registry)
     return registry
@@ -193,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"trainguard-exporter: error: --web.config.file: {exc}", file=sys.stderr)
         return 2
     state_dir = resolve_state_dir(args.state_dir, config)
-    enabled = [name for name in COLLECTORS if getattr(args, f"collector_{name}")]
+    enabled = [c.name for c in COLLECTORS if getattr(args, f"collector_{c.name}")]
     collectors = build_collectors(config, state_dir, enabled)
     app = make_app(build_registry(collectors, args.collector_timeout), args.telemetry_path, web)
     try:

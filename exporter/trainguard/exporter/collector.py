@@ -8,15 +8,23 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector
+from prometheus_client.registry import CollectorRegistry
 
 from trainguard._version import __version__
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.scrape import Scrape, SharedReads
+from trainguard.exporter.worker import Unfinished, Worker
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from trainguard.exporter.config import Config
+    from trainguard.exporter.runtable import RunTable
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +71,24 @@ COLLECTOR_DURATION = MetricSpec(
 )
 FRAMEWORK_METRICS = (BUILD_INFO, COLLECTOR_SUCCESS, COLLECTOR_DURATION)
 
-#: a collector that has not finished in this many seconds is reported failed, so that the
-#: scrape still answers within Prometheus's default 10 s scrape timeout
+#: the scrape's deadline when the client sets none (Prometheus does, with its scrape_timeout):
+#: a collector that has not finished by then is reported failed, so that the scrape still
+#: answers within Prometheus's default 10 s scrape timeout
 DEFAULT_COLLECTOR_TIMEOUT = 5.0
+#: a read several collectors share (the run table) is waited for this share of the scrape's
+#: time at most, leaving the rest to a collector that can answer without it
+READ_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the exporter's collectors are built from: one run table (heartbeats and
+    configured runs) feeds the runs collector, the GPU collector (pids of live runs) and the
+    checkpoint collector (checkpoint locations)."""
+
+    config: Config
+    state_dir: Path
+    table: RunTable
 
 
 class CollectorError(Exception):
@@ -75,10 +98,19 @@ class CollectorError(Exception):
 class Collector(abc.ABC):
     """One concern of the exporter (one file under ``trainguard/exporter/collectors``)."""
 
-    #: value of the ``collector`` label
+    #: value of the ``collector`` label and of its ``--[no-]collector.NAME`` flag
     name: str
+    #: what it watches, in a few words: the flag's help
+    help: str
+    #: on unless ``--no-collector.NAME``
+    enabled_by_default: bool = True
     #: every metric this collector may publish
     metrics: tuple[MetricSpec, ...] = ()
+
+    @classmethod
+    @abc.abstractmethod
+    def build(cls, setup: Setup) -> Collector:
+        """The collector the exporter runs, wired to what it shares with the others."""
 
     @abc.abstractmethod
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
@@ -88,33 +120,47 @@ class Collector(abc.ABC):
 
 
 class ExporterCollector(_PromCollector):
-    """The one prometheus_client collector registered: runs each trainguard collector,
-    isolates its failures and adds the framework's own metrics."""
+    """The one prometheus_client collector registered: starts every trainguard collector at
+    once, each on a thread of its own, and waits for them until one deadline for the whole
+    scrape; isolates their failures and adds the framework's own metrics. A collector still
+    running at the deadline is reported failed in that scrape while the others' series are
+    served, and is not started again until its call returns."""
 
     def __init__(
         self, collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
     ) -> None:
-        self._runners = tuple(_Runner(c) for c in collectors)
+        self._runners = tuple((c, Worker(_gatherer(c), f"trainguard-{c.name}")) for c in collectors)
         self._timeout = timeout
+        self._reads = SharedReads()
         self._last_errors: dict[str, tuple[str, ...]] = {}
         self._log_lock = threading.Lock()
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self, timeout: float | None = None) -> Iterator[Metric]:
+        """One scrape, given ``timeout`` seconds (what the client waits, capped by the
+        exporter's own ``--collector.timeout``; None: that)."""
+        limit = self._timeout if timeout is None else min(max(timeout, 0.0), self._timeout)
+        began = time.monotonic()
+        deadline = began + limit
+        scrape = Scrape(reads=self._reads, deadline=began + READ_SHARE * limit)
+        calls = [(c, w, w.start(scrape.for_collector())) for c, w in self._runners]
         build = BUILD_INFO.family()
         build.add_metric([__version__], 1)
         success = COLLECTOR_SUCCESS.family()
         duration = COLLECTOR_DURATION.family()
         gathered: list[Metric] = [build]
-        scrape = Scrape()
-        for runner in self._runners:
-            name = runner.collector.name
-            start = time.perf_counter()
-            families, errors = runner.run(scrape.for_collector(), self._timeout)
-            elapsed = time.perf_counter() - start
-            self._log_change(name, errors)
+        for collector, worker, ticket in calls:
+            try:
+                (families, errors), seconds = worker.wait(ticket, deadline)
+            except Unfinished as exc:
+                families, errors = (
+                    [],
+                    [f"did not finish within {limit:g} s, the scrape's deadline: {exc}"],
+                )
+                seconds = time.monotonic() - began
+            self._log_change(collector.name, errors)
             gathered.extend(families)
-            success.add_metric([name], 0 if errors else 1)
-            duration.add_metric([name], elapsed)
+            success.add_metric([collector.name], 0 if errors else 1)
+            duration.add_metric([collector.name], seconds)
         yield from gathered
         yield success
         yield duration
@@ -143,74 +189,55 @@ class ExporterCollector(_PromCollector):
             )
 
 
-def _gather(collector: Collector, scrape: Scrape) -> tuple[list[Metric], list[str]]:
-    try:
-        families = list(collector.gather(scrape))
-        errors = scrape.errors
-    except CollectorError as exc:
-        families, errors = [], [str(exc)]
-    except Exception as exc:  # a collector bug must not fail the scrape
-        log.debug("collector %s raised", collector.name, exc_info=True)
-        families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
-    return families, errors
+def _gatherer(collector: Collector) -> Callable[[Scrape], tuple[list[Metric], list[str]]]:
+    def gather(scrape: Scrape) -> tuple[list[Metric], list[str]]:
+        try:
+            families = list(collector.gather(scrape))
+            errors = scrape.errors
+        except (CollectorError, Unfinished) as exc:
+            families, errors = [], [str(exc)]
+        except Exception as exc:  # a collector bug must not fail the scrape
+            log.debug("collector %s raised", collector.name, exc_info=True)
+            families, errors = [], [f"unexpected {type(exc).__name__}: {exc}"]
+        return families, errors
+
+    return gather
 
 
-class _Runner:
-    """Runs one collector on a thread of its own and waits at most the timeout for it: a
-    call that hangs (a GPU driver stuck on a lost GPU, a stat on a network filesystem whose
-    server went away) costs one scrape the timeout, not the whole scrape, and while it still
-    hangs later scrapes report the collector failed at once instead of queueing behind it.
-    When the call returns, the next scrape runs the collector again. Scrapes that arrive
-    while a run is in progress share its result rather than queueing runs of their own."""
+class ExporterRegistry(CollectorRegistry):
+    """The exporter's registry: :meth:`within` is the registry as one scrape with its own
+    deadline sees it (the client's scrape timeout), with no state shared between requests."""
 
-    def __init__(self, collector: Collector) -> None:
-        self.collector = collector
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._pending: tuple[int, Scrape] | None = None  # (run number, its scrape) to start
-        self._started = 0  # runs started
-        self._finished = 0  # number of the last run that returned: runs are one at a time, so
-        # one is in progress while _finished < _started
-        self._result: tuple[list[Metric], list[str]] = ([], [])
-        self._abandoned = False  # a scrape gave up waiting for the run in progress
+    def __init__(self) -> None:
+        super().__init__(auto_describe=False)
+        self._ordered: list[_PromCollector] = []
 
-    def run(self, scrape: Scrape, timeout: float) -> tuple[list[Metric], list[str]]:
-        with self._cond:
-            if not self._abandoned:
-                if self._finished == self._started:
-                    if self._thread is None or not self._thread.is_alive():
-                        self._thread = threading.Thread(
-                            target=self._loop, name=f"trainguard-{self.collector.name}", daemon=True
-                        )
-                        self._thread.start()
-                    self._started += 1
-                    self._pending = (self._started, scrape)
-                    self._cond.notify_all()
-                run = self._started
-                if self._cond.wait_for(lambda: self._finished >= run, timeout):
-                    return self._result
-                self._abandoned = True
-        return [], [
-            f"did not finish within {timeout:g} s: a call is hanging (a GPU driver, or a "
-            "network filesystem that stopped answering?); the collector is skipped until it "
-            "returns"
-        ]
+    def register(self, collector: _PromCollector) -> None:
+        super().register(collector)
+        self._ordered.append(collector)
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._pending is not None)
-                assert self._pending is not None
-                run, scrape = self._pending
-                self._pending = None
-            result: tuple[list[Metric], list[str]] = ([], ["interrupted"])
-            try:
-                result = _gather(self.collector, scrape)
-            finally:
-                with self._cond:
-                    self._result, self._finished = result, run
-                    self._abandoned = False
-                    self._cond.notify_all()
+    def unregister(self, collector: _PromCollector) -> None:
+        super().unregister(collector)
+        self._ordered.remove(collector)
+
+    def within(self, timeout: float | None) -> _Within:
+        return _Within(tuple(self._ordered), timeout)
+
+
+class _Within:
+    """A registry's collectors for one scrape of ``timeout`` seconds (None: the exporter's
+    own limit): what ``generate_latest`` is given per request."""
+
+    def __init__(self, collectors: tuple[_PromCollector, ...], timeout: float | None) -> None:
+        self._collectors = collectors
+        self._timeout = timeout
+
+    def collect(self) -> Iterator[Metric]:
+        for c in self._collectors:
+            if isinstance(c, ExporterCollector):
+                yield from c.collect(self._timeout)
+            else:
+                yield from c.collect()
 
 
 def printable(message: str) -> str:

@@ -25,6 +25,7 @@ from trainguard.exporter.config import Config
 from trainguard.exporter.configured_runs import ConfiguredRuns
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
+from trainguard.exporter.worker import Unfinished
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
 from trainguard.shared.heartbeat_read import read_heartbeat
@@ -115,9 +116,18 @@ class RunTable:
 
     def checkpoint_targets(self, scrape: Scrape | None = None) -> list[CheckpointTarget]:
         """Checkpoint locations: the config file's first, then those announced in heartbeats
-        (lowest rank first) of runs still in the table."""
+        (lowest rank first) of runs still in the table. While the table cannot be read by the
+        scrape's deadline (the state directory hangs), the config file's alone, and the
+        scrape is told that the others are unknown."""
         announced: list[CheckpointTarget] = []
-        rows = sorted(self.view(scrape).rows, key=lambda r: (r.run, int(r.rank)))
+        try:
+            view = self.view(scrape)
+        except Unfinished as exc:
+            if scrape is None:
+                raise
+            scrape.error(f"checkpoint locations announced in heartbeats unknown: {exc}")
+            return config_targets(self.config)
+        rows = sorted(view.rows, key=lambda r: (r.run, int(r.rank)))
         for row in rows:
             hb = row.heartbeat
             if hb is None:
@@ -144,7 +154,7 @@ class RunTable:
         view instead of each listing the state directory and checking every pid again."""
         if scrape is None:
             return self._locked_view()
-        return scrape.once(self, self._locked_view)
+        return scrape.once(self, self._locked_view, f"reading the state directory {self.state_dir}")
 
     def _locked_view(self) -> RunView:
         with self._lock:

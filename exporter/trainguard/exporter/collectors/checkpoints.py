@@ -18,7 +18,7 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.samples import Sample
 
-from trainguard.exporter.collector import Collector, MetricSpec
+from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.config import CheckpointSettings
 from trainguard.exporter.dirwatch import CheckpointDirectory, NotMounted, RecordCache
 from trainguard.exporter.scrape import Scrape
@@ -232,6 +232,7 @@ class CheckpointsCollector(Collector):
     inside a scrape."""
 
     name = "checkpoints"
+    help = "checkpoint locations: newest complete step, truncation, free space"
     metrics = (
         LOCATION_UP,
         LOCATION_INFO,
@@ -241,6 +242,10 @@ class CheckpointsCollector(Collector):
         PARTIAL_AGE,
         AVAIL,
     )
+
+    @classmethod
+    def build(cls, setup: Setup) -> CheckpointsCollector:
+        return cls(setup.table.checkpoint_targets, setup.config.checkpoints)
 
     def __init__(
         self,

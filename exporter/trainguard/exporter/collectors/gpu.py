@@ -15,8 +15,9 @@ import psutil
 import pynvml
 from prometheus_client.core import Metric
 
-from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
+from trainguard.exporter.collector import Collector, CollectorError, MetricSpec, Setup
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.worker import Unfinished
 from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 
@@ -116,6 +117,7 @@ class GpuCollector(Collector):
     was lost and came back, or a driver that was reloaded, is picked up again."""
 
     name = "gpu"
+    help = "GPU memory through NVML, the driver's view per device and process"
     metrics = (
         NVML_AVAILABLE,
         GPU_INFO,
@@ -129,6 +131,10 @@ class GpuCollector(Collector):
         XID_ERRORS,
         XID_SUPPORTED,
     )
+
+    @classmethod
+    def build(cls, setup: Setup) -> GpuCollector:
+        return cls(pid_runs=setup.table.pid_runs)
 
     def __init__(self, pid_runs: PidRuns | None = None) -> None:
         self._pid_runs = pid_runs
@@ -232,7 +238,14 @@ class GpuCollector(Collector):
         families[NVML_AVAILABLE.name].add_metric([], 1)
         if not self._watch_xids(devices, scrape):
             failed = True
-        pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
+        pid_runs: dict[int, tuple[str, str]] | None = {}
+        try:
+            pid_runs = dict(self._pid_runs(scrape)) if self._pid_runs else {}
+        except Unfinished as exc:
+            # the runs are unknown (the state directory hangs): the devices are still served,
+            # but no process is said to belong to no run, and no run's memory is summed
+            scrape.error(f"processes not attributed to runs: {exc}")
+            pid_runs = None
         alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
         for dev in devices:
             try:
@@ -269,7 +282,7 @@ class GpuCollector(Collector):
     def _gather_device(
         self,
         dev: _Device,
-        pid_runs: Mapping[int, tuple[str, str]],
+        pid_runs: Mapping[int, tuple[str, str]] | None,
         families: dict[str, Any],
         run_memory: dict[tuple[str, str, str], int | None],
         alive: dict[int, bool],
@@ -295,7 +308,7 @@ class GpuCollector(Collector):
         unknown = 0
         attributed = 0
         for pid, used in sorted(used_by_pid.items()):
-            owner = pid_runs.get(pid)
+            owner = pid_runs.get(pid) if pid_runs is not None else None
             if owner is not None:
                 key = (owner[0], owner[1], dev.index)
                 prior = run_memory.get(key, 0)
@@ -303,9 +316,10 @@ class GpuCollector(Collector):
             if used is None:
                 unknown += 1
                 continue
-            families[PROCESS_MEMORY.name].add_metric(
-                [*labels, str(pid), owner[0] if owner else ""], used
-            )
+            if pid_runs is not None:
+                families[PROCESS_MEMORY.name].add_metric(
+                    [*labels, str(pid), owner[0] if owner else ""], used
+                )
             exists = alive.get(pid)
             if exists is None:
                 exists = alive[pid] = psutil.pid_exists(pid)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 import psutil
 from prometheus_client.core import Metric
 
-from trainguard.exporter.collector import Collector, MetricSpec
+from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.config import ProcessCount
 from trainguard.exporter.scrape import Scrape
 
@@ -22,7 +22,12 @@ PROCESS_COUNT = MetricSpec(
 
 class ProcessesCollector(Collector):
     name = "processes"
+    help = "counts of the host processes named in the config file"
     metrics = (PROCESS_COUNT,)
+
+    @classmethod
+    def build(cls, setup: Setup) -> ProcessesCollector:
+        return cls(setup.config.process_counts)
 
     def __init__(self, counts: Sequence[ProcessCount]) -> None:
         self._counts = tuple(counts)

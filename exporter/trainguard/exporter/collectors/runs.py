@@ -12,7 +12,7 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from trainguard.exporter.collector import Collector, MetricSpec
+from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import ownership_problem
@@ -232,6 +232,7 @@ _SAME_EVENT_SECONDS = 60.0
 
 class RunsCollector(Collector):
     name = "runs"
+    help = "training runs, from heartbeat files and the config file"
     metrics = (
         RUN_INFO,
         PROCESS_UP,
@@ -267,6 +268,10 @@ class RunsCollector(Collector):
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
     )
+
+    @classmethod
+    def build(cls, setup: Setup) -> RunsCollector:
+        return cls(setup.table)
 
     def __init__(self, table: RunTable) -> None:
         self._table = table
