@@ -1,5 +1,7 @@
-"""The site configuration: the thresholds and target labels of one Prometheus setup, the one
-input that both generators read, so that the rules and the dashboards a site deploys agree.
+"""The site configuration: one Prometheus setup's thresholds and target labels.
+
+It is the one input both generators read, so that the rules and the dashboards a site deploys
+agree.
 
 ``alerts/build.py`` fills it into the rules; ``grafana/generate.py`` into the dashboards (the
 thresholds the panels draw and name, the target labels every aggregation and join keeps). It
@@ -28,8 +30,10 @@ EXPORTER_LABELS = ("job", "instance")
 
 @dataclass(frozen=True)
 class Site:
-    """One site's thresholds, resolved: the placeholder table of the rule templates
-    (:func:`alerts.thresholds.resolve`) and typed views of it for the dashboards."""
+    """One site's thresholds, resolved and checked.
+
+    ``table`` is the placeholder table of the rule templates (:func:`alerts.thresholds.resolve`);
+    the methods are typed views of it for the dashboards."""
 
     table: Mapping[str, str]
 
@@ -74,8 +78,9 @@ class Site:
 
     @property
     def run_labels(self) -> tuple[str, ...]:
-        """The target labels that tell two same-named runs apart (all but job and instance):
-        a run spans exporters (one per node), but never two clusters, namespaces or regions.
+        """The target labels that tell two same-named runs apart: all but job and instance.
+
+        A run spans exporters (one per node), but never two clusters, namespaces or regions.
         The dashboards, which aggregate a run over its exporters, keep these in every
         aggregation and join."""
         return tuple(name for name in self.target_labels if name not in EXPORTER_LABELS)
@@ -100,8 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_arguments(args: argparse.Namespace) -> Site:
-    """The site of parsed :func:`add_arguments` options; raises ``ThresholdError`` (a
-    ``ValueError``) for a bad override and ``OSError`` for a config file that cannot be read."""
+    """The site of parsed :func:`add_arguments` options.
+
+    Raises ``ThresholdError`` (a ``ValueError``) for a bad override and ``OSError`` for a
+    config file that cannot be read."""
     overrides: dict[str, object] = {}
     if args.config is not None:
         overrides.update(load_config(args.config))
@@ -134,8 +141,9 @@ def load_config(path: Path) -> dict[str, object]:
 
 
 def listing(site: Site) -> str:
-    """``--list``: every threshold with its kind and meaning as comments, its value as YAML,
-    so the output is also a starting point for ``--config``."""
+    """``--list``: every threshold with its kind and meaning as comments, its value as YAML.
+
+    So the output is also a starting point for ``--config``."""
     values = thresholds.shown(site.table)
     lines = []
     for t in thresholds.THRESHOLDS:

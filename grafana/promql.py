@@ -1,5 +1,6 @@
-"""What every dashboard query filters on and which labels it keeps, for one site
-(:class:`alerts.site.Site`, the configuration the rules are generated from).
+"""What every dashboard query filters on, and which labels it keeps for one site.
+
+The site is :class:`alerts.site.Site`, the configuration the rules are generated from.
 
 The dashboards only use raw ``trainguard_*`` metrics (plus ``ALERTS``/``up``), so they work
 without the recording rules. Every query is filtered on ``cluster=~"$cluster"`` and
@@ -29,8 +30,9 @@ IR = f"{I}, {R}"
 
 @dataclass(frozen=True)
 class Promql:
-    """The query builders of one site's dashboards; ``site`` also holds the thresholds the
-    panels draw."""
+    """The query builders of one site's dashboards.
+
+    ``site`` also holds the thresholds the panels draw."""
 
     site: Site
 
@@ -52,6 +54,7 @@ class Promql:
         return f"on ({self.labels(labels)})"
 
     def by(self, labels: str, metric: str, op: str = "max", matchers: str = IR) -> str:
-        """``op by (<kept labels>, labels) (metric{matchers})``: one series per ``labels``
-        whatever the exporter, kept apart per cluster and namespace (see :attr:`keep`)."""
+        """``op by (<kept labels>, labels) (metric{matchers})``: one series per ``labels``.
+
+        Whatever the exporter, kept apart per cluster and namespace (see :attr:`keep`)."""
         return f"{op} {self.group_by(labels)} ({metric}{{{matchers}}})"

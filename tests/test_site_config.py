@@ -270,3 +270,29 @@ def test_default_dashboards_merge_the_two_regions(tmp_path: Path) -> None:
     assert result.returncode != 0
     out = result.stdout + result.stderr
     assert "many-to-many" in out or "got:" in out, out
+
+
+def test_a_site_without_run_labels_still_parses(tmp_path: Path) -> None:
+    """Target labels of job and instance alone: the groupings keep nothing more (``by (run)``)
+    and every query is still PromQL (``promtool check rules``)."""
+    out = tmp_path / "dashboards"
+    assert generate.main(["--set", "target_labels=job, instance", "-o", str(out)]) == 0
+    got = queries.extract_queries(queries.load_dashboards(out))
+    groupings = [labels for q in got for _, labels in _GROUPING_RE.findall(q.raw)]
+    assert "run" in groupings and "run, rank" in groupings
+    assert not [g for g in groupings if g.startswith(("cluster", ","))]
+    rules = {
+        "groups": [
+            {
+                "name": "dashboard_queries",
+                "rules": [{"record": f"q_{i}", "expr": q.expr} for i, q in enumerate(got)],
+            }
+        ]
+    }
+    path = tmp_path / "queries.rules.yml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(got)} rules found" in result.stdout

@@ -1,5 +1,6 @@
-"""The GPU memory dashboard's allocator row ("Runs: driver vs allocator"): per run and rank,
-the driver's view of GPU memory against the allocator's (torch), with the thresholds of
+"""The GPU memory dashboard's row "Runs: driver vs allocator", per run and rank.
+
+The driver's view of GPU memory against the allocator's (torch), with the thresholds of
 GPUGhostMemory, AllocatorMemoryLeak and AllocatorFragmentation drawn where a panel shows what
 they judge. A module of its own because the row is half of the dashboard
 (:mod:`grafana.boards.gpu_memory`, which places it)."""
@@ -15,15 +16,18 @@ ALLOC = "trainguard_run_allocator_allocated_bytes"
 
 
 def floor(site: Site) -> str:
-    """What a rank keeps across steps: the minimum of its allocated bytes over a few minutes
-    (AllocatorMemoryLeak's floor, over the site's ``leak_floor_window``), per device."""
+    """What a rank keeps across steps, per device: AllocatorMemoryLeak's floor.
+
+    The minimum of its allocated bytes over the site's ``leak_floor_window`` (a few minutes):
+    activations and temporaries inside a step do not raise it."""
     return f"min_over_time({ALLOC}{{{IR}}}[{site.duration('leak_floor_window')}])"
 
 
 def time_to_full(q: Promql) -> str:
-    """Seconds until the device is full at the floor's pace over the leak window (only where
-    it grows): the headroom above the recent peak over that pace, as AllocatorMemoryLeak
-    computes it."""
+    """Seconds until the device is full at the floor's pace, as AllocatorMemoryLeak computes it.
+
+    The headroom above the recent peak over the floor's pace over the site's ``leak_window``;
+    only where the floor grows."""
     site = q.site
     device = q.join_on("job, instance, run, rank, device")
     return (
@@ -37,8 +41,9 @@ def time_to_full(q: Promql) -> str:
 
 
 def split_share(q: Promql) -> str:
-    """AllocatorFragmentation's share: inactive split bytes over the free cache (reserved -
-    allocated), averaged over the site's ``frag_window``."""
+    """AllocatorFragmentation's share: inactive split bytes over the free cache.
+
+    The free cache is reserved - allocated; both averaged over the site's ``frag_window``."""
     window = q.site.duration("frag_window")
     device = q.join_on("job, instance, run, rank, device")
     return (
@@ -59,8 +64,9 @@ def increase(q: Promql, labels: str, metric: str, window: str) -> str:
 
 
 def runs(q: Promql) -> list[Panel]:
-    """Per run and rank, the driver's bytes against the allocator's: ghost memory,
-    fragmentation, retries and OOMs; the site's thresholds drawn and named."""
+    """Per run and rank, the driver's bytes against the allocator's.
+
+    Ghost memory, fragmentation, retries and OOMs, with the site's thresholds drawn and named."""
     site = q.site
     driver = q.by("run, rank", "trainguard_run_gpu_memory_used_bytes", "sum")
     reserved = q.by("run, rank", "trainguard_run_allocator_reserved_bytes", "sum")

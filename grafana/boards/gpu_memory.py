@@ -18,8 +18,10 @@ PER_GPU = "{{instance}} GPU {{gpu}}"
 
 
 def live_reserved_per_gpu(q: Promql) -> str:
-    """The live runs' allocator reserved bytes per GPU, joined by UUID (whatever
-    CUDA_VISIBLE_DEVICES made of the device index) and labelled with the GPU's NVML index."""
+    """The live runs' allocator reserved bytes per GPU.
+
+    Joined by UUID (whatever CUDA_VISIBLE_DEVICES made of the device index) and labelled with
+    the GPU's NVML index."""
     return (
         f"sum {q.group_by('instance, gpu')} (\n"
         f"  trainguard_run_allocator_reserved_bytes{{{IR}}}\n"
@@ -33,8 +35,9 @@ def live_reserved_per_gpu(q: Promql) -> str:
 
 
 def devices(q: Promql) -> list[Panel]:
-    """Each GPU as the driver sees it: used vs total, and memory no live process accounts for
-    (GPUUnattributedMemory's floor drawn)."""
+    """Each GPU as the driver sees it: used vs total, and memory no live process accounts for.
+
+    The unattributed memory panel turns red at the site's GPUUnattributedMemory floor."""
     unattributed_floor = q.site.bytes("unattributed_floor")
     return [
         ts(

@@ -26,8 +26,9 @@ RUN_STATE_MAPPINGS = value_mappings(("dead", "red"), ("alive", "green"), ("finis
 
 
 def run_state(q: Promql) -> str:
-    """2 = exited cleanly, 1 = process alive (PID and create time match), 0 = gone without a
-    clean exit."""
+    """Each rank's state: 2 exited cleanly, 1 alive, 0 gone without a clean exit (a death).
+
+    Alive is the exporter's judgement: the PID exists with the create time it recorded."""
     return (
         f"max {q.group_by('run, rank')} (\n"
         f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
@@ -38,17 +39,20 @@ def run_state(q: Promql) -> str:
 
 
 def steps_per_min(q: Promql) -> str:
-    """Steps per minute. deriv() rather than rate(): the step is a gauge that goes *down* when
-    a run resumes from an older checkpoint, and rate() would read that as a counter reset and
-    draw a spike of (new step / window). clamp_min hides the brief negative slope of a resume."""
+    """Each rank's steps per minute.
+
+    deriv() rather than rate(): the step is a gauge that goes *down* when a run resumes from an
+    older checkpoint, and rate() would read that as a counter reset and draw a spike of (new
+    step / window). clamp_min hides the brief negative slope of a resume."""
     return (
         f"clamp_min(max {q.group_by('run, rank')} (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
     )
 
 
 def steps_per_min_usual(q: Promql) -> str:
-    """The run's usual throughput, as TrainingThroughputDropped compares against it: the 90th
-    percentile of its steps per minute over the site's ``throughput_baseline``."""
+    """Each rank's usual steps per minute, as TrainingThroughputDropped compares against it.
+
+    The 90th percentile of its steps per minute over the site's ``throughput_baseline``."""
     return (
         "quantile_over_time(0.9, (\n"
         f"  {steps_per_min(q)}\n"
@@ -160,8 +164,9 @@ def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
 
 
 def progress(q: Promql) -> list[Panel]:
-    """Step, throughput, heartbeat and log age per rank: stalls and stragglers; the site's
-    stall thresholds drawn and named."""
+    """Step, throughput, heartbeat and log age per rank: stalls and stragglers.
+
+    The site's stall thresholds and throughput baseline are drawn and named."""
     site = q.site
     baseline = site.duration("throughput_baseline")
     stall_s = site.seconds("stall")
@@ -357,8 +362,9 @@ def exporter(q: Promql) -> list[Panel]:
 
 
 def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
-    """The dashboard for the site's thresholds and target labels; ``alert_names`` are the
-    alerts its "Firing" table shows."""
+    """The dashboard for the site's thresholds and target labels.
+
+    ``alert_names`` are the alerts its "Firing" table shows."""
     q = Promql(site)
     return dashboard(
         UID,
