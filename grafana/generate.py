@@ -95,8 +95,9 @@ def _to_dict(builder: db.Dashboard) -> dict[str, Any]:
 def build_dashboards(
     rules_file: Path = RULES_FILE, site: sites.Site | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Return ``{filename: dashboard JSON model}`` for every trainguard dashboard, for
-    ``site`` (default: the thresholds' defaults)."""
+    """Return ``{filename: dashboard JSON model}`` for every trainguard dashboard.
+
+    Built for ``site``'s thresholds and target labels (default: the thresholds' defaults)."""
     site = sites.Site.of(site)
     boards = [
         runs.build(site, alert_names(rules_file)),
