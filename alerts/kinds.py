@@ -1,6 +1,6 @@
 """The kinds of threshold value (duration, number, bytes, selector, url, xid codes, labels): how
 each is written, checked, and turned into the placeholders the rule templates use. A check raises
-ValueError with the reason; ``alerts/thresholds.py`` adds which threshold and kind it was."""
+ValueError with the reason; ``alerts/thresholds/`` adds which threshold and kind it was."""
 
 from __future__ import annotations
 

@@ -3,12 +3,21 @@
     python grafana/generate.py             # rewrite the committed JSON
     python grafana/generate.py --check     # write nothing; exit 1 if the committed JSON is stale
     python grafana/generate.py -o DIR      # write elsewhere
+    python grafana/generate.py --set target_labels="cluster, namespace, region, job, instance" \
+        --set leak_horizon=12h -o DIR      # a site's own dashboards (same options as the rules)
+
+The dashboards follow the same site configuration as the rules (``alerts/site.py``):
+``--set``, ``--config`` and ``--list`` are those of ``alerts/build.py``, so one set of
+overrides gives rules and dashboards that agree. Panels that show what an alert judges draw
+and name its threshold, and every aggregation and join keeps the site's target labels (all but
+``job`` and ``instance``, by which a run's exporters differ).
 
 Import it and call :func:`build_dashboards` for ``{filename: dashboard}`` and :func:`render`
 for the committed text. The dashboards themselves are in :mod:`grafana.boards` (one module
-each), built from :mod:`grafana.panels`, which says what every query filters on and why. The
-alerts the "Firing trainguard alerts" table shows are read from the rules file, so the table
-follows the rules without a hand-kept list.
+each), built from :mod:`grafana.panels` and :mod:`grafana.dashboard`; :mod:`grafana.promql`
+says what every query filters on and keeps, and why. The alerts the "Firing trainguard alerts"
+table shows are read from the rules file, so the table follows the rules without a hand-kept
+list.
 """
 
 from __future__ import annotations
@@ -28,13 +37,13 @@ import yaml
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from alerts.output import add_output_arguments, fail, write_or_check
+from alerts import site as sites
+from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from grafana.boards import checkpoints, gpu_memory, runs
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
 RULES_FILE = Path(__file__).resolve().parents[1] / "alerts" / "trainguard.rules.yml"
 PROGRAM = "grafana/generate.py"
-COMMAND = f"python {PROGRAM}"  # how the stale message tells a user to regenerate
 
 # Alert names go into a PromQL regex unescaped: plain identifiers only.
 _ALERT_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -83,9 +92,18 @@ def _to_dict(builder: db.Dashboard) -> dict[str, Any]:
     return d
 
 
-def build_dashboards(rules_file: Path = RULES_FILE) -> dict[str, dict[str, Any]]:
-    """Return ``{filename: dashboard JSON model}`` for every trainguard dashboard."""
-    boards = [runs.build(alert_names(rules_file)), gpu_memory.build(), checkpoints.build()]
+def build_dashboards(
+    rules_file: Path = RULES_FILE, site: sites.Site | None = None
+) -> dict[str, dict[str, Any]]:
+    """Return ``{filename: dashboard JSON model}`` for every trainguard dashboard.
+
+    Built for ``site``'s thresholds and target labels (default: the thresholds' defaults)."""
+    site = sites.Site.of(site)
+    boards = [
+        runs.build(site, alert_names(rules_file)),
+        gpu_memory.build(site),
+        checkpoints.build(site),
+    ]
     models = [_to_dict(board) for board in boards]
     return {f"{m['uid']}.json": m for m in models}
 
@@ -97,18 +115,28 @@ def render(dashboard: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (0, 1 stale with ``--check``, 2 bad input)."""
-    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog=PROGRAM,
+        description=(__doc__ or "").splitlines()[0],
+        epilog="The site configuration is the rules': see --list and alerts/README.md.",
+    )
     add_output_arguments(parser, DASHBOARD_DIR)
+    sites.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.output == "-":
-        return fail(parser.prog, "-o -: the dashboards are several files; give a directory")
     try:
-        dashboards = build_dashboards()
+        site = sites.from_arguments(args)
+        if args.list:
+            sys.stdout.write(sites.listing(site))
+            return 0
+        if args.output == "-":
+            return fail(PROGRAM, "-o -: the dashboards are several files; give a directory")
+        dashboards = build_dashboards(site=site)
     except (OSError, yaml.YAMLError, ValueError) as e:
-        return fail(parser.prog, str(e))
+        return fail(PROGRAM, str(e))
     out = Path(args.output)
     outputs = {out / name: render(d) for name, d in dashboards.items()}
-    return write_or_check(outputs, check=args.check, command=COMMAND)
+    return write_or_check(outputs, check=args.check, command=regenerate_command(PROGRAM, argv))
 
 
 if __name__ == "__main__":

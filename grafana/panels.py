@@ -1,16 +1,11 @@
-"""What every trainguard dashboard is built from: the dashboard skeleton, the panel builders and
-the label matchers, over grafana-foundation-sdk (Grafana 11.6 schema).
-
-The dashboards only use raw ``trainguard_*`` metrics (plus ``ALERTS``/``up``), so they work
-without the recording rules. Every query is filtered on ``cluster=~"$cluster"`` and
-``instance=~"$instance"`` (:data:`I`) and, where the metric has a ``run`` label, on
-``run=~"$run"`` (:data:`IR`). Per-rank series are kept where a straggler matters (step,
-heartbeat, allocator); summaries are aggregated by ``run`` so a run spread over several nodes
-(one exporter each) reads as one line, and every aggregation and join keeps ``cluster`` and
-``namespace`` (:data:`TARGET`) so that same-named runs of two clusters stay two.
+"""The panel builders every trainguard dashboard is made of, over grafana-foundation-sdk
+(Grafana 11.6 schema): time series, stats, bar gauges, tables and state timelines, and their
+queries and field settings.
 
 The builders take the few things that differ between panels (title, description, unit,
-queries, size, thresholds) and fix everything else, so the dashboards look alike.
+queries, size, thresholds) and fix everything else, so the dashboards look alike. What the
+queries filter on and keep is :mod:`grafana.promql`; the dashboard around the panels (variables,
+links, rows) is :mod:`grafana.dashboard`.
 """
 
 from __future__ import annotations
@@ -33,8 +28,6 @@ from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models.dashboard import (
-    DashboardCursorSync,
-    DashboardLinkType,
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
@@ -43,9 +36,6 @@ from grafana_foundation_sdk.models.dashboard import (
     ThresholdsMode,
     ValueMap,
     ValueMappingResult,
-    VariableOption,
-    VariableRefresh,
-    VariableSort,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -61,25 +51,8 @@ Steps = Sequence[tuple[float | None, str]]
 #: The Prometheus data source, chosen by the ``$datasource`` variable.
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
-#: The labels that tell two same-named runs apart: a run spans exporters (one per node) but
-#: never two clusters or namespaces. Kept in every aggregation and join; absent (a single
-#: Prometheus without those labels) they change nothing.
-TARGET = "cluster, namespace"
-
-# Label matchers used in every query. `cluster=~""` (the variable with no values: no cluster
-# label anywhere) matches series without the label.
-I = 'cluster=~"$cluster", instance=~"$instance"'  # noqa: E741 - short: in every expression
-R = 'run=~"$run"'
-IR = f"{I}, {R}"
-
 OK_THRESHOLDS: Steps = ((None, "green"),)
 NONZERO_IS_BAD: Steps = ((None, "green"), (1, "red"))
-
-
-def by(labels: str, metric: str, op: str = "max", matchers: str = IR) -> str:
-    """``op by (cluster, namespace, labels) (metric{matchers})``: one series per ``labels``
-    whatever the exporter, kept apart per cluster and namespace (see :data:`TARGET`)."""
-    return f"{op} by ({TARGET}, {labels}) ({metric}{{{matchers}}})"
 
 
 def value_mappings(*texts: tuple[str, str]) -> list[Any]:
@@ -355,100 +328,3 @@ def state_timeline(
         .row_height(0.8)
         .fill_opacity(80)
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Dashboard skeleton
-# --------------------------------------------------------------------------------------------
-
-
-def _query_variable(name: str, label: str, description: str, query: str) -> Any:
-    """A multi-select label variable whose "All" is ``.*`` and that refreshes with the time
-    range (runs come and go)."""
-    return (
-        db.QueryVariable(name)
-        .label(label)
-        .description(description)
-        .datasource(DS)
-        .query(query)
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-        .multi(True)
-        .include_all(True)
-        .all_value(".*")
-        .current(VariableOption(selected=True, text=["All"], value=["$__all"]))
-    )
-
-
-def _variables() -> list[Any]:
-    """``$datasource``, ``$cluster``, ``$instance`` and ``$run``. "All" is ``.*`` (a regex, not
-    a huge alternation); the lists refresh with the time range because runs come and go."""
-    return [
-        db.DatasourceVariable("datasource")
-        .label("Data source")
-        .description("Prometheus that scrapes the trainguard exporters.")
-        .type("prometheus"),
-        _query_variable(
-            "cluster",
-            "Cluster",
-            "The `cluster` label of the trainguard series (an external label or a target label "
-            "of your Prometheus setup); empty where there is none.",
-            "label_values(trainguard_exporter_build_info, cluster)",
-        ),
-        _query_variable(
-            "instance",
-            "Exporter",
-            "trainguard exporter (one per GPU host).",
-            'label_values(trainguard_exporter_build_info{cluster=~"$cluster"}, instance)',
-        ),
-        _query_variable(
-            "run",
-            "Run",
-            "Training run (the `run` label), across the selected exporters.",
-            f"label_values(trainguard_run_info{{{I}}}, run)",
-        ),
-    ]
-
-
-def dashboard(
-    uid: str, title: str, description: str, rows: Sequence[tuple[str, Sequence[Panel]]]
-) -> db.Dashboard:
-    """A trainguard dashboard: the shared variables, links and settings, then ``rows`` of
-    ``(row title, panels)``, each panel placed left to right, wrapping at the grid's width."""
-    d = (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
-        .tags(["trainguard"])
-        .editable()
-        .refresh("30s")
-        .time("now-6h", "now")
-        .timezone("browser")
-        .tooltip(DashboardCursorSync.CROSSHAIR)
-        .link(
-            db.DashboardLink("trainguard")
-            .type(DashboardLinkType.DASHBOARDS)
-            .tags(["trainguard"])
-            .as_dropdown(True)
-            .icon("external link")
-            .include_vars(True)
-            .keep_time(True)
-        )
-        .annotation(
-            db.AnnotationQuery()
-            .name("Annotations & Alerts")
-            .datasource(DataSourceRef(type_val="grafana", uid="-- Grafana --"))
-            .enable(True)
-            .hide(True)
-            .icon_color("rgba(0, 211, 255, 1)")
-            .type("dashboard")
-            .built_in(1)
-        )
-    )
-    for v in _variables():
-        d = d.with_variable(v)
-    for row_title, panels in rows:
-        d = d.with_row(db.Row(row_title))
-        for panel in panels:
-            d = d.with_panel(panel)
-    return d

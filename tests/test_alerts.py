@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts import build, kinds, thresholds
+from alerts import build, kinds, site, thresholds
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import PLACEHOLDER
 from helpers.exporter_proc import Exporter
@@ -291,7 +291,7 @@ def test_list_prints_every_threshold_as_a_config(
     # The listing is a valid --config: feeding it back gives the same rules.
     config = tmp_path / "listed.yml"
     config.write_text(text, encoding="utf-8")
-    assert build.render(thresholds.load_config(config)) == build.render({"stall": "1h"})
+    assert build.render(site.load_config(config)) == build.render({"stall": "1h"})
 
 
 def test_every_placeholder_is_known_and_every_threshold_used() -> None:

@@ -1,7 +1,7 @@
 """What every rule module uses: the rule types, the placeholder syntax, and Go-template snippets
 that print a query's value inside an annotation.
 
-Placeholders are ``${name}``: a threshold (``alerts/thresholds.py``) or a snippet of the
+Placeholders are ``${name}``: a threshold (``alerts/thresholds/``) or a snippet of the
 rule's group. The syntax cannot meet Prometheus' own templates (``{{ $labels.run }}``: a ``$``
 is never followed by ``{`` there) nor PromQL (``[5m]``, ``{job="x"}``), so both are written
 literally, as Prometheus reads them.

@@ -6,33 +6,30 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
-from grafana.panels import (
-    IR,
-    NONZERO_IS_BAD,
-    Panel,
-    Steps,
-    by,
-    dashboard,
-    stat_panel,
-    table_panel,
-    ts,
-)
-from grafana.panels import TARGET as T
+from alerts.site import Site
+from grafana.dashboard import dashboard
+from grafana.panels import NONZERO_IS_BAD, Panel, Steps, stat_panel, table_panel, ts
+from grafana.promql import IR, Promql
 
 UID = "trainguard-checkpoints"
 
 PER_LOCATION = "{{run}} {{location}}"
 
 
-def by_loc(metric: str) -> str:
+def by_loc(q: Promql, metric: str) -> str:
     """One value per run and location: several exporters may see the same shared directory."""
-    return by("run, location", metric)
+    return q.by("run, location", metric)
 
 
-AGE = "time() - " + by_loc("trainguard_checkpoint_last_timestamp_seconds")
-FREE = by("run, location", "trainguard_checkpoint_filesystem_avail_bytes", "min")
-SIZE = by("run, location, step", "trainguard_checkpoint_size_bytes")
-EXPECTED = by("run, location, step", "trainguard_checkpoint_expected_size_bytes")
+def age(q: Promql) -> str:
+    """Seconds since the newest complete checkpoint per run and location was written."""
+    return "time() - " + by_loc(q, "trainguard_checkpoint_last_timestamp_seconds")
+
+
+def free(q: Promql) -> str:
+    """Free bytes on the volume of each run's location."""
+    return q.by("run, location", "trainguard_checkpoint_filesystem_avail_bytes", "min")
+
 
 # (title, metric, description, thresholds) of the problem-file counters.
 PROBLEM_FILES: list[tuple[str, str, str, Steps]] = [
@@ -61,20 +58,20 @@ PROBLEM_FILES: list[tuple[str, str, str, Steps]] = [
 ]
 
 
-def overview() -> list[Panel]:
+def overview(q: Promql) -> list[Panel]:
     """One table row per run and location, then the problem-file totals."""
     locations = table_panel(
         "Checkpoint locations",
         "One row per run and location (primary or a mirror): newest complete step, when "
         "it was written, files and bytes, problem files and free space.",
         [
-            by_loc("trainguard_checkpoint_last_step"),
-            by_loc("trainguard_checkpoint_last_timestamp_seconds") + " * 1000",
-            AGE,
-            by_loc("trainguard_checkpoint_files"),
-            by_loc("trainguard_checkpoint_bytes"),
-            *(by_loc(metric) for _, metric, _, _ in PROBLEM_FILES),
-            FREE,
+            by_loc(q, "trainguard_checkpoint_last_step"),
+            by_loc(q, "trainguard_checkpoint_last_timestamp_seconds") + " * 1000",
+            age(q),
+            by_loc(q, "trainguard_checkpoint_files"),
+            by_loc(q, "trainguard_checkpoint_bytes"),
+            *(by_loc(q, metric) for _, metric, _, _ in PROBLEM_FILES),
+            free(q),
         ],
         columns={
             "run": ("Run", ""),
@@ -95,7 +92,7 @@ def overview() -> list[Panel]:
             title,
             description,
             "none",
-            (f"sum({by_loc(metric)}) or vector(0)", title.lower()),
+            (f"sum({by_loc(q, metric)}) or vector(0)", title.lower()),
             thresholds=steps,
             w=8,
         )
@@ -104,7 +101,7 @@ def overview() -> list[Panel]:
     return [locations, *totals]
 
 
-def progress() -> list[Panel]:
+def progress(q: Promql) -> list[Panel]:
     """Newest complete step and its age, per location: a lagging mirror reads lower."""
     return [
         ts(
@@ -116,9 +113,9 @@ def progress() -> list[Panel]:
             "warn), above all of them it pages.",
             "none",
             [
-                (by_loc("trainguard_checkpoint_last_step"), PER_LOCATION),
+                (by_loc(q, "trainguard_checkpoint_last_step"), PER_LOCATION),
                 (
-                    by("run, location, damage", "trainguard_checkpoint_newest_damaged_step"),
+                    q.by("run, location, damage", "trainguard_checkpoint_newest_damaged_step"),
                     PER_LOCATION + " damaged ({{damage}})",
                 ),
             ],
@@ -129,14 +126,16 @@ def progress() -> list[Panel]:
             "Seconds since the newest complete checkpoint per run and location was written "
             "(CheckpointStale).",
             "s",
-            [(AGE, PER_LOCATION)],
+            [(age(q), PER_LOCATION)],
             minimum=0,
         ),
     ]
 
 
-def integrity() -> list[Panel]:
+def integrity(q: Promql) -> list[Panel]:
     """Sizes on disk against the sizes recorded at write time, and the problem files."""
+    size = q.by("run, location, step", "trainguard_checkpoint_size_bytes")
+    expected = q.by("run, location, step", "trainguard_checkpoint_expected_size_bytes")
     ratio_colors = [
         DynamicConfigValue(
             id_val="thresholds",
@@ -157,7 +156,7 @@ def integrity() -> list[Panel]:
             "For the newest checkpoints of each location: size on disk, size recorded when it "
             "was written, and their ratio. Below 100% is a truncated file (a 73% mirror passes "
             "a 'bigger than 50 MB' check; it does not pass this one).",
-            [SIZE, EXPECTED, f"{SIZE}\n/ {EXPECTED}"],
+            [size, expected, f"{size}\n/ {expected}"],
             columns={
                 "run": ("Run", ""),
                 "location": ("Location", ""),
@@ -177,7 +176,7 @@ def integrity() -> list[Panel]:
             "percentunit",
             [
                 (
-                    f"min by ({T}, run, location) (\n"
+                    f"min {q.group_by('run, location')} (\n"
                     f"  trainguard_checkpoint_size_bytes{{{IR}}}\n"
                     f"  / trainguard_checkpoint_expected_size_bytes{{{IR}}}\n"
                     ")",
@@ -193,7 +192,7 @@ def integrity() -> list[Panel]:
             "Problem files per run and location over time.",
             "none",
             [
-                (by_loc(metric), f"{PER_LOCATION} {name}")
+                (by_loc(q, metric), f"{PER_LOCATION} {name}")
                 for metric, name in (
                     ("trainguard_checkpoint_truncated_files", "truncated"),
                     ("trainguard_checkpoint_hash_mismatch_files", "hash mismatch"),
@@ -207,13 +206,13 @@ def integrity() -> list[Panel]:
             "Age of the oldest .part file per run and location. A save in progress is young; "
             "one that keeps ageing was abandoned by a crash (CheckpointPartialOrphaned).",
             "s",
-            [(by_loc("trainguard_checkpoint_oldest_partial_age_seconds"), PER_LOCATION)],
+            [(by_loc(q, "trainguard_checkpoint_oldest_partial_age_seconds"), PER_LOCATION)],
             minimum=0,
         ),
     ]
 
 
-def storage() -> list[Panel]:
+def storage(q: Promql) -> list[Panel]:
     """Free space, when it runs out, and what the checkpoints take."""
     return [
         ts(
@@ -226,13 +225,13 @@ def storage() -> list[Panel]:
             "(CheckpointWillNotFit).",
             "bytes",
             [
-                (FREE, f"{PER_LOCATION} free"),
+                (free(q), f"{PER_LOCATION} free"),
                 (
-                    by("run, location", "trainguard_checkpoint_size_bytes", "max"),
+                    q.by("run, location", "trainguard_checkpoint_size_bytes", "max"),
                     f"{PER_LOCATION} largest checkpoint",
                 ),
                 (
-                    f"min by ({T}, run, location) (predict_linear("
+                    f"min {q.group_by('run, location')} (predict_linear("
                     f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",
                     f"{PER_LOCATION} forecast +4h",
                 ),
@@ -246,7 +245,7 @@ def storage() -> list[Panel]:
             "s",
             [
                 (
-                    f"min by ({T}, run, location) (\n"
+                    f"min {q.group_by('run, location')} (\n"
                     f"  trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}\n"
                     f"  / (-deriv(trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h]) > 0)\n"
                     ")",
@@ -260,30 +259,31 @@ def storage() -> list[Panel]:
             "Checkpoint bytes per location",
             "Total bytes of checkpoint files per run and location.",
             "bytes",
-            [(by_loc("trainguard_checkpoint_bytes"), PER_LOCATION)],
+            [(by_loc(q, "trainguard_checkpoint_bytes"), PER_LOCATION)],
             minimum=0,
         ),
         ts(
             "Checkpoint files per location",
             "Number of checkpoint files per run and location (pruning keeps it bounded).",
             "none",
-            [(by_loc("trainguard_checkpoint_files"), PER_LOCATION)],
+            [(by_loc(q, "trainguard_checkpoint_files"), PER_LOCATION)],
             minimum=0,
         ),
     ]
 
 
-def build() -> db.Dashboard:
-    """The dashboard."""
+def build(site: Site) -> db.Dashboard:
+    """The dashboard, for the site's target labels."""
+    q = Promql(site)
     return dashboard(
         UID,
         "Checkpoints",
         "Newest complete checkpoint per run and location, sizes vs the sizes recorded at write "
         "time, truncated / mismatched / partial files and free space.",
         [
-            ("Overview", overview()),
-            ("Progress", progress()),
-            ("Integrity", integrity()),
-            ("Storage", storage()),
+            ("Overview", overview(q)),
+            ("Progress", progress(q)),
+            ("Integrity", integrity(q)),
+            ("Storage", storage(q)),
         ],
     )

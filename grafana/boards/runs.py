@@ -7,59 +7,68 @@ from collections.abc import Sequence
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
+from alerts.site import Site
+from grafana.dashboard import dashboard
 from grafana.panels import (
-    IR,
     NONZERO_IS_BAD,
-    I,
     Panel,
-    by,
-    dashboard,
     stat_panel,
     state_timeline,
     table_panel,
     ts,
     value_mappings,
 )
-from grafana.panels import TARGET as T
+from grafana.promql import IR, I, Promql
 
 UID = "trainguard-runs"
 
 RUN_STATE_MAPPINGS = value_mappings(("dead", "red"), ("alive", "green"), ("finished", "blue"))
 
-# 2 = exited cleanly, 1 = process alive (PID and create time match), 0 = gone without a clean exit.
-RUN_STATE_EXPR = (
-    f"max by ({T}, run, rank) (\n"
-    f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
-    f"  or on ({T}, instance, run, rank)\n"
-    f"  trainguard_run_process_up{{{IR}}}\n"
-    ")"
-)
 
-# Steps per minute. deriv() rather than rate(): the step is a gauge that goes *down* when a run
-# resumes from an older checkpoint, and rate() would read that as a counter reset and draw a
-# spike of (new step / window). clamp_min hides the brief negative slope of a resume.
-STEPS_PER_MIN_EXPR = (
-    f"clamp_min(max by ({T}, run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
-)
+def run_state(q: Promql) -> str:
+    """Each rank's state: 2 exited cleanly, 1 alive, 0 gone without a clean exit (a death).
 
-# The run's usual throughput, as TrainingThroughputDropped compares against it: the 90th
-# percentile of its steps per minute over the last 6 hours.
-STEPS_PER_MIN_USUAL_EXPR = (
-    "quantile_over_time(0.9, (\n"
-    f"  clamp_min(max by ({T}, run, rank) (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60\n"
-    ")[6h:1m])"
-)
+    Alive is the exporter's judgement: the PID exists with the create time it recorded."""
+    return (
+        f"max {q.group_by('run, rank')} (\n"
+        f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
+        f"  or {q.join_on('instance, run, rank')}\n"
+        f"  trainguard_run_process_up{{{IR}}}\n"
+        ")"
+    )
 
-STEP = by("run, rank", "trainguard_run_step")
+
+def steps_per_min(q: Promql) -> str:
+    """Each rank's steps per minute.
+
+    deriv() rather than rate(): the step is a gauge that goes *down* when a run resumes from an
+    older checkpoint, and rate() would read that as a counter reset and draw a spike of (new
+    step / window). clamp_min hides the brief negative slope of a resume."""
+    return (
+        f"clamp_min(max {q.group_by('run, rank')} (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
+    )
+
+
+def steps_per_min_usual(q: Promql) -> str:
+    """Each rank's usual steps per minute, as TrainingThroughputDropped compares against it.
+
+    The 90th percentile of its steps per minute over the site's ``throughput_baseline``."""
+    return (
+        "quantile_over_time(0.9, (\n"
+        f"  {steps_per_min(q)}\n"
+        f")[{q.site.duration('throughput_baseline')}:1m])"
+    )
+
+
 # Ages measured by the exporter on the training host: right even when that host's clock and
 # Prometheus's disagree, unlike time() - a timestamp the trainer wrote.
-HEARTBEAT_AGE = by("run, rank", "trainguard_run_heartbeat_age_seconds")
-STEP_AGE = by("run, rank", "trainguard_run_step_age_seconds")
+HEARTBEAT_AGE = "trainguard_run_heartbeat_age_seconds"
+STEP_AGE = "trainguard_run_step_age_seconds"
 PER_RANK = "{{run}} rank {{rank}}"
 PER_LOCATION = "{{run}} {{location}}"
 
 
-def status(alert_names: Sequence[str]) -> list[Panel]:
+def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
     """Firing alerts, the state of every rank, and one table of every run now."""
     # Exact names, sorted: the panel shows the rules' alerts and nothing else.
     alerts = "|".join(sorted(set(alert_names)))
@@ -82,7 +91,7 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "alive = the rank's PID exists with the recorded create time; finished = the run "
             "wrote its clean-exit marker; dead = the process is gone without a clean exit "
             "(kill -9, OOM killer, reboot) or the PID was reused by another process.",
-            (RUN_STATE_EXPR, PER_RANK),
+            (run_state(q), PER_RANK),
             RUN_STATE_MAPPINGS,
         ),
         stat_panel(
@@ -98,7 +107,8 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "none",
             (
                 f"count(\n  trainguard_run_process_up{{{IR}}} == 0\n"
-                f"  unless on ({T}, instance, run, rank) trainguard_run_finished{{{IR}}} == 1\n"
+                f"  unless {q.join_on('instance, run, rank')}"
+                f" trainguard_run_finished{{{IR}}} == 1\n"
                 ") or vector(0)",
                 "dead",
             ),
@@ -116,7 +126,7 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "Deaths recorded by the reporter when a run restarted under the same name, summed "
             "over the selected runs.",
             "none",
-            (f"sum({by('run', 'trainguard_run_deaths_total')}) or vector(0)", "deaths"),
+            (f"sum({q.by('run', 'trainguard_run_deaths_total')}) or vector(0)", "deaths"),
             thresholds=NONZERO_IS_BAD,
         ),
         table_panel(
@@ -124,12 +134,12 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
             "One row per run and rank: where it runs, its state, step, throughput and how old "
             "its heartbeat is. State: 0 dead, 1 alive, 2 finished.",
             [
-                by("run, rank, host, pid", "trainguard_run_info"),
-                RUN_STATE_EXPR,
-                STEP,
-                STEPS_PER_MIN_EXPR,
-                HEARTBEAT_AGE,
-                by("run, rank", "trainguard_run_heartbeat_timestamp_seconds") + " * 1000",
+                q.by("run, rank, host, pid", "trainguard_run_info"),
+                run_state(q),
+                q.by("run, rank", "trainguard_run_step"),
+                steps_per_min(q),
+                q.by("run, rank", HEARTBEAT_AGE),
+                q.by("run, rank", "trainguard_run_heartbeat_timestamp_seconds") + " * 1000",
             ],
             columns={
                 "run": ("Run", ""),
@@ -153,27 +163,32 @@ def status(alert_names: Sequence[str]) -> list[Panel]:
     ]
 
 
-def progress() -> list[Panel]:
-    """Step, throughput, heartbeat and log age per rank: stalls and stragglers."""
+def progress(q: Promql) -> list[Panel]:
+    """Step, throughput, heartbeat and log age per rank: stalls and stragglers.
+
+    The site's stall thresholds and throughput baseline are drawn and named."""
+    site = q.site
+    baseline = site.duration("throughput_baseline")
+    stall_s = site.seconds("stall")
     return [
         ts(
             "Step",
             "Current training step per rank, from the heartbeat. A flat line while the rank is "
             "alive is a stall (TrainingStalled).",
             "none",
-            [(STEP, PER_RANK)],
+            [(q.by("run, rank", "trainguard_run_step"), PER_RANK)],
         ),
         ts(
             "Steps per minute",
             "Training throughput per rank: clamp_min(deriv(step[5m]), 0) * 60. deriv, not rate: "
             "the step is a gauge that drops when a run resumes from an older checkpoint. A rank "
             "below its peers is a straggler; 0 while alive is a stall. Dashed: its usual rate, "
-            "the 90th percentile over the last 6 hours; well below it for a while is "
+            f"the 90th percentile over the last {baseline}; well below it for a while is "
             "TrainingThroughputDropped (ghost memory after a crash, throttling, a slow source).",
             "none",
             [
-                (STEPS_PER_MIN_EXPR, PER_RANK),
-                (STEPS_PER_MIN_USUAL_EXPR, PER_RANK + " usual (p90 6h)"),
+                (steps_per_min(q), PER_RANK),
+                (steps_per_min_usual(q), PER_RANK + f" usual (p90 {baseline})"),
             ],
             minimum=0,
             dashed="/usual/",
@@ -182,10 +197,10 @@ def progress() -> list[Panel]:
             "Time since last step",
             "Seconds since each rank's last step (trainguard_run_step_age_seconds, measured by "
             "the exporter on the training host, so clock skew does not show). A sawtooth whose "
-            "teeth are the run's step interval; a tooth three times taller than the usual ones "
-            "(at least 10 minutes) is TrainingStalled.",
+            f"teeth are the run's step interval; a tooth {site.shown('stall_factor')} times taller "
+            f"than the usual ones (at least {site.shown('stall')}) is TrainingStalled.",
             "s",
-            [(STEP_AGE, PER_RANK)],
+            [(q.by("run, rank", STEP_AGE), PER_RANK)],
             minimum=0,
         ),
         ts(
@@ -195,8 +210,9 @@ def progress() -> list[Panel]:
             "least every 10 s while the process runs; growing without bound: the rank hangs or "
             "died.",
             "s",
-            [(HEARTBEAT_AGE, PER_RANK)],
-            thresholds=((None, "green"), (300, "orange"), (600, "red")),
+            [(q.by("run, rank", HEARTBEAT_AGE), PER_RANK)],
+            # red where TrainingStalled judges a missing heartbeat, orange half way
+            thresholds=((None, "green"), (stall_s // 2, "orange"), (stall_s, "red")),
             minimum=0,
         ),
         ts(
@@ -204,14 +220,19 @@ def progress() -> list[Panel]:
             "Seconds since the run's configured log file was last modified (runs with a "
             "log_file only). The watchdog that used to fire 20 minutes late (TrainingLogStale).",
             "s",
-            [("time() - " + by("run", "trainguard_run_log_modified_timestamp_seconds"), "{{run}}")],
+            [
+                (
+                    "time() - " + q.by("run", "trainguard_run_log_modified_timestamp_seconds"),
+                    "{{run}}",
+                )
+            ],
             thresholds=((None, "green"), (600, "orange"), (1200, "red")),
             minimum=0,
         ),
     ]
 
 
-def checkpoints() -> list[Panel]:
+def checkpoints(q: Promql) -> list[Panel]:
     """How old each run's newest checkpoint is, and how many steps a death would lose."""
     return [
         ts(
@@ -222,7 +243,7 @@ def checkpoints() -> list[Panel]:
             [
                 (
                     "time() - "
-                    + by("run, location", "trainguard_checkpoint_last_timestamp_seconds"),
+                    + q.by("run, location", "trainguard_checkpoint_last_timestamp_seconds"),
                     PER_LOCATION,
                 )
             ],
@@ -235,9 +256,9 @@ def checkpoints() -> list[Panel]:
             "none",
             [
                 (
-                    f"{by('run', 'trainguard_run_step')}\n"
-                    f"- on ({T}, run) group_right\n"
-                    f"{by('run, location', 'trainguard_checkpoint_last_step')}",
+                    f"{q.by('run', 'trainguard_run_step')}\n"
+                    f"- {q.join_on('run')} group_right\n"
+                    f"{q.by('run, location', 'trainguard_checkpoint_last_step')}",
                     PER_LOCATION,
                 )
             ],
@@ -246,7 +267,7 @@ def checkpoints() -> list[Panel]:
     ]
 
 
-def deaths() -> list[Panel]:
+def deaths(q: Promql) -> list[Panel]:
     """Deaths the reporter recorded when a run restarted under the same name."""
     return [
         table_panel(
@@ -257,11 +278,11 @@ def deaths() -> list[Panel]:
             "TrainingProcessRestarted (also when a supervisor restarted the run before any "
             "scrape saw it dead); the same step twice is RepeatedDeathNearSameStep.",
             [
-                by("run", "trainguard_run_deaths_total"),
-                by("run", "trainguard_run_last_death_step"),
-                by("run", "trainguard_run_last_death_timestamp_seconds") + " * 1000",
-                by("run, cause", "trainguard_run_last_death_info"),
-                by("run", "trainguard_run_last_death_age_seconds", "min"),
+                q.by("run", "trainguard_run_deaths_total"),
+                q.by("run", "trainguard_run_last_death_step"),
+                q.by("run", "trainguard_run_last_death_timestamp_seconds") + " * 1000",
+                q.by("run, cause", "trainguard_run_last_death_info"),
+                q.by("run", "trainguard_run_last_death_age_seconds", "min"),
             ],
             columns={
                 "run": ("Run", ""),
@@ -281,7 +302,7 @@ def deaths() -> list[Panel]:
             "none",
             [
                 (
-                    f"max by ({T}, run) (increase(trainguard_run_deaths_total{{{IR}}}"
+                    f"max {q.group_by('run')} (increase(trainguard_run_deaths_total{{{IR}}}"
                     "[$__rate_interval]))",
                     "{{run}}",
                 )
@@ -292,7 +313,7 @@ def deaths() -> list[Panel]:
     ]
 
 
-def exporter() -> list[Panel]:
+def exporter(q: Promql) -> list[Panel]:
     """The exporters themselves: collectors failing or slow, versions, scrapeable or not."""
     build_info = f"last_over_time(trainguard_exporter_build_info{{{I}}}[1d])"
     return [
@@ -301,7 +322,7 @@ def exporter() -> list[Panel]:
             "Whether each collector of each exporter succeeded at its last scrape. One failing "
             "collector does not hide the others (TrainguardCollectorFailing).",
             (
-                by("instance, collector", "trainguard_collector_success", "min", I),
+                q.by("instance, collector", "trainguard_collector_success", "min", I),
                 "{{instance}} {{collector}}",
             ),
             value_mappings(("failing", "red"), ("ok", "green")),
@@ -313,7 +334,7 @@ def exporter() -> list[Panel]:
             "s",
             [
                 (
-                    by("instance, collector", "trainguard_collector_duration_seconds", "max", I),
+                    q.by("instance, collector", "trainguard_collector_duration_seconds", "max", I),
                     "{{instance}} {{collector}}",
                 )
             ],
@@ -324,8 +345,9 @@ def exporter() -> list[Panel]:
             "Exporters seen in the time range, their version and whether Prometheus can scrape "
             "them now (up).",
             [
-                f"max by ({T}, instance, version) ({build_info})",
-                f"max by ({T}, instance) (up{{{I}}} and on ({T}, instance, job) {build_info})",
+                f"max {q.group_by('instance, version')} ({build_info})",
+                f"max {q.group_by('instance')} "
+                f"(up{{{I}}} and {q.join_on('instance, job')} {build_info})",
             ],
             columns={
                 "instance": ("Exporter", ""),
@@ -339,17 +361,20 @@ def exporter() -> list[Panel]:
     ]
 
 
-def build(alert_names: Sequence[str]) -> db.Dashboard:
-    """The dashboard; ``alert_names`` are the alerts its "Firing" table shows."""
+def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
+    """The dashboard for the site's thresholds and target labels.
+
+    ``alert_names`` are the alerts its "Firing" table shows."""
+    q = Promql(site)
     return dashboard(
         UID,
         "Training runs",
         "Is each training run alive, progressing, checkpointed? Deaths and firing alerts.",
         [
-            ("Status", status(alert_names)),
-            ("Progress", progress()),
-            ("Checkpoints", checkpoints()),
-            ("Deaths", deaths()),
-            ("Exporter", exporter()),
+            ("Status", status(q, alert_names)),
+            ("Progress", progress(q)),
+            ("Checkpoints", checkpoints(q)),
+            ("Deaths", deaths(q)),
+            ("Exporter", exporter(q)),
         ],
     )
