@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from alerts import build, thresholds
+from alerts import build, site, thresholds
 from trainguard.exporter import cli, terminal
 from trainguard.exporter.config import ConfigError, load_config
 from trainguard.shared.units import format_duration, format_size, parse_duration, parse_size
@@ -150,7 +150,7 @@ def _terminal_flag(text: str) -> float:
 
 
 def _threshold(text: str) -> float:
-    return float(thresholds.resolve(thresholds.parse_set([f"stall={text}"]))["stall_s"])
+    return float(thresholds.resolve(site.parse_set([f"stall={text}"]))["stall_s"])
 
 
 @pytest.mark.parametrize("text", ["1w", "1h30m", "90s", "300", "2d12h", "1y"])
