@@ -27,7 +27,8 @@ from trainguard.shared.fileio import (
 from trainguard.shared.listing import Listing, read_listing
 from trainguard.shared.manifest import MANIFEST_DIR, ManifestError, remove_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, CheckpointPattern
-from trainguard.shared.steps import DEFAULT_LAYOUT, StepDir, walk
+from trainguard.shared.stepdir import StepDir, walk
+from trainguard.shared.steps import DEFAULT_LAYOUT
 from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
 
 #: a step directory being deleted is first renamed to a hidden name with this in it, so that
