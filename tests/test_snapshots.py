@@ -26,6 +26,7 @@ from helpers import cuda_snapshot
 from helpers.exporter_proc import Exporter, child_env, select, value
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
+from trainguard.run import snapshot_requests
 from trainguard.run import snapshots as snap
 from trainguard.run.reporter import Run
 from trainguard.shared.heartbeat import (
@@ -551,7 +552,7 @@ def test_dump_constants_are_documented() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert f"{snap.MAX_OOM_SNAPSHOTS} OOM snapshots" in readme
     assert f"{snap.HISTORY_ENTRIES:,}" in readme
-    assert f"{int(snap.REQUEST_MIN_GAP)} seconds" in readme
+    assert f"{int(snapshot_requests.REQUEST_MIN_GAP)} seconds" in readme
 
 
 def test_the_gpu_check_stops_before_cuda_on_this_machine(tmp_path: Path) -> None:
