@@ -31,8 +31,15 @@ from trainguard.checkpoint.part import (
     step_of,
 )
 from trainguard.checkpoint.transfer import HashingWriter
-from trainguard.shared.fileio import FILE_FLAGS, fsync_dir, sha256_fd, write_all
-from trainguard.shared.manifest import Record, remove_record, write_record
+from trainguard.shared.fileio import (
+    FILE_FLAGS,
+    UntrustedFileError,
+    fsync_dir,
+    read_untrusted,
+    sha256_fd,
+    write_all,
+)
+from trainguard.shared.manifest import MAX_DIR_RECORD_BYTES, Record, remove_record, write_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
 from trainguard.shared.stepdir import walk
 
@@ -136,10 +143,12 @@ def _read_shares(tmp: Path, world_size: int) -> dict[str, tuple[int, str | None]
     out: dict[str, tuple[int, str | None]] = {}
     for rank in range(world_size):
         share = tmp / f"{_SHARE}{rank}.json"
-        try:
-            doc = json.loads(share.read_bytes())
+        try:  # a share lists some of the files the record will: the record's cap holds
+            doc = json.loads(read_untrusted(share, MAX_DIR_RECORD_BYTES)[0])
         except FileNotFoundError:
             raise CheckpointError(f"rank {rank} did not finish its part of {tmp}") from None
+        except UntrustedFileError as exc:
+            raise CheckpointError(str(exc)) from None
         for rel, size, sha in doc:
             out[rel] = (size, sha)
     return out

@@ -20,7 +20,7 @@ from trainguard.shared.snapshots import (
     Request,
     SnapshotFileError,
     parse_request,
-    read_small,
+    read_request_or_reply,
     write_json,
 )
 
@@ -53,7 +53,7 @@ class Requests:
         not, in the reply."""
         path = self._dir / (self._stem + REQUEST_SUFFIX)
         try:
-            data, st = read_small(path)
+            data, st = read_request_or_reply(path)
         except FileNotFoundError:
             return
         except SnapshotFileError as exc:

@@ -33,7 +33,7 @@ def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> 
     :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run and
     rank inside it would get, so a copied or renamed file cannot pose as another run."""
     source = os.fspath(path)
-    hb = parse_heartbeat_bytes(_read_bounded(source), source)
+    hb = parse_heartbeat_bytes(_read_file(source), source)
     if check_name:
         expected = heartbeat_filename(hb.run, hb.rank)
         if os.path.basename(source) != expected:
@@ -83,7 +83,7 @@ def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
     return parse_heartbeat(data, source)
 
 
-def _read_bounded(source: str) -> bytes:
+def _read_file(source: str) -> bytes:
     try:
         return read_untrusted(source, MAX_BYTES)[0]
     except FileNotFoundError as exc:

@@ -140,7 +140,7 @@ def write_json(path: str | os.PathLike[str], doc: Any, mode: int = 0o644) -> Non
     replace_file(path, payload, mode)
 
 
-def read_small(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
+def read_request_or_reply(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
     """The bytes of a request or reply and its stat, read as every untrusted file is;
     FileNotFoundError when it is not there, :class:`SnapshotFileError` for anything else
     wrong with it."""
