@@ -200,7 +200,10 @@ def read_untrusted(
         chunks: list[bytes] = []
         total = 0
         while total <= cap:
-            chunk = os.read(fd, min(cap + 1 - total, _READ_CHUNK))
+            # what fstat said and one byte more (EOF, or a file that grew): no read allocates
+            # a buffer far larger than the file
+            want = max(st.st_size + 1 - total, _GROW_CHUNK)
+            chunk = os.read(fd, min(cap + 1 - total, want, _READ_CHUNK))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -216,7 +219,9 @@ def read_untrusted(
     return b"".join(chunks), st
 
 
+#: the most one read asks for, and what it asks for beyond the size fstat gave
 _READ_CHUNK = 1024 * 1024
+_GROW_CHUNK = 4096
 
 
 def _limit(cap: int) -> str:
