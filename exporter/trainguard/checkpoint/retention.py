@@ -14,11 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.checkpoint.part import lock
+from trainguard.checkpoint.part import DIR_FLAGS, lock
 from trainguard.shared.fileio import (
     FILE_FLAGS,
-    O_CLOEXEC,
-    O_DIRECTORY,
     O_NONBLOCK,
     fsync_dir,
     settled,
@@ -106,7 +104,7 @@ def _delete_dir(directory: Path, d: StepDir) -> bool:
     leaves a partial directory under a checkpoint's name. False, nothing deleted, otherwise."""
     path = directory / d.name
     try:
-        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC)
+        fd = os.open(path, DIR_FLAGS)
     except OSError:
         return False
     try:
