@@ -352,9 +352,9 @@ def _generated_manifests() -> dict[str, tuple[Callable[[Path], Path], str]]:
 
     return {
         "huge": (huge, "larger than 16384 bytes"),
-        "record-symlink-to-passwd": (link("/etc/passwd"), "is not a regular file (a link?)"),
-        "record-dangling-symlink": (link("/nonexistent/x.json"), "is not a regular file (a link?)"),
-        "record-fifo": (fifo, "is not a regular file"),
+        "record-symlink-to-passwd": (link("/etc/passwd"), "is a symbolic link; refused"),
+        "record-dangling-symlink": (link("/nonexistent/x.json"), "is a symbolic link; refused"),
+        "record-fifo": (fifo, "not a regular file; refused"),
         "record-not-plain-name": (not_plain, "not a record of a plain file name"),
         "manifest-dir-symlink": (manifest_dir_link, "is not a directory (a link or a file)"),
         "checkpoint-symlink-to-passwd": (checkpoint_link, "links are not followed"),

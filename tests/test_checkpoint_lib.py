@@ -7,6 +7,7 @@ import errno
 import fcntl
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.exporter_proc import child_env
-from trainguard.checkpoint import CheckpointError, copier, latest, mirror, prune, save
+from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save, transfer
 from trainguard.shared.manifest import MANIFEST_DIR, Record, read_record, record_path, write_record
 
 
@@ -152,6 +153,24 @@ def test_mirror_of_an_unrecorded_file_hashes_the_copy(tmp_path: Path) -> None:
     assert (rec.size, rec.sha256) == (1000, sha(data))
 
 
+def test_mirror_refuses_a_link_or_a_fifo_as_its_source(tmp_path: Path) -> None:
+    """A source that is not a regular file is refused by name: never followed, never waited on
+    (a FIFO opened for reading would block until a writer came)."""
+    p, m = tmp_path / "p", tmp_path / "m"
+    p.mkdir()
+    m.mkdir()
+    save(b"x" * 100, p / "step_1.bin")
+    (p / "step_2.bin").symlink_to(p / "step_1.bin")
+    os.mkfifo(p / "step_3.bin")
+    link = re.escape(f"{p / 'step_2.bin'}: is a symbolic link; refused")
+    with pytest.raises(CheckpointError, match=link):
+        mirror(p / "step_2.bin", m)
+    fifo = re.escape(f"{p / 'step_3.bin'}: not a regular file; refused")
+    with pytest.raises(CheckpointError, match=fifo):
+        mirror(p / "step_3.bin", m)
+    assert os.listdir(m) == []
+
+
 @pytest.mark.parametrize("broken", ["copy_file_range", "copy_file_range+sendfile"])
 def test_mirror_falls_back_when_the_kernel_cannot_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, broken: str
@@ -161,7 +180,7 @@ def test_mirror_falls_back_when_the_kernel_cannot_copy(
 
     for name in broken.split("+"):
         monkeypatch.setattr(os, name, exdev)
-    monkeypatch.setattr(copier, "COPY_CHUNK", 1 << 20)
+    monkeypatch.setattr(transfer, "COPY_CHUNK", 1 << 20)
     p, m = tmp_path / "p", tmp_path / "m"
     p.mkdir()
     m.mkdir()

@@ -26,6 +26,7 @@ from helpers import cuda_snapshot
 from helpers.exporter_proc import Exporter, child_env, select, value
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
+from trainguard.run import snapshot_requests
 from trainguard.run import snapshots as snap
 from trainguard.run.reporter import Run
 from trainguard.shared.heartbeat import (
@@ -553,7 +554,7 @@ def test_dump_constants_are_documented() -> None:
     text = " ".join(doc.read_text(encoding="utf-8").split())
     assert f"{snap.MAX_OOM_SNAPSHOTS} OOM snapshots" in text
     assert f"the last {snap.HISTORY_ENTRIES:,} allocation events" in text
-    assert f"at most one every {int(snap.REQUEST_MIN_GAP)} seconds" in text
+    assert f"at most one every {int(snapshot_requests.REQUEST_MIN_GAP)} seconds" in text
     assert f"less free than {snap.MIN_FREE_BYTES >> 30} GiB" in text
 
 

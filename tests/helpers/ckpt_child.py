@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainguard import checkpoint
-from trainguard.checkpoint import copier, writer
+from trainguard.checkpoint import transfer
 
 PIECE = 16 * 1024
 SIZE = 40 * PIECE + 123
@@ -158,8 +158,8 @@ def main() -> None:
 
 def run(args: argparse.Namespace) -> None:
     # small pieces, so that the data phase has as many kill points as the others
-    writer.SMALL_WRITE = 4096
-    copier.COPY_CHUNK = PIECE
+    transfer.SMALL_WRITE = 4096
+    transfer.COPY_CHUNK = PIECE
     injector = Injector(args.kill_at, args.partial, args.trace, args.throttle)
     if args.mode == "save":
         step = int(args.b)

@@ -15,13 +15,18 @@ torch is imported only when an object has to go through ``torch.save``. A checkp
 single regular file or a directory per step (written by ``save_dir`` or by a framework, see
 docs/checkpoints.md). Locking uses ``flock`` where the platform
 has it (POSIX); elsewhere the grace period alone protects files in flight.
+
+Modules, by the verbs they hold: ``save`` (``save``, ``save_dir``), ``mirror`` (``mirror``,
+``mirror_dir``), ``retention`` (``prune``, ``latest``), with ``part`` (the ``.part``
+discipline all writers follow) and ``transfer`` (moving and hashing the bytes) beneath them.
+The package re-exports the functions under the same names as the ``save`` and ``mirror``
+modules, so ``trainguard.checkpoint.save`` is the function: import the functions from here.
 """
 
-from trainguard.checkpoint.copier import mirror
-from trainguard.checkpoint.dirwriter import save_dir
+from trainguard.checkpoint.mirror import mirror
 from trainguard.checkpoint.part import CheckpointError
 from trainguard.checkpoint.retention import Checkpoint, latest, prune
-from trainguard.checkpoint.writer import save
+from trainguard.checkpoint.save import save, save_dir
 from trainguard.shared.manifest import Record
 
 __all__ = [

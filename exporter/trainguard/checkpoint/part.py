@@ -1,17 +1,19 @@
-"""The ``.part`` discipline every checkpoint writer follows: a final name never holds partial
-content, a ``.part`` has one live writer (an flock the kernel drops when the writer dies), and a
-file being read by a mirror is not deleted under it."""
+"""The ``.part`` discipline every checkpoint writer follows (``save`` and ``mirror``, of a file
+or of a step directory): a final name never holds partial content, a ``.part`` has one live
+writer (an flock the kernel drops when the writer dies), and a file being read by a mirror is
+not deleted under it."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import shutil
 import stat
 from pathlib import Path
 from types import ModuleType
 
-from trainguard.shared.fileio import FILE_FLAGS
+from trainguard.shared.fileio import FILE_FLAGS, O_CLOEXEC, O_DIRECTORY, fsync_dir
 from trainguard.shared.pattern import CheckpointPattern
 
 fcntl: ModuleType | None
@@ -21,6 +23,8 @@ except ImportError:  # Windows
     fcntl = None
 
 _FADVISE = getattr(os, "posix_fadvise", None)
+#: how a step directory (or its ``.part``) is opened: to lock it, never through a link
+DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 
 class CheckpointError(Exception):
@@ -78,6 +82,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 def step_of(name: str, pattern: str) -> int:
+    """The step in a checkpoint file's name; ValueError when the pattern does not match it."""
     step = CheckpointPattern(pattern).step(name)
     if step is None:
         raise ValueError(
@@ -85,3 +90,43 @@ def step_of(name: str, pattern: str) -> int:
             "the exporter would not see it"
         )
     return step
+
+
+def dir_step(path: Path, pattern: str) -> int:
+    """The step in a step directory's name; ValueError when the pattern does not match it."""
+    step = CheckpointPattern(pattern).dir_step(path.name)
+    if step is None:
+        raise ValueError(
+            f"{path.name!r} is not a step directory name of the pattern {pattern!r} (the pattern "
+            "exactly, e.g. 'checkpoint-{step}' -> checkpoint-500): the exporter would not see it"
+        )
+    return step
+
+
+def open_part_dir(tmp: Path) -> int:
+    """Create the ``.part`` directory ``tmp`` empty and hold an exclusive lock on it (the
+    descriptor returned; closing it releases the lock). A leftover of a killed writer is
+    removed; one whose writer is alive is an error."""
+    try:
+        fd = os.open(tmp, DIR_FLAGS)
+    except FileNotFoundError:
+        pass
+    else:
+        try:
+            if not lock(fd, exclusive=True, blocking=False):
+                raise FileExistsError(errno.EEXIST, "being written by another process", str(tmp))
+        finally:
+            os.close(fd)
+        shutil.rmtree(tmp)
+    os.mkdir(tmp)
+    fd = os.open(tmp, DIR_FLAGS)
+    lock(fd, exclusive=True, blocking=False)
+    return fd
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync ``path`` and every directory under it, deepest first, so that every entry of the
+    tree is durable before the tree is renamed into place."""
+    dirs = [Path(root) for root, _dirs, _files in os.walk(path)]
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        fsync_dir(d)

@@ -14,11 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.checkpoint.part import lock
+from trainguard.checkpoint.part import DIR_FLAGS, lock
 from trainguard.shared.fileio import (
     FILE_FLAGS,
-    O_CLOEXEC,
-    O_DIRECTORY,
     O_NONBLOCK,
     fsync_dir,
     settled,
@@ -27,7 +25,8 @@ from trainguard.shared.fileio import (
 from trainguard.shared.listing import Listing, read_listing
 from trainguard.shared.manifest import MANIFEST_DIR, ManifestError, remove_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, CheckpointPattern
-from trainguard.shared.steps import DEFAULT_LAYOUT, StepDir, walk
+from trainguard.shared.stepdir import StepDir, walk
+from trainguard.shared.steps import DEFAULT_LAYOUT
 from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
 
 #: a step directory being deleted is first renamed to a hidden name with this in it, so that
@@ -105,7 +104,7 @@ def _delete_dir(directory: Path, d: StepDir) -> bool:
     leaves a partial directory under a checkpoint's name. False, nothing deleted, otherwise."""
     path = directory / d.name
     try:
-        fd = os.open(path, os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC)
+        fd = os.open(path, DIR_FLAGS)
     except OSError:
         return False
     try:

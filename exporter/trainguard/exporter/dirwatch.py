@@ -21,7 +21,8 @@ from trainguard.shared.manifest import (
     read_records,
 )
 from trainguard.shared.pattern import CheckpointPattern
-from trainguard.shared.steps import DEFAULT_LAYOUT, Entry, StepDir, Tree
+from trainguard.shared.stepdir import Entry, StepDir, Tree
+from trainguard.shared.steps import DEFAULT_LAYOUT
 
 
 class NotMounted(Exception):
@@ -129,7 +130,7 @@ def _spread(rel: str) -> float:
 
 class StepTreeMemo:
     """What is remembered of the directories under a location's step directories (see
-    :class:`trainguard.shared.steps.TreeMemo`): each directory's file and subdirectory names,
+    :class:`trainguard.shared.stepdir.TreeMemo`): each directory's file and subdirectory names,
     trusted while its stat is unchanged (:class:`DirectoryWatch`), and whether each
     ``trainer_state.json`` parsed. Whatever a walk did not visit is forgotten at its end."""
 

@@ -31,7 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from trainguard.checkpoint.writer import save
+from trainguard.checkpoint.save import save
 from trainguard.integrations._common import RunLife, as_float, missing_framework, run_name
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import remove_record

@@ -111,3 +111,13 @@ def read_allocator(
     except Exception as exc:
         warn("allocator", "trainguard: allocator stats unavailable: %r", exc)
         return ()
+
+
+def snapshot_devices(warn: Callable[..., None], uuids: DeviceUuids) -> list[dict[str, Any]]:
+    """The allocator's view of each device, with its GPU's name, UUID and size: what a memory
+    snapshot's metadata records of the devices."""
+    out = []
+    for a in read_allocator(warn, uuids):
+        facts = uuids.get(a.device)
+        out.append({**a.to_dict(), "name": None if facts is None else facts.name})
+    return out

@@ -1,15 +1,23 @@
 """Death history: when a run starts again under the same name and rank, whether the previous
 process died (rather than finished, or is still alive), and why. A dead process cannot report
-its own death, so the next one records it and carries the history forward."""
+its own death, so the next one records it and carries the history forward (:func:`predecessor`,
+at the start of every ``trainguard.Run``)."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from trainguard.shared import kernlog, procinfo
-from trainguard.shared.heartbeat import MAX_DEATH_HISTORY, Death, Heartbeat
+from trainguard.shared.heartbeat import MAX_DEATH_HISTORY, Death, Heartbeat, HeartbeatError
+from trainguard.shared.heartbeat_read import read_heartbeat
+
+log = logging.getLogger("trainguard.reporter")
 
 #: seconds before the dead process's last sign of progress from which a GPU error in the
 #: kernel log that names no process counts as its cause
@@ -127,3 +135,44 @@ class DeathHistory:
 
     def plus(self, death: Death) -> DeathHistory:
         return DeathHistory(self.count + 1, (*self.recent, death)[-MAX_DEATH_HISTORY:])
+
+
+def predecessor(
+    path: Path, me: Identity, who: str, warn_once: Callable[..., Any]
+) -> tuple[Heartbeat | None, DeathHistory, int | None]:
+    """What the process that reported this run and rank before left in its heartbeat at
+    ``path`` (``who`` names the run and rank in the log): that heartbeat (None when there is
+    none, or it cannot be trusted, which is logged once), the death history carried forward
+    with its death added when it died, and that death's number (None when it did not die)."""
+    if not os.path.lexists(path):
+        return None, DeathHistory(), None
+    try:
+        prev = read_heartbeat(path)
+    except HeartbeatError as exc:
+        warn_once("previous", "trainguard: previous heartbeat ignored: %s", exc)
+        return None, DeathHistory(), None
+
+    def duplicate(alive: Heartbeat) -> None:
+        warn_once(
+            "duplicate",
+            "trainguard: pid %d is alive and already reports %s; "
+            "this process overwrites its heartbeat",
+            alive.pid,
+            who,
+        )
+
+    deaths = DeathHistory.carried_from(prev)
+    death = death_of(prev, me, duplicate)
+    if death is None:
+        return prev, deaths, None
+    deaths = deaths.plus(death)
+    log.warning(
+        "trainguard: %s: the previous process (pid %d) died at step %s without finishing "
+        "(cause: %s); death %d recorded",
+        who,
+        prev.pid,
+        death.step,
+        death.cause,
+        deaths.count,
+    )
+    return prev, deaths, deaths.count

@@ -1,13 +1,17 @@
-"""The arguments of ``trainguard.Run`` and the torchrun environment, checked once at start so
-that a mistake is a clear error in the script rather than a heartbeat the exporter refuses."""
+"""The arguments of ``trainguard.Run`` (its memory snapshot schedule and experiment
+configuration too) and the torchrun environment, checked once at start so that a mistake is a
+clear error in the script rather than a heartbeat the exporter refuses."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import numbers
 import operator
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from trainguard.shared.heartbeat import (
@@ -17,7 +21,10 @@ from trainguard.shared.heartbeat import (
     MAX_SCALARS,
     MIRROR_NAME_RE,
     SCALAR_NAME_RE,
+    check_run_name,
 )
+from trainguard.shared.pattern import checkpoint_pattern_problem
+from trainguard.shared.steps import layout_problem
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -125,3 +132,91 @@ def checked_scalars(raw: Mapping[str, Any], warn: Callable[..., None]) -> dict[s
             continue
         scalars[key] = float(value)
     return scalars
+
+
+#: the experiment configuration kept with each snapshot, as JSON, at most this long
+MAX_CONFIG_BYTES = 64 * 1024
+#: periodic memory snapshots kept at most
+MAX_KEEP = 100
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the reporter takes a periodic snapshot, and how many it keeps."""
+
+    every_steps: int | None = None
+    every_seconds: float | None = None
+    keep: int = 2
+
+
+def check_schedule(steps: object, seconds: object, keep: object, enabled: bool) -> Schedule:
+    """``Run``'s snapshot arguments, checked: a clear error in the script, not at step 10000."""
+    if steps is not None and (
+        isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 2**62
+    ):
+        raise ValueError(f"trainguard.Run: snapshot_steps: expected an integer >= 1, got {steps!r}")
+    if seconds is not None and (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not 1 <= seconds <= 30 * 86400
+    ):
+        raise ValueError(
+            f"trainguard.Run: snapshot_seconds: expected seconds from 1 to 30 days, got {seconds!r}"
+        )
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= MAX_KEEP:
+        raise ValueError(f"trainguard.Run: snapshot_keep: expected 1..{MAX_KEEP}, got {keep!r}")
+    if (steps is not None or seconds is not None) and not enabled:
+        raise ValueError(
+            "trainguard.Run: snapshot_steps/snapshot_seconds need oom_snapshots=True (which "
+            "records the allocation history the snapshots show)"
+        )
+    return Schedule(steps, None if seconds is None else float(seconds), keep)
+
+
+def check_config(config: object) -> Any:
+    """The experiment configuration as plain JSON data (values JSON cannot hold become their
+    ``str()``): a mapping, an ``argparse.Namespace`` or a dataclass instance."""
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        data: Any = dataclasses.asdict(config)
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    elif _is_namespace(config):
+        data = vars(config)
+    else:
+        raise ValueError(
+            "trainguard.Run: config: expected a mapping, an argparse.Namespace or a dataclass, "
+            f"got {type(config).__name__}"
+        )
+    try:
+        text = json.dumps(data, default=str, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"trainguard.Run: config: not JSON-serialisable: {exc}") from None
+    if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:
+        raise ValueError(f"trainguard.Run: config: larger than {MAX_CONFIG_BYTES} bytes as JSON")
+    return json.loads(text)
+
+
+def _is_namespace(value: object) -> bool:
+    import argparse  # only for a config that may be one: most scripts imported it already
+
+    return isinstance(value, argparse.Namespace)
+
+
+def check_naming(name: str, pattern: str | None, layout: str | None) -> None:
+    """The run's name, and its checkpoints' pattern and layout where given."""
+    problems = {
+        "name": check_run_name(name),
+        "checkpoint_pattern": None if pattern is None else checkpoint_pattern_problem(pattern),
+        "checkpoint_layout": None if layout is None else layout_problem(layout),
+    }
+    for label, problem in problems.items():
+        if problem:
+            raise ValueError(f"trainguard.Run: {label}: {problem}")
+
+
+def check_seconds(label: str, value: object) -> None:
+    """A period of ``Run`` (``interval``, ``keepalive``, ``close_timeout``): 0 < seconds < 1 day."""
+    if not isinstance(value, (int, float)) or not 0 < value < 86400:
+        raise ValueError(f"trainguard.Run: {label}: expected seconds > 0, got {value!r}")

@@ -28,30 +28,30 @@ atexit and is recorded ``finished``.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import errno
 import logging
 import math
 import os
 import socket
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psutil
-
 from trainguard._version import __version__
-from trainguard.run.allocator import DeviceUuids, read_allocator
-from trainguard.run.deaths import DeathHistory, Identity, death_of
+from trainguard.run.allocator import DeviceUuids, read_allocator, snapshot_devices
+from trainguard.run.deaths import DeathHistory, Identity, predecessor
+from trainguard.run.exits import ExitHooks
 from trainguard.run.oom import OomGuard
 from trainguard.run.options import (
     abspath,
+    check_config,
+    check_naming,
+    check_schedule,
+    check_seconds,
     checked_scalars,
     checked_step,
     env_int,
@@ -64,23 +64,17 @@ from trainguard.run.snapshots import (
 )
 from trainguard.run.snapshots import (
     MemorySnapshots,
-    check_config,
-    check_schedule,
 )
 from trainguard.shared import procinfo
+from trainguard.shared.fileio import remove_orphan_temps
 from trainguard.shared.heartbeat import (
     MAX_RANK,
     SUFFIX,
     Heartbeat,
-    HeartbeatError,
-    check_run_name,
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.shared.heartbeat_read import read_heartbeat
-from trainguard.shared.pattern import checkpoint_pattern_problem
 from trainguard.shared.statedir import default_state_dir
-from trainguard.shared.steps import layout_problem
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -155,16 +149,13 @@ class Run:
         checkpoint_pattern: str | None = None,
         checkpoint_layout: str | None = None,
     ) -> None:
-        problem = check_run_name(name)
-        if problem:
-            raise ValueError(f"trainguard.Run: name: {problem}")
+        check_naming(name, checkpoint_pattern, checkpoint_layout)
         for label, value in (
             ("interval", interval),
             ("keepalive", keepalive),
             ("close_timeout", close_timeout),
         ):
-            if not isinstance(value, (int, float)) or not 0 < value < 86400:
-                raise ValueError(f"trainguard.Run: {label}: expected seconds > 0, got {value!r}")
+            check_seconds(label, value)
         schedule = check_schedule(
             snapshot_steps, snapshot_seconds, snapshot_keep, bool(oom_snapshots)
         )
@@ -176,14 +167,6 @@ class Run:
         self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
         self._checkpoint_dir = abspath(checkpoint_dir)
-        if checkpoint_pattern is not None:
-            problem = checkpoint_pattern_problem(checkpoint_pattern)
-            if problem:
-                raise ValueError(f"trainguard.Run: checkpoint_pattern: {problem}")
-        if checkpoint_layout is not None:
-            problem = layout_problem(checkpoint_layout)
-            if problem:
-                raise ValueError(f"trainguard.Run: checkpoint_layout: {problem}")
         self._checkpoint_pattern = checkpoint_pattern
         self._checkpoint_layout = checkpoint_layout
         self._mirrors = mirror_dirs(mirrors)
@@ -206,7 +189,6 @@ class Run:
         self._step_time: float | None = None
         self._scalars: dict[str, float] = {}
         self._final: tuple[str, str | None] | None = None
-        self._uncaught: str | None = None
         self._closed = False
         self._close_lock = threading.Lock()
         self._wake = threading.Event()
@@ -227,15 +209,14 @@ class Run:
             enabled=bool(oom_snapshots),
             schedule=schedule,
             config=experiment,
-            devices=self._snapshot_devices,
+            devices=lambda: snapshot_devices(self._warn_once, self._device_uuids),
         )
         self._snapshots.start()
         self._thread = threading.Thread(
             target=self._writer, name="trainguard-heartbeat", daemon=True
         )
         self._thread.start()
-        atexit.register(self._at_exit)
-        self._hook_excepthook()
+        self._exits = ExitHooks(self._finish)
 
     # -- the training loop's side -------------------------------------------------------
 
@@ -287,9 +268,7 @@ class Run:
             if self._closed:
                 return
             self._closed = True
-        atexit.unregister(self._at_exit)
-        if sys.excepthook is self._hook:
-            sys.excepthook = self._previous_hook
+        self._exits.remove()
         self._final = (state, error)
         self._wake.set()
         self._thread.join(self._close_timeout)
@@ -302,29 +281,6 @@ class Run:
                 self._close_timeout,
                 self.state_dir,
             )
-
-    def _at_exit(self) -> None:
-        if self._uncaught is not None:
-            self._finish("failed", self._uncaught)
-        else:
-            self._finish("finished", None)
-
-    def _hook_excepthook(self) -> None:
-        """An uncaught exception runs sys.excepthook before atexit: remember it so that
-        atexit records a failure, not a clean finish. Chains to the previous hook."""
-        previous = self._previous_hook = sys.excepthook
-        ref = weakref.ref(self)
-
-        def hook(
-            exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-        ) -> None:
-            run = ref()
-            if run is not None and os.getpid() == run._pid:
-                run._uncaught = type_name(exc_type)
-            previous(exc_type, exc, tb)
-
-        self._hook = hook
-        sys.excepthook = hook
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -364,54 +320,11 @@ class Run:
         except OSError as exc:
             self._warn_write(exc)
             return
-        self._remove_stale_temps()
-        if not os.path.lexists(self.path):
-            self._snapshots.carry(None, None)
-            return
-        try:
-            prev = read_heartbeat(self.path)
-        except HeartbeatError as exc:
-            self._warn_once("previous", "trainguard: previous heartbeat ignored: %s", exc)
-            self._snapshots.carry(None, None)
-            return
-        self._deaths = DeathHistory.carried_from(prev)
+        remove_orphan_temps(self.path, self._pid)
         me = Identity(self._pid, self._host, self._boot_id, self._boot_time, self._pid_ns)
-        death = death_of(prev, me, self._warn_duplicate)
-        self._snapshots.carry(prev, None if death is None else self._deaths.count + 1)
-        if death is not None:
-            self._deaths = self._deaths.plus(death)
-            log.warning(
-                "trainguard: run %r rank %d: the previous process (pid %d) died at step %s "
-                "without finishing (cause: %s); death %d recorded",
-                self.name,
-                self.rank,
-                prev.pid,
-                death.step,
-                death.cause,
-                self._deaths.count,
-            )
-
-    def _warn_duplicate(self, prev: Heartbeat) -> None:
-        self._warn_once(
-            "duplicate",
-            "trainguard: pid %d is alive and already reports run %r rank %d; "
-            "this process overwrites its heartbeat",
-            prev.pid,
-            self.name,
-            self.rank,
-        )
-
-    def _remove_stale_temps(self) -> None:
-        """Temp files of writers that were killed mid-write (``.<name>.<pid>.<rand>.tmp``)."""
-        prefix = f".{self.path.name}."
-        with os.scandir(self.state_dir) as entries:
-            for entry in entries:
-                if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-                    continue
-                pid = entry.name[len(prefix) :].split(".", 1)[0]
-                if pid.isdigit() and int(pid) != self._pid and not psutil.pid_exists(int(pid)):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+        who = f"run {self.name!r} rank {self.rank}"
+        prev, self._deaths, died = predecessor(self.path, me, who, self._warn_once)
+        self._snapshots.carry(prev, died)
 
     def _write(self, state: str, error: str | None) -> None:
         try:
@@ -477,14 +390,6 @@ class Run:
             return self._step, self._scalars
         step = checked_step(latest[0], self._warn_once)
         return (self._step if step is None else step), checked_scalars(latest[2], self._warn_once)
-
-    def _snapshot_devices(self) -> list[dict[str, Any]]:
-        """The allocator's view of each device, with its GPU's name, UUID and size."""
-        out = []
-        for a in read_allocator(self._warn_once, self._device_uuids):
-            facts = self._device_uuids.get(a.device)
-            out.append({**a.to_dict(), "name": None if facts is None else facts.name})
-        return out
 
     def _take_latest(self) -> None:
         """Convert what step() stored; bad values are dropped and logged once."""

@@ -17,13 +17,9 @@ waits for it; GPU work already queued keeps running. File names and the request 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import logging
-import math
 import os
-import pickle
 import shutil
 import sys
 import threading
@@ -35,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._version import __version__
-from trainguard.shared.fileio import O_BINARY, O_CLOEXEC
+from trainguard.run.options import Schedule
+from trainguard.run.snapshot_files import SnapshotFiles
+from trainguard.run.snapshot_requests import Requests
 from trainguard.shared.heartbeat import (
     MAX_RECENT_SNAPSHOTS,
     Heartbeat,
@@ -45,16 +43,9 @@ from trainguard.shared.heartbeat import (
 from trainguard.shared.snapshots import (
     META_FORMAT,
     REASONS,
-    REPLY_SUFFIX,
-    REQUEST_SUFFIX,
     ROTATING,
-    Reply,
     Request,
-    SnapshotFileError,
     metadata_name,
-    parse_request,
-    parse_snapshot_name,
-    read_small,
     snapshot_name,
     write_json,
 )
@@ -65,80 +56,11 @@ log = logging.getLogger("trainguard.reporter")
 MAX_OOM_SNAPSHOTS = 10
 #: allocation events torch keeps for a snapshot (several KB each)
 HISTORY_ENTRIES = 100_000
-#: seconds between two snapshots taken on request (a request loop must not stall training)
-REQUEST_MIN_GAP = 30.0
 #: no snapshot when the state directory's disk has less free space than this, or than twice
 #: the largest snapshot this process wrote, whichever is more
 MIN_FREE_BYTES = 1 << 30
-#: the experiment configuration kept with each snapshot, as JSON, at most this long
-MAX_CONFIG_BYTES = 64 * 1024
-MAX_KEEP = 100
 
 Warn = Callable[..., None]
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """When the reporter takes a periodic snapshot, and how many it keeps."""
-
-    every_steps: int | None = None
-    every_seconds: float | None = None
-    keep: int = 2
-
-
-def check_schedule(steps: object, seconds: object, keep: object, enabled: bool) -> Schedule:
-    """``Run``'s snapshot arguments, checked: a clear error in the script, not at step 10000."""
-    if steps is not None and (
-        isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 2**62
-    ):
-        raise ValueError(f"trainguard.Run: snapshot_steps: expected an integer >= 1, got {steps!r}")
-    if seconds is not None and (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, (int, float))
-        or not 1 <= seconds <= 30 * 86400
-    ):
-        raise ValueError(
-            f"trainguard.Run: snapshot_seconds: expected seconds from 1 to 30 days, got {seconds!r}"
-        )
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 1 <= keep <= MAX_KEEP:
-        raise ValueError(f"trainguard.Run: snapshot_keep: expected 1..{MAX_KEEP}, got {keep!r}")
-    if (steps is not None or seconds is not None) and not enabled:
-        raise ValueError(
-            "trainguard.Run: snapshot_steps/snapshot_seconds need oom_snapshots=True (which "
-            "records the allocation history the snapshots show)"
-        )
-    return Schedule(steps, None if seconds is None else float(seconds), keep)
-
-
-def check_config(config: object) -> Any:
-    """The experiment configuration as plain JSON data (values JSON cannot hold become their
-    ``str()``): a mapping, an ``argparse.Namespace`` or a dataclass instance."""
-    if config is None:
-        return None
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        data: Any = dataclasses.asdict(config)
-    elif isinstance(config, Mapping):
-        data = dict(config)
-    elif _is_namespace(config):
-        data = vars(config)
-    else:
-        raise ValueError(
-            "trainguard.Run: config: expected a mapping, an argparse.Namespace or a dataclass, "
-            f"got {type(config).__name__}"
-        )
-    try:
-        text = json.dumps(data, default=str, sort_keys=True)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"trainguard.Run: config: not JSON-serialisable: {exc}") from None
-    if len(text.encode("utf-8")) > MAX_CONFIG_BYTES:
-        raise ValueError(f"trainguard.Run: config: larger than {MAX_CONFIG_BYTES} bytes as JSON")
-    return json.loads(text)
-
-
-def _is_namespace(value: object) -> bool:
-    import argparse  # only for a config that may be one: most scripts imported it already
-
-    return isinstance(value, argparse.Namespace)
 
 
 @dataclass(frozen=True)
@@ -181,6 +103,7 @@ class MemorySnapshots:
         self._schedule = schedule
         self._config = config
         self._devices = devices
+        self._files = SnapshotFiles(state_dir, stem, who.pid, warn)
         self._lock = threading.Lock()  # one dump at a time: the reporter's and an OOM's
         self.counts = dict.fromkeys(REASONS, 0)  # carried across restarts
         self.failures = dict.fromkeys(REASONS, 0)
@@ -194,8 +117,7 @@ class MemorySnapshots:
         self._next_time = (
             None if schedule.every_seconds is None else time.monotonic() + schedule.every_seconds
         )
-        self._last_request = -math.inf
-        self._skipped_request: tuple[int, int, int] | None = None
+        self._requests = Requests(state_dir, stem, f"run {who.run!r} rank {who.rank}", warn)
 
     @property
     def oom_count(self) -> int:
@@ -261,10 +183,10 @@ class MemorySnapshots:
                         )
                         self.failures[reason] = prev.snapshots.failures.get(reason, 0)
                     self.recent.extend(prev.snapshots.recent)
-            for name in self._own_files():
+            for name in self._files.own():
                 if not name.before:
                     self.counts[name.reason] = max(self.counts[name.reason], name.number)
-            self._remove_stale_temps()
+            self._files.remove_stale_temps()
             if died is not None:
                 self._keep_before("died", died)
             self.version += 1
@@ -277,7 +199,7 @@ class MemorySnapshots:
         if not self.enabled:
             return
         try:
-            self._answer_request(progress)
+            self._requests.answer(progress, self._dump_requested)
             due = False
             step, scalars = progress()
             s = self._schedule
@@ -296,69 +218,11 @@ class MemorySnapshots:
         except Exception as exc:  # a bug here must never reach the training loop
             self._warn(f"tick:{type(exc).__name__}", "trainguard: memory snapshots: %r", exc)
 
-    def _answer_request(self, progress: Progress) -> None:
-        path = self._dir / (self._stem + REQUEST_SUFFIX)
-        try:
-            data, st = read_small(path)
-        except FileNotFoundError:
-            return
-        except SnapshotFileError as exc:
-            self._warn("request-file", "trainguard: snapshot request ignored: %s", exc)
-            self._drop(path, None)
-            return
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if key == self._skipped_request:
-            return  # could not remove it: answered once already
-        if not self._drop(path, key):
-            return  # gone meanwhile
-        try:
-            request = parse_request(data, str(path))
-        except SnapshotFileError as exc:
-            self._warn("request-file", "trainguard: snapshot request ignored: %s", exc)
-            return
-        getuid = getattr(os, "getuid", None)
-        if getuid is not None and st.st_uid not in (getuid(), 0):
-            self._reply(request, None, None, f"refused: the request belongs to uid {st.st_uid}")
-            return
-        now = time.monotonic()
-        if now - self._last_request < REQUEST_MIN_GAP:
-            self._reply(
-                request,
-                None,
-                None,
-                f"refused: a snapshot was taken on request {now - self._last_request:.0f}s ago; "
-                f"at most one every {REQUEST_MIN_GAP:.0f}s",
-            )
-            return
-        self._last_request = now
-        log.warning(
-            "trainguard: run %r rank %d: memory snapshot requested (%s)",
-            self._who.run,
-            self._who.rank,
-            request.requester or "unknown requester",
-        )
-        step, scalars = progress()
+    def _dump_requested(
+        self, step: int | None, scalars: Mapping[str, float], request: Request
+    ) -> tuple[str | None, str | None]:
         with self._lock:
-            name, why = self._dump("requested", step, scalars, request)
-        self._reply(request, name, step, why)
-
-    def _drop(self, path: Path, key: tuple[int, int, int] | None) -> bool:
-        """Remove a request file; False when it was already gone."""
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            self._skipped_request = key
-            self._warn("request-rm", "trainguard: cannot remove %s: %s", path, exc)
-        return True
-
-    def _reply(self, request: Request, name: str | None, step: int | None, why: str | None) -> None:
-        reply = Reply(request.id, time.time(), name is not None, name, step, why)
-        try:
-            write_json(self._dir / (self._stem + REPLY_SUFFIX), reply.to_dict())
-        except Exception as exc:
-            self._warn("reply", "trainguard: snapshot reply not written: %r", exc)
+            return self._dump("requested", step, scalars, request)
 
     # -- the training thread, at an OOM ----------------------------------------------------
 
@@ -420,7 +284,7 @@ class MemorySnapshots:
                     f"only {free >> 20} MiB free in {self._dir} (a snapshot needs {need >> 20})",
                 )
             data = torch.cuda.memory._snapshot()
-            size = self._write_pickle(name, data)
+            size = self._files.write_pickle(name, data)
         except Exception as exc:  # no CUDA, no such API, a full disk: never the training's end
             return self._failed(reason, type(exc).__name__, repr(exc))
         self._largest = max(self._largest, size)
@@ -434,26 +298,12 @@ class MemorySnapshots:
         except Exception as exc:
             self._warn("meta", "trainguard: snapshot metadata not written: %r", exc)
         if reason in ROTATING:
-            self._rotate(reason)
+            removed = self._files.rotate(reason, self._schedule.keep)
+            if removed:
+                self.recent = deque(
+                    (r for r in self.recent if r.file not in removed), maxlen=MAX_RECENT_SNAPSHOTS
+                )
         return name, None
-
-    def _write_pickle(self, name: str, data: Any) -> int:
-        """Pickled as ``torch.cuda.memory._dump_snapshot`` does, to a temp file renamed into
-        place (a reader never sees half a snapshot); its size in bytes."""
-        path = self._dir / name
-        tmp = self._dir / f".{name}.{self._who.pid}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_CLOEXEC | O_BINARY, 0o644)
-        try:
-            with open(fd, "wb") as f:
-                pickle.dump(data, f)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        return os.stat(path).st_size
 
     def _failed(self, reason: str, kind: str, why: str) -> tuple[None, str]:
         self.failures[reason] += 1
@@ -509,78 +359,15 @@ class MemorySnapshots:
             "trainguard_version": __version__,
         }
 
-    # -- files -----------------------------------------------------------------------------
-
-    def _own_files(self) -> list[Any]:
-        out = []
-        try:
-            with os.scandir(self._dir) as entries:
-                for entry in entries:
-                    parsed = parse_snapshot_name(entry.name, self._stem)
-                    if parsed is not None and parsed.ext == "pickle":
-                        out.append(parsed)
-        except OSError:
-            return []
-        return out
-
-    def _rotate(self, reason: str) -> None:
-        """Keep the newest ``keep`` snapshots of ``reason`` (and their metadata)."""
-        numbers = sorted(n.number for n in self._own_files() if n.reason == reason and not n.before)
-        removed = set()
-        for number in numbers[: -self._schedule.keep]:
-            name = snapshot_name(self._stem, reason, number)
-            removed.add(name)
-            for victim in (name, metadata_name(name)):
-                try:
-                    os.unlink(self._dir / victim)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:
-                    self._warn("rotate", "trainguard: cannot remove an old snapshot: %r", exc)
-        if removed:
-            self.recent = deque(
-                (r for r in self.recent if r.file not in removed), maxlen=MAX_RECENT_SNAPSHOTS
-            )
-
     def _keep_before(self, tag: str, number: int) -> None:
-        """Rename the newest periodic snapshot (and its metadata) to
-        ``<stem>.<tag>-<number>.before.*``, out of rotation's reach."""
-        numbers = [n.number for n in self._own_files() if n.reason == "periodic" and not n.before]
-        if not numbers:
+        """Keep the newest periodic snapshot out of rotation as ``<tag>-<number>.before``,
+        and say so in the recent list."""
+        renamed = self._files.keep_before(tag, number)
+        if renamed is None:
             return
-        source = snapshot_name(self._stem, "periodic", max(numbers))
-        target = snapshot_name(self._stem, tag, number, before=True)
-        try:
-            os.replace(self._dir / source, self._dir / target)
-        except OSError as exc:
-            self._warn("before", "trainguard: cannot keep the snapshot from before: %r", exc)
-            return
-        with contextlib.suppress(OSError):
-            os.replace(self._dir / metadata_name(source), self._dir / metadata_name(target))
+        source, target = renamed
         self.recent = deque(
             (dataclasses.replace(r, file=target) if r.file == source else r for r in self.recent),
             maxlen=MAX_RECENT_SNAPSHOTS,
         )
         self.version += 1
-
-    def _remove_stale_temps(self) -> None:
-        """Temp files of dumps whose process was killed mid-write (``.<name>.<pid>.tmp``)."""
-        import psutil
-
-        prefix = f".{self._stem}."
-        try:
-            with os.scandir(self._dir) as entries:
-                for entry in entries:
-                    if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
-                        continue
-                    head = entry.name[1:].rsplit(".", 2)
-                    if len(head) != 3 or not head[1].isdigit():
-                        continue
-                    pid = int(head[1])
-                    if parse_snapshot_name(head[0], self._stem) is None:
-                        continue
-                    if pid != self._who.pid and not psutil.pid_exists(pid):
-                        with contextlib.suppress(OSError):
-                            os.unlink(entry.path)
-        except OSError:
-            return

@@ -1,6 +1,8 @@
 """How trainguard opens, reads, hashes and commits files on both sides: never following a link,
 never blocking on a FIFO, never leaking a descriptor into a child, and "unknown" mtimes kept
-unknown. The training side writes with these; the exporter reads with the same rules."""
+unknown. The training side writes with these; the exporter reads with the same rules. Every
+file that anyone may have written (heartbeats, records, markers, requests) is read by
+:func:`read_untrusted`, the one place its checks live."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import errno
 import hashlib
 import os
 import secrets
+import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -90,9 +93,143 @@ def replace_file(
         raise
 
 
+def remove_orphan_temps(path: str | os.PathLike[str], own_pid: int) -> None:
+    """Remove the temp files :func:`replace_file` left for ``path`` when its writer was killed
+    mid-write (``.<name>.<pid>.<random>.tmp`` of a pid that is gone); those of ``own_pid`` and
+    of live processes are left alone."""
+    import psutil  # only the writers clean up: the exporter never loads it for this
+
+    head, name = os.path.split(os.fspath(path))
+    prefix = f".{name}."
+    with os.scandir(head or ".") as entries:
+        for entry in entries:
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+                continue
+            pid = entry.name[len(prefix) :].split(".", 1)[0]
+            if pid.isdigit() and int(pid) != own_pid and not psutil.pid_exists(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 def is_link_error(exc: OSError) -> bool:
     """O_NOFOLLOW on a symbolic link fails with ELOOP (EMLINK on some BSDs)."""
     return exc.errno in (errno.ELOOP, errno.EMLINK)
+
+
+def is_not_a_dir_error(exc: OSError) -> bool:
+    """Opening a directory with O_NOFOLLOW | O_DIRECTORY failed because the name is a link
+    (:func:`is_link_error`) or something other than a directory (ENOTDIR)."""
+    return is_link_error(exc) or exc.errno == errno.ENOTDIR
+
+
+class UntrustedFileError(Exception):
+    """A file that anyone may have written, refused: a link, not a regular file, over its size
+    cap, or unreadable. ``str()`` is ``"<path>: <why>"``; each format's reader raises it again
+    as its own error (a heartbeat's, a record's, a request's) with the same text.
+    ``too_large`` tells the one refusal some readers treat as "present but not judged"."""
+
+    def __init__(self, path: str, why: str, *, too_large: bool = False) -> None:
+        super().__init__(f"{path}: {why}")
+        self.path = path
+        self.why = why
+        self.too_large = too_large
+
+
+#: how every untrusted file is opened: never through a link, never blocking on a FIFO planted
+#: in its place, never leaked into a child
+_UNTRUSTED_READ = os.O_RDONLY | FILE_FLAGS | O_NONBLOCK
+
+
+def open_untrusted(
+    path: str | os.PathLike[str], *, dir_fd: int | None = None
+) -> tuple[int, os.stat_result]:
+    """Open a file that anyone may have written for reading: its descriptor and its fstat.
+    With ``dir_fd`` (where the platform can), the last part of ``path`` is opened relative to
+    that already-opened directory, so a directory swapped for a link afterwards cannot
+    redirect the read. FileNotFoundError when it is not there; :class:`UntrustedFileError`
+    when it is a link, not a regular file, or cannot be opened."""
+    source = os.fspath(path)
+    if not O_NOFOLLOW:  # no O_NOFOLLOW (Windows): check first; the race is the best we can do
+        try:
+            if stat.S_ISLNK(os.lstat(source).st_mode):
+                raise UntrustedFileError(source, "is a symbolic link; refused")
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise UntrustedFileError(source, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        if DIR_FD and dir_fd is not None:
+            fd = os.open(os.path.basename(source), _UNTRUSTED_READ, dir_fd=dir_fd)
+        else:
+            fd = os.open(source, _UNTRUSTED_READ)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if O_NOFOLLOW and is_link_error(exc):
+            raise UntrustedFileError(source, "is a symbolic link; refused") from None
+        raise UntrustedFileError(source, f"cannot open: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+    except OSError as exc:
+        os.close(fd)
+        raise UntrustedFileError(source, f"cannot open: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UntrustedFileError(source, "not a regular file; refused")
+    return fd, st
+
+
+def read_untrusted(
+    path: str | os.PathLike[str], cap: int, *, dir_fd: int | None = None
+) -> tuple[bytes, os.stat_result]:
+    """The whole content (at most ``cap`` bytes) and the fstat of a small file that anyone may
+    have written: heartbeats, records, markers, tracker files, snapshot requests. The one
+    place their common checks live (opened as :func:`open_untrusted`, then a size above
+    ``cap`` refused before reading and again if the file grows while being read), so no
+    reader can forget one. FileNotFoundError when it is not there; :class:`UntrustedFileError`
+    for anything else."""
+    source = os.fspath(path)
+    fd, st = open_untrusted(source, dir_fd=dir_fd)
+    try:
+        if st.st_size > cap:
+            raise UntrustedFileError(
+                source,
+                f"{st.st_size} bytes, larger than the {_limit(cap)} limit; refused",
+                too_large=True,
+            )
+        chunks: list[bytes] = []
+        total = 0
+        while total <= cap:
+            # what fstat said and one byte more (EOF, or a file that grew): no read allocates
+            # a buffer far larger than the file
+            want = max(st.st_size + 1 - total, _GROW_CHUNK)
+            chunk = os.read(fd, min(cap + 1 - total, want, _READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise UntrustedFileError(source, f"cannot read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if total > cap:  # grew while being read
+        raise UntrustedFileError(
+            source, f"larger than the {_limit(cap)} limit; refused", too_large=True
+        )
+    return b"".join(chunks), st
+
+
+#: the most one read asks for, and what it asks for beyond the size fstat gave
+_READ_CHUNK = 1024 * 1024
+_GROW_CHUNK = 4096
+
+
+def _limit(cap: int) -> str:
+    """A size cap as the refusals spell it: ``1 MiB``, ``64 KiB``, ``4097 bytes``."""
+    for unit, size in (("MiB", 1024 * 1024), ("KiB", 1024)):
+        if cap >= size and cap % size == 0:
+            return f"{cap // size} {unit}"
+    return f"{cap} bytes"
 
 
 def scandir_fd(dfd: int, path: str | os.PathLike[str]) -> Iterator[os.DirEntry[Any]]:

@@ -13,15 +13,8 @@ from pathlib import Path
 
 from trainguard.shared.manifest import ManifestError, Record, read_all_records
 from trainguard.shared.pattern import PARTIAL_SUFFIX, CheckpointPattern
-from trainguard.shared.steps import (
-    DEFAULT_LAYOUT,
-    TRACKERS,
-    Entry,
-    InFlight,
-    StepDir,
-    TreeMemo,
-    step_directories,
-)
+from trainguard.shared.stepdir import Entry, InFlight, StepDir, TreeMemo
+from trainguard.shared.steps import DEFAULT_LAYOUT, TRACKERS, step_directories
 
 
 @dataclass(frozen=True)

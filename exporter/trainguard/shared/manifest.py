@@ -24,20 +24,20 @@ import os
 import re
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainguard.shared.fileio import (
-    DIR_FD,
     FILE_FLAGS,
     O_CLOEXEC,
     O_DIRECTORY,
     O_NOFOLLOW,
-    O_NONBLOCK,
+    UntrustedFileError,
     fsync_dir,
-    is_link_error,
+    is_not_a_dir_error,
+    read_untrusted,
     scandir_fd,
     write_all,
 )
@@ -57,8 +57,6 @@ MAX_DIR_RECORD_FILES = 100_000
 _DIR_RECORD_START = b'{"files": ['
 #: more records than this in one directory is not a checkpoint directory we can judge cheaply
 MAX_RECORDS = 100_000
-#: a record is opened without blocking on a FIFO planted in its place
-_RECORD_READ = os.O_RDONLY | FILE_FLAGS | O_NONBLOCK
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written", "source"})
@@ -269,25 +267,12 @@ def remove_record(directory: str | os.PathLike[str], name: str) -> bool:
     return True
 
 
-def _read_capped(opener: Callable[[], int], what: str) -> bytes:
-    fd = opener()
+def _read(path: Path, dir_fd: int | None = None) -> bytes:
+    """A record's bytes, read as every untrusted file is; FileNotFoundError when it is gone."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{what} is not a regular file")
-        if st.st_size > MAX_DIR_RECORD_BYTES:
-            raise ManifestError(f"{what} is larger than {MAX_DIR_RECORD_BYTES} bytes")
-        chunks = []
-        left = MAX_DIR_RECORD_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        return read_untrusted(path, MAX_DIR_RECORD_BYTES, dir_fd=dir_fd)[0]
+    except UntrustedFileError as exc:
+        raise ManifestError(str(exc)) from None
 
 
 def read_record(directory: str | os.PathLike[str], name: str) -> Record | None:
@@ -295,13 +280,9 @@ def read_record(directory: str | os.PathLike[str], name: str) -> Record | None:
     path = record_path(directory, name)
     try:
         _manifest_dir(Path(directory), create=False)
-        data = _read_capped(lambda: os.open(path, _RECORD_READ), str(path))
+        data = _read(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        if is_link_error(exc):
-            raise ManifestError(f"{path} is a symbolic link") from None
-        raise
     try:
         return parse_record(data, name=name)
     except ManifestError as exc:
@@ -320,37 +301,30 @@ def read_records(
     OSError when any record is unreadable."""
     old = previous or {}
     fresh: dict[str, tuple[RecordKey, Record]] = {}
-    try:
-        for entry in scandir_fd(dfd, mdir):
-            fname = entry.name
-            if fname.startswith(".") or not fname.endswith(RECORD_SUFFIX):
-                continue  # temporaries of a writer (or of one that was killed)
-            name = fname[: -len(RECORD_SUFFIX)]
-            cached = old.get(name)  # a cached name was checked when first read
-            if cached is None and not is_plain_name(name):
-                raise ManifestError(f"{mdir / fname}: not a record of a plain file name")
-            if len(fresh) >= MAX_RECORDS:
-                raise ManifestError(f"{mdir} holds more than {MAX_RECORDS} records")
-            try:
-                st = entry.stat(follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
-                    raise ManifestError(f"{mdir / fname} is not a regular file (a link?)")
-                key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                if cached is not None and cached[0] == key:
-                    fresh[name] = cached
-                    continue
-                where = mdir / fname
-                data = _read_capped(_record_opener(dfd, mdir, fname), str(where))
-            except FileNotFoundError:
-                continue  # pruned between listing and reading: it is gone
-            try:
-                fresh[name] = (key, parse_record(data, name=name))
-            except ManifestError as exc:
-                raise ManifestError(f"{where}: {exc}") from None
-    except OSError as exc:
-        if is_link_error(exc):
-            raise ManifestError(f"a record in {mdir} is a symbolic link") from None
-        raise
+    for entry in scandir_fd(dfd, mdir):
+        fname = entry.name
+        if fname.startswith(".") or not fname.endswith(RECORD_SUFFIX):
+            continue  # temporaries of a writer (or of one that was killed)
+        name = fname[: -len(RECORD_SUFFIX)]
+        cached = old.get(name)  # a cached name was checked when first read
+        if cached is None and not is_plain_name(name):
+            raise ManifestError(f"{mdir / fname}: not a record of a plain file name")
+        if len(fresh) >= MAX_RECORDS:
+            raise ManifestError(f"{mdir} holds more than {MAX_RECORDS} records")
+        try:
+            st = entry.stat(follow_symlinks=False)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if cached is not None and cached[0] == key:
+                fresh[name] = cached
+                continue
+            where = mdir / fname
+            data = _read(where, dfd)
+        except FileNotFoundError:
+            continue  # pruned between listing and reading: it is gone
+        try:
+            fresh[name] = (key, parse_record(data, name=name))
+        except ManifestError as exc:
+            raise ManifestError(f"{where}: {exc}") from None
     return fresh
 
 
@@ -369,7 +343,7 @@ def open_manifest_dir(directory: Path, dir_fd: int | None = None) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if is_link_error(exc) or exc.errno == errno.ENOTDIR:
+        if is_not_a_dir_error(exc):
             raise ManifestError(f"{mdir} is not a directory (a link or a file)") from None
         raise
 
@@ -384,11 +358,3 @@ def read_all_records(directory: str | os.PathLike[str]) -> dict[str, Record]:
         return {name: rec for name, (_, rec) in read_records(dfd, path / MANIFEST_DIR).items()}
     finally:
         os.close(dfd)
-
-
-def _record_opener(dfd: int, mdir: Path, fname: str) -> Callable[[], int]:
-    """Open a record relative to the already-opened manifest directory where the platform can,
-    so that a directory swapped for a link after the check cannot redirect the read."""
-    if DIR_FD:
-        return lambda: os.open(fname, _RECORD_READ, dir_fd=dfd)
-    return lambda: os.open(mdir / fname, _RECORD_READ)

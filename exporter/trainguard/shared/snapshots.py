@@ -23,16 +23,14 @@ every field checked, and every failure a :class:`SnapshotFileError`.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
 import secrets
-import stat
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.shared.fileio import FILE_FLAGS, O_NONBLOCK, replace_file
+from trainguard.shared.fileio import UntrustedFileError, read_untrusted, replace_file
 from trainguard.shared.heartbeat import SNAPSHOT_REASONS, SUFFIX, heartbeat_filename
 
 REASONS = SNAPSHOT_REASONS
@@ -142,30 +140,14 @@ def write_json(path: str | os.PathLike[str], doc: Any, mode: int = 0o644) -> Non
     replace_file(path, payload, mode)
 
 
-def read_small(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
-    """The bytes of a small untrusted file and its stat; FileNotFoundError when it is not
-    there, :class:`SnapshotFileError` for anything else wrong with it."""
-    source = os.fspath(path)
+def read_request_or_reply(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
+    """The bytes of a request or reply and its stat, read as every untrusted file is;
+    FileNotFoundError when it is not there, :class:`SnapshotFileError` for anything else
+    wrong with it."""
     try:
-        fd = os.open(source, os.O_RDONLY | FILE_FLAGS | O_NONBLOCK)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EMLINK):
-            raise SnapshotFileError(f"{source}: is a symbolic link; refused") from None
-        raise SnapshotFileError(f"{source}: cannot open: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SnapshotFileError(f"{source}: not a regular file; refused")
-        data = os.read(fd, MAX_REQUEST_BYTES + 1)
-    except OSError as exc:
-        raise SnapshotFileError(f"{source}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_REQUEST_BYTES:
-        raise SnapshotFileError(f"{source}: larger than {MAX_REQUEST_BYTES} bytes; refused")
-    return data, st
+        return read_untrusted(path, MAX_REQUEST_BYTES)
+    except UntrustedFileError as exc:
+        raise SnapshotFileError(str(exc)) from None
 
 
 def _document(source: str, data: bytes) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 from trainguard.shared.fileio import settled
 from trainguard.shared.listing import Entry, Listing
-from trainguard.shared.steps import StepDir
+from trainguard.shared.stepdir import StepDir
 
 
 class Judged(NamedTuple):

@@ -25,7 +25,7 @@ from trainguard.shared.snapshots import (
     SnapshotFileError,
     metadata_name,
     parse_reply,
-    read_small,
+    read_request_or_reply,
     run_stem,
     write_json,
 )
@@ -95,7 +95,7 @@ def _wait_reply(path: Path, ident: str, timeout: float) -> Reply | None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            data, _ = read_small(path)
+            data, _ = read_request_or_reply(path)
             reply = parse_reply(data, str(path))
         except (FileNotFoundError, SnapshotFileError):
             reply = None  # not there yet, or being replaced: read again

@@ -1,29 +1,100 @@
-"""``mirror``: copy a checkpoint to another directory with the same discipline as ``save``,
-checked against the source's record before the copy is published."""
+"""Moving checkpoint bytes and hashing them as they pass: the binary file ``save`` hands to
+``torch.save`` (hashed while written, so the record needs no second read) and the descriptor-
+level copy ``mirror`` makes (kernel-side where it can, hashed from a second descriptor behind
+it). Nothing here names a checkpoint or a record: ``save`` and ``mirror`` decide what the bytes
+are and when they are published."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import hashlib
+import io
 import os
-import stat
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from trainguard.checkpoint.part import (
-    CheckpointError,
-    discard,
-    lock,
-    open_part,
-    start_writeback,
-    step_of,
-)
-from trainguard.shared.fileio import FILE_FLAGS, HASH_CHUNK, fsync_dir, write_all
-from trainguard.shared.manifest import Record, read_record, remove_record, write_record
-from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
-from trainguard.shared.steps import DEFAULT_LAYOUT
+from trainguard.checkpoint.part import CheckpointError, start_writeback
+from trainguard.shared.fileio import FILE_FLAGS, HASH_CHUNK, write_all
+
+#: writes at least this big are hashed on a helper thread while they are written
+WRITE_CHUNK = 16 * 1024 * 1024
+#: smaller writes are gathered into one buffer of this size (torch.save writes many tiny records)
+SMALL_WRITE = 1024 * 1024
+
+
+class HashingWriter(io.RawIOBase):
+    """The binary file ``save`` hands to torch.save or a writer callable: bytes go straight to
+    the ``.part`` descriptor and into SHA-256 as they pass, so the record needs no second read.
+    A large piece is hashed on a helper thread while it is written (both release the GIL); the
+    hash of a piece ends before ``write`` returns, because torch hands over a view of tensor
+    memory that is only valid during the call."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._buf = bytearray()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._size + len(self._buf)
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b)
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        view = view.cast("B")
+        n = view.nbytes
+        if n < SMALL_WRITE:
+            self._buf += view
+            if len(self._buf) >= SMALL_WRITE:
+                self._drain()
+        else:
+            self._drain()
+            self._emit(view)
+        return n
+
+    def _drain(self) -> None:
+        if self._buf:
+            with memoryview(self._buf) as view:
+                self._emit(view)
+            self._buf = bytearray()
+
+    def _emit(self, view: memoryview) -> None:
+        for off in range(0, view.nbytes, WRITE_CHUNK):
+            piece = view[off : off + WRITE_CHUNK]
+            if piece.nbytes >= SMALL_WRITE * 4:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="trainguard-hash")
+                hashed = self._pool.submit(self._sha.update, piece)
+                try:
+                    write_all(self._fd, piece)
+                finally:
+                    hashed.result()
+            else:
+                self._sha.update(piece)
+                write_all(self._fd, piece)
+            start_writeback(self._fd, self._size, piece.nbytes)
+            self._size += piece.nbytes
+
+    def finish(self) -> tuple[str, int]:
+        """Write what is buffered; the SHA-256 and size of everything written."""
+        self._drain()
+        return self._sha.hexdigest(), self._size
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        super().close()
+
 
 #: bytes per copy_file_range call: big enough for full speed, small enough to hash behind it
 COPY_CHUNK = 16 * 1024 * 1024
@@ -32,7 +103,7 @@ _FALLBACK_CHUNK = 8 * 1024 * 1024
 _NOT_SUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF}
 
 
-class _TailHasher:
+class TailHasher:
     """Hashes the copy as it is being written, from a second descriptor that stays behind the
     copy's offset: the hash of what actually landed, at the cost of wall time only where
     hashing is slower than copying."""
@@ -91,7 +162,7 @@ class _TailHasher:
             self._error = exc
 
 
-class _Copier:
+class Copier:
     """Kernel-side copy where the platform has one (copy_file_range, else sendfile), plain
     reads and writes otherwise; falls back once per copy, never silently short."""
 
@@ -127,11 +198,13 @@ class _Copier:
         return len(data)
 
 
-def _copy(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str | None:
-    """Copy ``size`` bytes, fsync, and return the SHA-256 of the copy when asked."""
-    hasher = _TailHasher(part) if hashing else None
+def copy_fd(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str | None:
+    """Copy ``size`` bytes from ``src`` to ``dst`` (the open file at ``part``), fsync, and
+    return the SHA-256 of what landed when asked (read back behind the copy by a
+    :class:`TailHasher`)."""
+    hasher = TailHasher(part) if hashing else None
     try:
-        copier = _Copier()
+        copier = Copier()
         copied = 0
         while copied < size:
             n = copier.chunk(src, dst, min(COPY_CHUNK, size - copied), copied)
@@ -152,90 +225,3 @@ def _copy(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str | 
     if hashed != size:
         raise CheckpointError(f"hashed {hashed} bytes of a {size}-byte copy")
     return sha
-
-
-def mirror(
-    path: str | os.PathLike[str],
-    mirror_dir: str | os.PathLike[str],
-    *,
-    pattern: str = DEFAULT_CHECKPOINT_PATTERN,
-    verify_hash: bool = True,
-    layout: str = DEFAULT_LAYOUT,
-) -> Record:
-    """Copy a checkpoint to another directory (usually another filesystem) with the same
-    discipline as :func:`save`: ``.part``, checked, fsync, rename, fsync, record.
-
-    The source must match its own record (a truncated primary is never propagated); the copy
-    must have the recorded size and, when ``verify_hash`` and the source has a recorded hash,
-    that hash, before it is renamed. The copy is hashed while it is written, so on a disk
-    slower than SHA-256 this costs almost nothing; ``verify_hash=False`` skips it (the exporter
-    still verifies the mirror later against the hash carried into its record). The source is
-    held with a shared lock so that :func:`prune` does not delete it mid-copy.
-
-    A step directory is copied file by file the same way
-    (:func:`trainguard.checkpoint.dirwriter.mirror_dir`): it must be committed (its record,
-    or its framework's marker by ``layout``), and the copy is committed by renaming its
-    ``.part`` directory, then one record lists every file.
-
-    Example::
-
-        path = f"/data/ckpt/step_{step}.pt"
-        checkpoint.save(model.state_dict(), path)
-        checkpoint.mirror(path, "/mnt/backup/ckpt")        # /mnt/backup/ckpt/step_<step>.pt
-        checkpoint.mirror("/data/out/checkpoint-500", "/mnt/backup/out",
-                          pattern="checkpoint-{step}")    # a step directory, file by file
-    """
-    src = Path(path)
-    if stat.S_ISDIR(os.lstat(src).st_mode):
-        from trainguard.checkpoint.dirwriter import mirror_dir as copy_dir
-
-        return copy_dir(src, mirror_dir, pattern=pattern, layout=layout, verify_hash=verify_hash)
-    name = src.name
-    step = step_of(name, pattern)
-    dst_dir = Path(mirror_dir)
-    if os.path.realpath(dst_dir) == os.path.realpath(src.parent):
-        raise ValueError(f"mirror directory {dst_dir} is the checkpoint's own directory")
-    src_record = read_record(src.parent, name)
-    sfd = os.open(src, os.O_RDONLY | FILE_FLAGS)
-    try:
-        lock(sfd, exclusive=False, blocking=True)
-        st = os.fstat(sfd)
-        now = os.stat(src, follow_symlinks=False)
-        if not stat.S_ISREG(st.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            raise FileNotFoundError(errno.ENOENT, "replaced or pruned while opening", str(src))
-        expected = src_record.size if src_record is not None else st.st_size
-        if st.st_size != expected:
-            raise CheckpointError(
-                f"{src} is {st.st_size} bytes but its record says {expected}: not mirroring it"
-            )
-        want_sha = src_record.sha256 if src_record is not None else None
-        part = dst_dir / (name + PARTIAL_SUFFIX)
-        dfd = open_part(part)
-        try:
-            got_sha = _copy(sfd, dfd, part, expected, hashing=verify_hash)
-            copied = os.fstat(dfd).st_size
-            if copied != expected:
-                raise CheckpointError(f"copy {part} is {copied} bytes, expected {expected}")
-            if want_sha is not None and got_sha is not None and got_sha != want_sha:
-                raise CheckpointError(f"copy {part} does not match the SHA-256 recorded for {src}")
-            remove_record(dst_dir, name)
-        except BaseException:
-            discard(part, dfd)
-            raise
-        try:
-            os.replace(part, dst_dir / name)
-            fsync_dir(dst_dir)
-        finally:
-            os.close(dfd)
-    finally:
-        os.close(sfd)
-    record = Record(
-        name=name,
-        step=step,
-        size=expected,
-        sha256=want_sha or got_sha,
-        written=time.time(),
-        source=str(src.absolute()),
-    )
-    write_record(dst_dir, record)
-    return record

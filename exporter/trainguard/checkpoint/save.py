@@ -1,8 +1,11 @@
-"""``save_dir`` and directory ``mirror``: a step directory with the same guarantees as a single
-file (:func:`trainguard.checkpoint.save`): written under ``<name>.part/``, every file and
-directory fsynced, committed by renaming the directory, the parent fsynced, and only then one
-record listing every file with its size and SHA-256. Several ranks may fill one directory: each
-writes its own files, and one record is committed once every rank's files are in."""
+"""``save`` and ``save_dir``: write a checkpoint, one file or a directory per step, so that its
+final name never holds partial content, then commit its record (size and SHA-256 of every
+file, hashed as the bytes pass) for ``latest``, ``prune`` and the exporter to judge it by.
+
+A step directory has the same guarantees as a file: written under ``<name>.part/``, every file
+and directory fsynced, committed by renaming the directory, the parent fsynced, and only then
+one record listing every file. Several ranks may fill one directory: each writes its own files,
+and one record is committed once every rank's files are in."""
 
 from __future__ import annotations
 
@@ -11,58 +14,111 @@ import errno
 import json
 import os
 import shutil
-import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any, cast
 
-from trainguard.checkpoint.copier import _copy
-from trainguard.checkpoint.part import CheckpointError, lock
+from trainguard.checkpoint.part import (
+    DIR_FLAGS,
+    CheckpointError,
+    dir_step,
+    discard,
+    fsync_tree,
+    open_part,
+    open_part_dir,
+    step_of,
+)
+from trainguard.checkpoint.transfer import HashingWriter
 from trainguard.shared.fileio import (
     FILE_FLAGS,
-    O_CLOEXEC,
-    O_DIRECTORY,
+    UntrustedFileError,
     fsync_dir,
+    read_untrusted,
     sha256_fd,
     write_all,
 )
-from trainguard.shared.listing import read_listing
-from trainguard.shared.manifest import Record, remove_record, write_record
-from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX, CheckpointPattern
-from trainguard.shared.steps import DEFAULT_LAYOUT, walk
+from trainguard.shared.manifest import MAX_DIR_RECORD_BYTES, Record, remove_record, write_record
+from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
+from trainguard.shared.stepdir import walk
+
+
+def _is_torch_module(obj: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def _serialize(obj: Any, writer: HashingWriter) -> None:
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        writer.write(obj)
+    elif callable(obj) and not _is_torch_module(obj):
+        obj(writer)
+    else:
+        import torch  # only now: bytes and callables never need it
+
+        torch.save(obj, cast(IO[bytes], writer))
+
+
+def save(
+    obj: Any, path: str | os.PathLike[str], *, pattern: str = DEFAULT_CHECKPOINT_PATTERN
+) -> Record:
+    """Write a checkpoint so that its final name never holds partial content.
+
+    ``obj`` is bytes, a callable that writes to the binary file it is given, or anything
+    ``torch.save`` takes. Order: ``<path>.part`` written and hashed, fsync, the old record of
+    this name (if any) removed, rename to ``path``, fsync the directory, then the new record
+    (size, SHA-256) committed the same way. Killed before the record lands, the file is there
+    but unrecorded, and neither :func:`latest` nor the exporter calls it complete.
+
+    Example::
+
+        checkpoint.save(model.state_dict(), f"/data/ckpt/step_{step}.pt")   # via torch.save
+        checkpoint.save(blob, "/data/ckpt/step_100.bin")                     # bytes as they are
+        checkpoint.save(lambda f: f.write(blob), "/data/ckpt/step_100.bin")  # any writer
+    """
+    path = Path(path)
+    step = step_of(path.name, pattern)
+    directory = path.parent
+    part = path.with_name(path.name + PARTIAL_SUFFIX)
+    fd = open_part(part)
+    try:
+        writer = HashingWriter(fd)
+        try:
+            _serialize(obj, writer)
+            sha, size = writer.finish()
+        finally:
+            writer.close()
+        os.fsync(fd)
+        remove_record(directory, path.name)
+    except BaseException:
+        discard(part, fd)
+        raise
+    try:
+        os.replace(part, path)
+        fsync_dir(directory)
+    finally:
+        os.close(fd)
+    record = Record(name=path.name, step=step, size=size, sha256=sha, written=time.time())
+    write_record(directory, record)
+    return record
+
 
 #: each rank's share of the hashes, inside the ``.part`` directory until the commit
 _SHARE = ".trainguard-rank-"
-_DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 Files = list[tuple[str, int, str | None]]
-
-
-def _dir_step(path: Path, pattern: str) -> int:
-    step = CheckpointPattern(pattern).dir_step(path.name)
-    if step is None:
-        raise ValueError(
-            f"{path.name!r} is not a step directory name of the pattern {pattern!r} (the pattern "
-            "exactly, e.g. 'checkpoint-{step}' -> checkpoint-500): the exporter would not see it"
-        )
-    return step
 
 
 def _tree(path: Path) -> list[tuple[str, os.stat_result]]:
     """Every regular file under ``path`` (relative paths, sorted), trainguard's own share files
     left out."""
-    fd = os.open(path, _DIR_FLAGS)
+    fd = os.open(path, DIR_FLAGS)
     try:
         files = walk(fd, path, path.name, None).files
     finally:
         os.close(fd)
     return sorted((rel, st) for rel, st in files if not rel.startswith(_SHARE))
-
-
-def _subdirs(path: Path) -> list[Path]:
-    """``path`` and every directory under it, deepest first (the order to fsync them)."""
-    out = [Path(root) for root, _dirs, _files in os.walk(path)]
-    return sorted(out, key=lambda p: len(p.parts), reverse=True)
 
 
 def _fsync_and_hash(path: Path, rel: str, hashing: bool) -> tuple[int, str | None]:
@@ -93,33 +149,15 @@ def _read_shares(tmp: Path, world_size: int) -> dict[str, tuple[int, str | None]
     out: dict[str, tuple[int, str | None]] = {}
     for rank in range(world_size):
         share = tmp / f"{_SHARE}{rank}.json"
-        try:
-            doc = json.loads(share.read_bytes())
+        try:  # a share lists some of the files the record will: the record's cap holds
+            doc = json.loads(read_untrusted(share, MAX_DIR_RECORD_BYTES)[0])
         except FileNotFoundError:
             raise CheckpointError(f"rank {rank} did not finish its part of {tmp}") from None
+        except UntrustedFileError as exc:
+            raise CheckpointError(str(exc)) from None
         for rel, size, sha in doc:
             out[rel] = (size, sha)
     return out
-
-
-def _prepare(tmp: Path) -> int:
-    """Create ``tmp`` empty and hold an exclusive lock on it; a leftover of a killed writer is
-    removed, one whose writer is alive is an error."""
-    try:
-        fd = os.open(tmp, _DIR_FLAGS)
-    except FileNotFoundError:
-        pass
-    else:
-        try:
-            if not lock(fd, exclusive=True, blocking=False):
-                raise FileExistsError(errno.EEXIST, "being written by another process", str(tmp))
-        finally:
-            os.close(fd)
-        shutil.rmtree(tmp)
-    os.mkdir(tmp)
-    fd = os.open(tmp, _DIR_FLAGS)
-    lock(fd, exclusive=True, blocking=False)
-    return fd
 
 
 @contextlib.contextmanager
@@ -157,7 +195,7 @@ def save_dir(
     that step.
     """
     final = Path(path)
-    step = _dir_step(final, pattern)
+    step = dir_step(final, pattern)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} of world_size {world_size}")
     if world_size > 1 and barrier is None:
@@ -168,7 +206,7 @@ def save_dir(
     if rank == 0:
         if os.path.lexists(final):
             raise FileExistsError(errno.EEXIST, "checkpoint directory already exists", str(final))
-        lock_fd = _prepare(tmp)
+        lock_fd = open_part_dir(tmp)
     try:
         sync()
         ok = False
@@ -224,8 +262,7 @@ def _commit(
         files.append((rel, got[0], got[1]))
     if len(files) != len(tree) or not files:
         raise CheckpointError(f"{tmp}: files came or went while it was committed, or none")
-    for d in _subdirs(tmp):
-        fsync_dir(d)
+    fsync_tree(tmp)
     parent = final.parent
     remove_record(parent, final.name)
     os.rename(tmp, final)  # fails on an existing non-empty directory: never replaces one
@@ -240,99 +277,3 @@ def _commit(
     )
     write_record(parent, record)
     return record
-
-
-def mirror_dir(
-    src: Path,
-    mirror_dir: str | os.PathLike[str],
-    *,
-    pattern: str = DEFAULT_CHECKPOINT_PATTERN,
-    layout: str = DEFAULT_LAYOUT,
-    verify_hash: bool = True,
-) -> Record:
-    """Copy a committed step directory (``mirror`` on a directory): every file with the same
-    discipline as a file's mirror, into ``<name>.part/``, checked against the source's record
-    (or, for a framework's directory without one, the sizes read when it was judged), fsynced,
-    renamed, then a record listing every file. The source directory is held with a shared
-    lock during the copy, so that ``prune`` does not delete it."""
-    name = src.name
-    step = _dir_step(src, pattern)
-    dst_dir = Path(mirror_dir)
-    if os.path.realpath(dst_dir) == os.path.realpath(src.parent):
-        raise ValueError(f"mirror directory {dst_dir} is the checkpoint's own directory")
-    final = dst_dir / name
-    if os.path.lexists(final):
-        raise FileExistsError(errno.EEXIST, "already mirrored", str(final))
-    sfd = os.open(src, _DIR_FLAGS)
-    try:
-        lock(sfd, exclusive=False, blocking=True)
-        listing = read_listing(src.parent, CheckpointPattern(pattern), layout)
-        committed = {d.name: d for d in listing.dirs}.get(name)
-        if committed is None:
-            raise CheckpointError(f"{src} is not a committed step directory: not mirroring it")
-        st = os.fstat(sfd)
-        now = os.stat(src, follow_symlinks=False)
-        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            raise FileNotFoundError(errno.ENOENT, "replaced or pruned while opening", str(src))
-        cut = len(name) + 1
-        expected: dict[str, tuple[int, str | None]] = (
-            committed.record.file_map()
-            if committed.record is not None
-            else {e.name[cut:]: (e.stat.st_size, None) for e in committed.files}
-        )
-        present = {e.name[cut:]: e.stat.st_size for e in committed.files}
-        for rel, (size, _sha) in expected.items():
-            if present.get(rel) != size:
-                raise CheckpointError(
-                    f"{src / rel} is {present.get(rel)} bytes but should be {size}: not mirroring"
-                )
-        tmp = final.with_name(name + PARTIAL_SUFFIX)
-        lock_fd = _prepare(tmp)
-        try:
-            files: Files = []
-            for rel in sorted(expected):
-                size, want = expected[rel]
-                files.append((rel, size, _copy_one(src / rel, tmp / rel, size, want, verify_hash)))
-            for d in _subdirs(tmp):
-                fsync_dir(d)
-            remove_record(dst_dir, name)
-            os.rename(tmp, final)
-            fsync_dir(dst_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            os.close(lock_fd)
-    finally:
-        os.close(sfd)
-    record = Record(
-        name=name,
-        step=step,
-        size=sum(size for _, size, _ in files),
-        sha256=None,
-        written=time.time(),
-        source=str(src.absolute()),
-        files=tuple(files),
-    )
-    write_record(dst_dir, record)
-    return record
-
-
-def _copy_one(src: Path, dst: Path, size: int, want: str | None, hashing: bool) -> str | None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    sfd = os.open(src, os.O_RDONLY | FILE_FLAGS)
-    try:
-        if not stat.S_ISREG(os.fstat(sfd).st_mode):
-            raise CheckpointError(f"{src} is not a regular file")
-        dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | FILE_FLAGS, 0o644)
-        try:
-            got = _copy(sfd, dfd, dst, size, hashing=hashing)
-            if os.fstat(dfd).st_size != size:
-                raise CheckpointError(f"copy {dst} is not {size} bytes")
-        finally:
-            os.close(dfd)
-    finally:
-        os.close(sfd)
-    if want is not None and got is not None and got != want:
-        raise CheckpointError(f"copy {dst} does not match the SHA-256 recorded for {src}")
-    return want or got
