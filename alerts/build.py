@@ -3,9 +3,9 @@
 
 Thresholds live in ``alerts/thresholds.py``, the rules in ``alerts/rules/`` (one module per
 group); this script only fills them in and writes YAML. The rules file is generated and
-committed, so Prometheus users who never run Python can load it as-is. tests/test_alerts.py
-checks that the committed file equals this script's output, and promtool unit tests
-(alerts/tests/) pin the behaviour of the defaults.
+committed, so Prometheus users who never run Python can load it as-is.
+tests/generators/test_alerts.py checks that the committed file equals this script's output, and
+promtool unit tests (alerts/tests/) pin the behaviour of the defaults.
 
     python alerts/build.py                            # rewrite alerts/trainguard.rules.yml
     python alerts/build.py --check                    # exit 1 if the committed file is stale

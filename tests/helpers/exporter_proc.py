@@ -16,7 +16,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO
+
 EXPORTER_SRC = REPO / "exporter"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -24,6 +24,7 @@ import torch
 
 from helpers import cuda_snapshot
 from helpers.exporter_proc import Exporter, child_env, select, value
+from helpers.paths import REPO
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
 from trainguard.run import snapshots as snap
@@ -548,7 +549,7 @@ def test_the_exporter_publishes_snapshot_counters_and_the_newest_files(tmp_path:
 
 def test_dump_constants_are_documented() -> None:
     """The bounds README promises are the code's."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert f"{snap.MAX_OOM_SNAPSHOTS} OOM snapshots" in readme
     assert f"{snap.HISTORY_ENTRIES:,}" in readme
     assert f"{int(snap.REQUEST_MIN_GAP)} seconds" in readme
@@ -557,7 +558,7 @@ def test_dump_constants_are_documented() -> None:
 def test_the_gpu_check_stops_before_cuda_on_this_machine(tmp_path: Path) -> None:
     """bench/gpu_snapshot_check.py is for a CUDA machine (issue 18); here it says so and exits
     77 without writing a report."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_snapshot_check.py"
+    script = REPO / "bench" / "gpu_snapshot_check.py"
     out = subprocess.run(
         [sys.executable, str(script), "--out", str(tmp_path)],
         env=child_env(),

@@ -29,10 +29,11 @@ import pytest
 
 from helpers.ckpt_child import payload
 from helpers.exporter_proc import Exporter, child_env, value
+from helpers.paths import HELPERS
 from trainguard.checkpoint import latest, mirror, prune, save
 from trainguard.shared.manifest import MANIFEST_DIR, record_path
 
-CHILD = Path(__file__).parent / "helpers" / "ckpt_child.py"
+CHILD = HELPERS / "ckpt_child.py"
 RUN = "fi"
 
 SAVE_PHASES = {

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers.exporter_proc import Samples, child_env, free_port, value
+from helpers.paths import HELPERS
 from helpers.zygote import Forked, Zygote
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
@@ -29,8 +30,6 @@ from trainguard.shared.manifest import read_record
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.verdict import judge_dirs
 
-HERE = Path(__file__).parent
-
 
 def load_all(path: Path, world: int, step: int) -> None:
     """dcp.load of every rank's tensors (tests/helpers/dist_child.py); skips without torch."""
@@ -40,7 +39,7 @@ def load_all(path: Path, world: int, step: int) -> None:
     dist_child.load_all(path, world, step)
 
 
-DIST_CHILD = HERE / "helpers" / "dist_child.py"
+DIST_CHILD = HELPERS / "dist_child.py"
 RUN = "r"
 
 
@@ -374,7 +373,7 @@ def test_save_dir_killed_at_random_points(tmp_path: Path, framework_zygote: Zygo
         )
 
 
-HF_CHILD = HERE / "helpers" / "hf_child.py"
+HF_CHILD = HELPERS / "hf_child.py"
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import paths
 from trainguard.exporter.config import (
     ConfigError,
     load_config,
@@ -15,7 +16,7 @@ from trainguard.exporter.config import (
     parse_size,
 )
 
-DATA = Path(__file__).parent / "data" / "configs"
+DATA = paths.DATA / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))
 
 
@@ -35,7 +36,7 @@ def test_bad_config_names_file_field_and_expectation(path: Path) -> None:
 
 
 def test_example_config_is_valid() -> None:
-    repo = Path(__file__).parent.parent
+    repo = paths.REPO
     cfg = load_config(repo / "examples" / "trainguard.yml")
     assert [r.name for r in cfg.runs] == ["llama-ft", "sd-finetune", "hf-sft"]
     llama = cfg.runs[0]

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers.paths import REPO
 from helpers.promstack import ALERTMANAGER, Alertmanager, Webhook
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 TEMPLATE = DEPLOY / "trainguard.tmpl"
 AMTOOL = shutil.which("amtool")

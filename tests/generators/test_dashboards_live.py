@@ -17,6 +17,7 @@ import pytest
 from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
+from helpers.paths import REPO
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
 from trainguard import checkpoint
@@ -145,7 +146,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
             subprocess.Popen(
                 [
                     sys.executable,
-                    str(Path(__file__).parent.parent / "examples" / "train_toy.py"),
+                    str(REPO / "examples" / "train_toy.py"),
                     "--name=toy",
                     "--steps=100000",
                     "--sleep=0.02",
