@@ -26,6 +26,7 @@ from helpers import cuda_snapshot
 from helpers.exporter_proc import Exporter, child_env, select, value
 from helpers.paths import REPO
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
+from helpers.wait import wait_for
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
 from trainguard.run import snapshots as snap
 from trainguard.run.reporter import Run
@@ -63,18 +64,19 @@ def files(state: Path, name: str, rank: int = 0) -> list[str]:
 
 def step_until(run: Run, ok: Any, start: int = 0, timeout: float = 60.0) -> int:
     """Step the run (as a training loop would) until its heartbeat satisfies ``ok``."""
-    deadline = time.monotonic() + timeout
     step = start
-    while time.monotonic() < deadline:
+
+    def stepped() -> bool:
+        nonlocal step
         run.step(step, loss=1.0, batch_size=32.0)
         step += 1
         try:
-            if ok(read(run)):
-                return step
+            return bool(ok(read(run)))
         except Exception:  # not written yet
-            pass
-        time.sleep(0.005)
-    raise AssertionError(f"condition never held; last heartbeat: {read(run)}")
+            return False
+
+    wait_for(stepped, timeout, 0.005, lambda: f"the condition; last heartbeat: {read(run)}")
+    return step
 
 
 # ------------------------------------------------------------------------------- no CUDA
@@ -237,10 +239,7 @@ def test_bad_request_files_are_ignored_without_harm(
             request.symlink_to(secret)
         else:
             os.mkfifo(request)
-        deadline = time.monotonic() + 60
-        while os.path.lexists(request) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not os.path.lexists(request), plant
+        wait_for(lambda: not os.path.lexists(request), 60, 0.01, f"the {plant} request removed")
     run.step(1)
     run.close()
     assert counts(read(run)) == {"oom": 0, "periodic": 0, "requested": 0}
@@ -260,9 +259,7 @@ def test_a_request_of_another_user_is_refused(tmp_path: Path, monkeypatch: Any) 
     os.chown(tmp, 12345, 12345)
     os.replace(tmp, tmp_path / (stem + REQUEST_SUFFIX))
     reply_path = tmp_path / (stem + REPLY_SUFFIX)
-    deadline = time.monotonic() + 60
-    while not reply_path.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(reply_path.exists, 60, 0.01, f"a reply at {reply_path}")
     reply = json.loads(reply_path.read_text())
     run.close()
     assert reply["id"] == req.id and reply["ok"] is False and "uid 12345" in reply["error"]
