@@ -5,9 +5,8 @@ Thresholds live in ``alerts/thresholds/``, the rules in ``alerts/rules/`` (one m
 group); this script only fills in a site's configuration (``alerts/site.py``: the defaults,
 ``--config``, ``--set``; ``grafana/generate.py`` takes the same, for the dashboards) and writes
 YAML. The rules file is generated and committed, so Prometheus users who never run Python can
-load it as-is. tests/test_alerts.py
-checks that the committed file equals this script's output, and promtool unit tests
-(alerts/tests/) pin the behaviour of the defaults.
+load it as-is. tests/generators/test_alerts.py checks that the committed file equals this
+script's output, and promtool unit tests (alerts/tests/) pin the behaviour of the defaults.
 
     python alerts/build.py                            # rewrite alerts/trainguard.rules.yml
     python alerts/build.py --check                    # exit 1 if the committed file is stale

@@ -7,13 +7,13 @@ how long it takes is measured, on purpose, by a benchmark).
 Cases (medians of ``--repeat`` scrapes after one warm-up scrape, except where said):
 
 - ``checkpoint dir, 100k names``: the checkpoint collector in-process, on a directory of
-  ``--entries`` unrelated names and 200 checkpoints (tests/test_checkpoints_collector.py
+  ``--entries`` unrelated names and 200 checkpoints (tests/exporter/test_checkpoints_collector.py
   checks it lists the directory once). Target: under 1 s.
 - ``state dir, 100k names``: the real exporter over HTTP, a state dir of ``--entries``
   unrelated entries and two heartbeats. Target: under 1 s.
 - ``state dir, 10 001 heartbeat files``: the same after 10 001 files that look like
   heartbeats: the first scrape reads 10 000 of them (target: under 10 s), the next ones read
-  none again (target: under 3 s; tests/test_runtable.py checks they are not read again).
+  none again (target: under 3 s; tests/exporter/test_runtable.py checks they are not read again).
 - ``1 GiB sparse heartbeat``: refused from its size, never read. Target: under 1 s.
 """
 
@@ -30,7 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
+# tests/ for helpers, tests/exporter/ for the collector test's Setup
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "exporter"), str(REPO / "exporter")]
 
 from helpers.exporter_proc import Exporter  # noqa: E402
 from helpers.run_child import own_heartbeat, put  # noqa: E402

@@ -10,8 +10,9 @@ so it needs nothing beyond the standard library. Template variables are replaced
 ``$__rate_interval``/``$__interval`` → ``1m``, ``$__range`` → ``1h``. ``label_values(sel, l)``
 variable queries become their selector ``sel``.
 
-Used by ``tests/test_dashboards.py`` and ``tests/test_dashboards_live.py``;
-``python tests/helpers/dashboard_queries.py`` prints every query.
+Used by ``tests/generators/test_dashboards.py`` and
+``tests/generators/test_dashboards_live.py``; ``python tests/helpers/dashboard_queries.py``
+prints every query.
 """
 
 from __future__ import annotations

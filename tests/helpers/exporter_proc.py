@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import socket
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -16,7 +16,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers.paths import REPO
+from helpers.wait import WaitTimeout, wait_for
+
 EXPORTER_SRC = REPO / "exporter"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -89,19 +91,18 @@ class Exporter:
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 out = self.log()
                 raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{out}")
-            try:
-                with self._open("/-/healthy", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError("exporter did not become healthy in time")
+            with self._open("/-/healthy", timeout=5) as r:
+                return bool(r.status == 200)
+
+        try:
+            wait_for(healthy, timeout, what="the exporter to become healthy", ignore=OSError)
+        except WaitTimeout as exc:  # a RuntimeError, as an exit is (bench/ catches both)
+            self.stop()
+            raise RuntimeError(f"exporter did not become healthy in time: {exc}") from None
 
     def _open(self, path: str, timeout: float) -> Any:
         req = urllib.request.Request(self.url + path)
@@ -145,13 +146,18 @@ class Exporter:
 
 def poll(exp: Exporter, ok: Callable[[Samples], bool], timeout: float = 60.0) -> Samples:
     """Scrape until ``ok`` holds (or ``timeout`` passes); return the last scrape. The deadline
-    is generous (a busy machine is many times slower); when ``ok`` holds it returns at once."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = exp.scrape()
-        if ok(s) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.05)
+    is generous (a busy machine is many times slower); when ``ok`` holds it returns at once.
+    A timeout is not raised here: the caller's assertions on the last scrape say what is wrong
+    (and tests/gpu records its figures from it first)."""
+    last: list[Samples] = []
+
+    def scraped() -> bool:
+        last[:] = [exp.scrape()]
+        return ok(last[0])
+
+    with contextlib.suppress(WaitTimeout):
+        wait_for(scraped, timeout, what="the scrape to satisfy the condition")
+    return last[0]
 
 
 def value(samples: Samples, metric: str, /, **labels: str) -> float | None:

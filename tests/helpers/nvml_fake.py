@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from helpers.paths import REPO
+
 __all__ = [
     "ERROR_NAMES",
     "LIB_NAME",
@@ -44,7 +46,7 @@ __all__ = [
     "fake_nvml_env",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = REPO
 SOURCE_DIR = REPO_ROOT / "tests" / "fakenvml"
 DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "fakenvml"
 LIB_NAME = "libnvidia-ml.so.1"

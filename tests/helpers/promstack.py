@@ -21,23 +21,23 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.exporter_proc import free_port
+from helpers.wait import WaitTimeout, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}:\n{log.read_text()}")
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} not ready:\n{log.read_text()}")
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return bool(r.status == 200)
+
+    try:
+        wait_for(ready, timeout, 0.1, f"{url} to answer", ignore=OSError)
+    except WaitTimeout as exc:  # a RuntimeError, as an exit is
+        raise RuntimeError(f"{exc}; its log:\n{log.read_text()}") from None
 
 
 class Webhook:
@@ -69,16 +69,12 @@ class Webhook:
     ) -> dict[str, Any]:
         """The first message posted (of any kind: a Slack-style payload too) that ``ok``
         accepts, waiting up to ``timeout`` seconds for it."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for _, msg in self.received:
-                    if ok(msg):
-                        return msg
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"{what} not posted in {timeout}s; got {self.received}")
-                self._cond.wait(left)
+
+        def posted() -> dict[str, Any] | None:
+            with self._cond:
+                return next((msg for _, msg in self.received if ok(msg)), None)
+
+        return wait_for(posted, timeout, what=lambda: f"{what} posted; got {self.received}")
 
     def alerts(self, status: str = "firing") -> list[tuple[float, dict[str, Any]]]:
         with self._cond:
@@ -89,22 +85,26 @@ class Webhook:
     def wait_for(
         self, alertname: str, timeout: float, **labels: str
     ) -> tuple[float, dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for t, a in self.alerts():
-                    lbl = a["labels"]
-                    if lbl.get("alertname") == alertname and all(
-                        lbl.get(k) == v for k, v in labels.items()
-                    ):
-                        return t, a
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(
-                        f"{alertname} {labels} not delivered in {timeout}s; got "
-                        f"{[a['labels'].get('alertname') for _, a in self.alerts()]}"
-                    )
-                self._cond.wait(left)
+        """The first firing alert named ``alertname`` with these labels delivered (when it
+        was received, and the alert), waiting up to ``timeout`` seconds for it."""
+
+        def delivered() -> tuple[float, dict[str, Any]] | None:
+            for t, a in self.alerts():
+                lbl = a["labels"]
+                if lbl.get("alertname") == alertname and all(
+                    lbl.get(k) == v for k, v in labels.items()
+                ):
+                    return t, a
+            return None
+
+        return wait_for(
+            delivered,
+            timeout,
+            what=lambda: (
+                f"{alertname} {labels} delivered; got "
+                f"{[a['labels'].get('alertname') for _, a in self.alerts()]}"
+            ),
+        )
 
     def close(self) -> None:
         self.server.shutdown()
@@ -250,25 +250,27 @@ class Prometheus(_Server):
         Prometheus may miss ticks, so this counts evaluations rather than sleeping."""
         start = self.rule_group_iterations()
         assert start, "Prometheus has no rule groups"
-        deadline = time.monotonic() + timeout
-        while True:
-            now = self.rule_group_iterations()
-            if all(now.get(g, 0) >= start[g] + n for g in start):
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"rule groups not evaluated {n} times in {timeout}s: {now}")
-            time.sleep(0.25)
+
+        now: list[dict[str, float]] = []
+
+        def evaluated() -> bool:
+            now[:] = [self.rule_group_iterations()]
+            return all(now[0].get(g, 0) >= start[g] + n for g in start)
+
+        what = lambda: f"rule groups evaluated {n} times from {start}: {now}"  # noqa: E731
+        wait_for(evaluated, timeout, 0.25, what)
 
     def query(self, expr: str) -> Any:
         return self.api("query", query=expr)
 
     def wait_until(self, expr: str, timeout: float = 60) -> list[Any]:
         """Poll until the instant query returns a non-empty vector."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        answers: list[Any] = []
+
+        def answered() -> list[Any]:
             res = self.query(expr)
-            if res.get("status") == "success" and res["data"]["result"]:
-                return list(res["data"]["result"])
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{expr!r} still empty after {timeout}s: {res}")
-            time.sleep(0.25)
+            answers[:] = [res]
+            return list(res["data"]["result"]) if res.get("status") == "success" else []
+
+        return wait_for(answered, timeout, 0.25, lambda: f"{expr!r} to return data: {answers}")

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 from helpers.exporter_proc import child_env
+from helpers.wait import wait_for
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import (
     Heartbeat,
@@ -136,16 +137,15 @@ def start_child_in_pid_namespace(
 
 def namespace_child(proc: subprocess.Popen[str], timeout: float = 60.0) -> int:
     """The host pid of the process ``unshare --fork`` started."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def child() -> int | None:
         try:
             children = psutil.Process(proc.pid).children()
         except psutil.NoSuchProcess:
-            break
-        if children:
-            return children[0].pid
-        time.sleep(0.01)
-    raise AssertionError(f"unshare (pid {proc.pid}) started no child")
+            raise AssertionError(f"unshare (pid {proc.pid}) ended, starting no child") from None
+        return children[0].pid if children else None
+
+    return wait_for(child, timeout, 0.01, f"unshare (pid {proc.pid}) to start a child")
 
 
 def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:
@@ -154,19 +154,14 @@ def heartbeat_path(state_dir: Path, name: str, rank: int = 0) -> Path:
 
 def wait_heartbeat(path: Path, ok: Callable[[Heartbeat], bool], timeout: float = 60.0) -> Heartbeat:
     """Poll the heartbeat file until ``ok`` holds for it."""
-    deadline = time.monotonic() + timeout
-    last: Heartbeat | str = "no file"
-    while time.monotonic() < deadline:
-        try:
-            hb = read_heartbeat(path)
-        except HeartbeatError as exc:
-            last = str(exc)
-        else:
-            if ok(hb):
-                return hb
-            last = hb
-        time.sleep(0.01)
-    raise AssertionError(f"heartbeat {path} never satisfied the condition; last: {last}")
+    last: list[Heartbeat] = []
+
+    def read() -> Heartbeat | None:
+        last[:] = [read_heartbeat(path)]
+        return last[0] if ok(last[0]) else None
+
+    what = lambda: f"heartbeat {path} to satisfy the condition; last read: {last}"  # noqa: E731
+    return wait_for(read, timeout, 0.01, what, ignore=HeartbeatError)
 
 
 def own_heartbeat(run: str, **over: object) -> Heartbeat:
@@ -208,12 +203,11 @@ def sigkill(pid: int, timeout: float = 60.0) -> None:
     """SIGKILL, then wait until the kernel has ended the process: a zombie (not reaped, so the
     exporter still sees the pid listed) or gone. The signal is delivered asynchronously."""
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def ended() -> bool:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"pid {pid} still running {timeout:.0f} s after SIGKILL")
+            return True
+
+    wait_for(ended, timeout, 0.001, f"pid {pid} to end after SIGKILL")

@@ -24,8 +24,8 @@ import yaml
 
 from deploy.kubernetes import build_prometheusrule
 from helpers.exporter_proc import child_env
+from helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
 KUBERNETES_VERSION = "1.33.0"

@@ -3,7 +3,8 @@
 The PromQL check uses the real ``promtool`` (Debian package ``prometheus``): every panel and
 variable query becomes a recording rule in a temporary rule file and ``promtool check rules``
 parses it. Running the queries against a Prometheus fed by the real exporter is a separate test
-(``tests/test_dashboards_live.py``) built on :func:`helpers.dashboard_queries.iter_queries`.
+(``tests/generators/test_dashboards_live.py``) built on
+:func:`helpers.dashboard_queries.iter_queries`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ import yaml
 
 from grafana import generate
 from helpers import dashboard_queries as queries
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers.paths import REPO
 
 UIDS = {
     "trainguard-runs": "Training runs",

@@ -20,13 +20,14 @@ from types import TracebackType
 import pytest
 import yaml
 
+from helpers import paths
 from helpers.exporter_proc import Exporter, Samples, parse_samples, poll, select, value
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
 from trainguard.exporter.collectors import COLLECTORS
 from trainguard.exporter.web import client_timeout
 
-HANGFS = Path(__file__).resolve().parent / "helpers" / "hangfs.py"
+HANGFS = paths.HELPERS / "hangfs.py"
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 #: Prometheus's default scrape_timeout, sent as its header: the scrape's deadline is 9.5 s
 HEADER = "10"

@@ -22,6 +22,7 @@ from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import sigkill
+from helpers.wait import WaitTimeout, wait_for
 from helpers.zygote import Forked, Zygote
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
@@ -118,14 +119,21 @@ def tail(log: Path) -> str:
 
 
 def wait_until(ok: Callable[[], bool], proc: Proc, log: Path, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not ok():
+    """Wait for ``ok``, failing at once if the training process exits first; on a timeout its
+    stacks and log say where it stuck."""
+
+    def alive_and_ok() -> bool:
+        if ok():
+            return True
         if proc.poll() is not None:
             raise AssertionError(f"exited with {proc.returncode} before {what}:\n{tail(log)}")
-        if time.monotonic() > deadline:
-            dump_stacks(proc)
-            raise AssertionError(f"not {what} within {DEADLINE:.0f}s:\n{tail(log)}")
-        time.sleep(0.05)
+        return False
+
+    try:
+        wait_for(alive_and_ok, DEADLINE, what=what)
+    except WaitTimeout as exc:
+        dump_stacks(proc)
+        raise AssertionError(f"{exc}:\n{tail(log)}") from None
 
 
 def dump_stacks(proc: Proc) -> None:

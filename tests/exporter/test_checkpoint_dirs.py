@@ -6,7 +6,7 @@ The DeepSpeed, Megatron-LM and Orbax directories here are built from their docum
 names (installing those frameworks for a test is unreasonable: DeepSpeed and Megatron need
 CUDA builds, Orbax needs JAX); the Hugging Face Trainer and torch.distributed.checkpoint
 directories are also built so, and written by the real libraries in
-tests/test_checkpoint_writers.py."""
+tests/training/test_checkpoint_writers.py."""
 
 from __future__ import annotations
 

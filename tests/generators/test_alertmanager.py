@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers.paths import REPO
 from helpers.promstack import ALERTMANAGER, Alertmanager, Webhook
+from helpers.wait import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 DEPLOY = ROOT / "deploy"
 TEMPLATE = DEPLOY / "trainguard.tmpl"
 AMTOOL = shutil.which("amtool")
@@ -129,20 +130,22 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert response.status == 200
-        deadline = time.monotonic() + 60
-        while True:
+        seen: list[Any] = []
+
+        def applied() -> dict[tuple[str, str], bool] | None:
             with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=30) as response:
-                seen = json.loads(response.read())
+                seen[:] = json.loads(response.read())
             inhibited = {
                 (a["labels"]["alertname"], a["labels"]["instance"]): bool(
                     a["status"]["inhibitedBy"]
                 )
                 for a in seen
             }
-            if len(inhibited) == 3 and inhibited[("TrainingStalled", "node-1:9636")]:
-                break
-            assert time.monotonic() < deadline, f"inhibition not applied: {seen}"
-            time.sleep(0.1)  # polling Alertmanager's API, not waiting out a duration
+            ok = len(inhibited) == 3 and inhibited[("TrainingStalled", "node-1:9636")]
+            return inhibited if ok else None
+
+        # polling Alertmanager's API, not waiting out a duration
+        inhibited = wait_for(applied, 60, 0.1, lambda: f"the inhibition applied: {seen}")
         assert inhibited == {
             ("TrainingProcessDied", "node-1:9636"): False,
             ("TrainingStalled", "node-1:9636"): True,

@@ -18,12 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
+from helpers.paths import DATA, TESTS
 from trainguard.shared.heartbeat import HeartbeatError
 from trainguard.shared.heartbeat_read import parse_heartbeat_bytes
 from trainguard.shared.manifest import ManifestError, parse_record
 
-FUZZ = Path(__file__).parent / "fuzz"
-DATA = Path(__file__).parent / "data"
+FUZZ = TESTS / "fuzz"
 # A fixed seed and a fixed number of inputs: the suite's fuzz run is the same every time, so
 # CI is not made red by chance; open-ended runs that look for new inputs are in the README.
 RUNS = {"heartbeat": 120_000, "manifest": 500_000}  # about 6-8 s each on a 2-core VM

@@ -23,6 +23,7 @@ import pytest
 
 from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from helpers.wait import wait_for
 from trainguard import Run
 from trainguard.checkpoint import save
 from trainguard.shared.heartbeat_read import read_heartbeat
@@ -173,10 +174,12 @@ def test_heartbeats_on_a_really_full_filesystem(
                 run.step(i, loss=0.5)  # must never raise
                 time.sleep(0.005)
             # until the writer has tried (and failed) to write on the full disk
-            deadline = time.monotonic() + 60
-            while not any("cannot write heartbeat" in r.getMessage() for r in caplog.records):
-                assert time.monotonic() < deadline, "the writer never tried the full disk"
-                time.sleep(0.01)
+            wait_for(
+                lambda: any("cannot write heartbeat" in r.getMessage() for r in caplog.records),
+                60,
+                0.01,
+                "the writer to try the full disk",
+            )
             on_disk = read_heartbeat(run.path)  # still whole, still valid
             assert on_disk.step is not None and on_disk.step < 59
             assert [p.name for p in state.iterdir() if p.name.endswith(".tmp")] == []

@@ -29,10 +29,12 @@ import pytest
 
 from helpers.ckpt_child import payload
 from helpers.exporter_proc import Exporter, child_env, value
+from helpers.paths import HELPERS
+from helpers.wait import wait_for
 from trainguard.checkpoint import latest, mirror, prune, save
 from trainguard.shared.manifest import MANIFEST_DIR, record_path
 
-CHILD = Path(__file__).parent / "helpers" / "ckpt_child.py"
+CHILD = HELPERS / "ckpt_child.py"
 RUN = "fi"
 
 SAVE_PHASES = {
@@ -112,14 +114,15 @@ class Writers:
     def _expect(self, word: str, timeout: float = 120) -> str:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            assert left > 0, f"the writers' server said nothing for {timeout}s"
-            if select.select([fd], [], [], left)[0]:
+
+        def line() -> bool:
+            if b"\n" not in self._buf and select.select([fd], [], [], 0.1)[0]:
                 chunk = os.read(fd, 4096)
                 assert chunk, f"the writers' server exited {self.proc.poll()}"
                 self._buf += chunk
+            return b"\n" in self._buf
+
+        wait_for(line, timeout, interval=0, what=f"a line from the writers' server ({word})")
         line, self._buf = self._buf.split(b"\n", 1)
         got, _, rest = line.decode().partition(" ")
         assert got == word, line
@@ -336,16 +339,17 @@ def test_prune_while_a_copy_is_in_flight(tmp_path: Path) -> None:
     try:
         # held mid-copy: stopped once its trace shows the copy under way (the .part opened
         # and locked, the source locked before it) and the rename not yet done
-        deadline = time.monotonic() + 60
-        while True:
-            assert time.monotonic() < deadline and proc.poll() is None
+        def held() -> bool:
+            assert proc.poll() is None
             proc.send_signal(signal.SIGSTOP)
             ops = trace.read_text() if trace.exists() else ""
             assert "replace:part" not in ops, "the copy finished before it could be held"
             if any(f"{op}:part" in ops for op in ("copy_file_range", "sendfile", "write")):
-                break
+                return True
             proc.send_signal(signal.SIGCONT)
-            time.sleep(0.005)
+            return False
+
+        wait_for(held, 60, 0.005, "the mirror held mid-copy")
         deleted = prune(p, keep=1, mirrors=[m], grace=0)
         assert deleted == [p / "step_2.bin"]  # not step 1: it is being copied
         assert (p / "step_1.bin").exists() and (m / "step_1.bin.part").exists()

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers.exporter_proc import Samples, child_env, free_port, value
+from helpers.paths import HELPERS
+from helpers.wait import wait_for
 from helpers.zygote import Forked, Zygote
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
@@ -29,8 +31,6 @@ from trainguard.shared.manifest import read_record
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.verdict import judge_dirs
 
-HERE = Path(__file__).parent
-
 
 def load_all(path: Path, world: int, step: int) -> None:
     """dcp.load of every rank's tensors (tests/helpers/dist_child.py); skips without torch."""
@@ -40,17 +40,8 @@ def load_all(path: Path, world: int, step: int) -> None:
     dist_child.load_all(path, world, step)
 
 
-DIST_CHILD = HERE / "helpers" / "dist_child.py"
+DIST_CHILD = HELPERS / "dist_child.py"
 RUN = "r"
-
-
-def wait_for(ok: object, what: str, timeout: float = 120.0) -> None:
-    """Poll a condition with a generous deadline (a busy machine is many times slower)."""
-    deadline = time.monotonic() + timeout
-    while not ok():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Scraper:
@@ -89,7 +80,7 @@ class Scraper:
                 == 0
             )
 
-        wait_for(done, "background hash verification")
+        wait_for(done, 120, what="background hash verification")
         return result[-1]
 
 
@@ -374,7 +365,7 @@ def test_save_dir_killed_at_random_points(tmp_path: Path, framework_zygote: Zygo
         )
 
 
-HF_CHILD = HERE / "helpers" / "hf_child.py"
+HF_CHILD = HELPERS / "hf_child.py"
 
 
 @pytest.mark.slow
@@ -400,7 +391,7 @@ def test_hf_trainer_killed_while_saving_never_leaves_a_complete_step_that_does_n
         )
         try:
             first = out / "checkpoint-1" / "trainer_state.json"
-            wait_for(first.exists, "a save")
+            wait_for(first.exists, 120, what="a save")
             time.sleep(rng.uniform(0.0, 1.0))
         finally:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -9,7 +9,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -17,6 +16,7 @@ import pytest
 
 from helpers.exporter_proc import Exporter, select, value
 from helpers.run_child import own_heartbeat, put
+from helpers.wait import wait_for
 from trainguard.checkpoint import save
 from trainguard.shared.heartbeat import heartbeat_filename, write_heartbeat
 
@@ -117,9 +117,8 @@ def test_process_match_command_lines_and_environment_stay_out(tmp_path: Path) ->
             "  - name: by-cmdline\n    cmdline_match: 'tgsecretsleep --token='\n"
             f"process_counts:\n  - name: sleepers\n    match: '^{name}'\n"
         )
-        deadline = time.monotonic() + 60  # until the shell runs under its copied name
-        while psutil.Process(proc.pid).name() != name and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # until the shell runs under its copied name
+        wait_for(lambda: psutil.Process(proc.pid).name() == name, 60, 0.01, f"comm {name}")
         with Exporter(args=[f"--config.file={cfg}"], state_dir=tmp_path / "state") as exp:
             text = exp.get()
             s = exp.scrape()

@@ -7,12 +7,12 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from helpers.exporter_proc import child_env
+from helpers.wait import wait_for
 from trainguard.exporter import verifier
 from trainguard.exporter.verifier import Status, TokenBucket, Verifier
 
@@ -50,12 +50,13 @@ def test_token_bucket_holds_the_long_run_rate() -> None:
 
 
 def wait_status(v: Verifier, path: Path, expected: str, timeout: float = 60.0) -> Status:
-    deadline = time.monotonic() + timeout
-    while True:
+    """The verifier's answer for ``path`` once it is no longer pending."""
+
+    def answered() -> Status | None:
         status, _ = v.status(path, os.stat(path), expected)
-        if status != "pending" or time.monotonic() > deadline:
-            return status
-        time.sleep(0.02)
+        return None if status == "pending" else status
+
+    return wait_for(answered, timeout, 0.02, f"{path} verified")
 
 
 def test_match_mismatch_and_changed_files(tmp_path: Path) -> None:
@@ -125,9 +126,7 @@ def test_deleted_and_unasked_files_are_forgotten(tmp_path: Path) -> None:
         st = os.stat(gone)
         gone.unlink()
         v.status(gone, st, "0" * 64)
-        deadline = time.monotonic() + 60
-        while len(v) > 10 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: len(v) <= 10, 60, 0.02, "the deleted file dropped")
         assert len(v) == 10
     finally:
         v.stop()
@@ -174,11 +173,15 @@ def test_small_files_cost_their_size_not_a_whole_chunk(tmp_path: Path) -> None:
             data = os.urandom(4096)
             f.write_bytes(data)
             files.append((f, hashlib.sha256(data).hexdigest()))
-        deadline = time.monotonic() + 120  # whole-chunk charges would take half an hour
         pending = files
-        while pending and time.monotonic() < deadline:
+
+        def matched() -> bool:
+            nonlocal pending
             pending = [(f, h) for f, h in pending if v.status(f, os.stat(f), h)[0] != "match"]
-            time.sleep(0.05)
+            return not pending
+
+        # whole-chunk charges would take half an hour
+        wait_for(matched, 120, what=lambda: f"every file matched; {len(pending)} not")
         assert pending == []
         assert v.bytes_read == 500 * 4096
     finally:

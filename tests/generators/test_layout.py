@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from helpers.exporter_proc import child_env
+from helpers.paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "exporter" / "trainguard"
+PACKAGE = REPO / "exporter" / "trainguard"
 TRAINING_SIDE = ("run", "checkpoint", "shared", "integrations")
 #: what the exporter needs and a training script must never load
 EXPORTER_ONLY = ("yaml", "prometheus_client", "bcrypt", "pynvml", "rich", "trainguard.exporter")

@@ -2,7 +2,7 @@
 one-layer model, a few steps): the callback installs ``TrainguardCheckpointIO``, every
 ``step=N.ckpt`` is recorded and verifiable, ``save_top_k`` removes a record with its file,
 ``fit(ckpt_path=latest(...))`` resumes there, and a custom ``CheckpointIO`` is left alone with
-a warning. Killed mid-save: tests/test_integrations_e2e.py."""
+a warning. Killed mid-save: tests/training/test_integrations_e2e.py."""
 
 from __future__ import annotations
 

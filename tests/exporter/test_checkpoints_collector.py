@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from helpers.exporter_proc import Exporter, Samples, poll, select, value
+from helpers.wait import wait_for
 from trainguard.checkpoint import mirror, save
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.config import CheckpointSettings
@@ -68,12 +69,11 @@ class Setup:
         return value(samples, f"trainguard_checkpoint_{name}", run=RUN, location=location, **labels)
 
     def settle_hashes(self, location: str = "backup") -> Samples:
-        deadline = time.monotonic() + 60
-        while True:
+        def settled() -> list[Samples] | None:
             s, _ = self.scrape()
-            if self.v(s, "hash_pending_files", location) == 0 or time.monotonic() > deadline:
-                return s
-            time.sleep(0.02)
+            return [s] if self.v(s, "hash_pending_files", location) == 0 else None
+
+        return wait_for(settled, 60, 0.02, f"no hash pending at {location}")[0]
 
 
 @pytest.fixture

@@ -24,7 +24,9 @@ import torch
 
 from helpers import cuda_snapshot
 from helpers.exporter_proc import Exporter, child_env, select, value
+from helpers.paths import REPO
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
+from helpers.wait import wait_for
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
 from trainguard.run import snapshot_requests
 from trainguard.run import snapshots as snap
@@ -63,18 +65,19 @@ def files(state: Path, name: str, rank: int = 0) -> list[str]:
 
 def step_until(run: Run, ok: Any, start: int = 0, timeout: float = 60.0) -> int:
     """Step the run (as a training loop would) until its heartbeat satisfies ``ok``."""
-    deadline = time.monotonic() + timeout
     step = start
-    while time.monotonic() < deadline:
+
+    def stepped() -> bool:
+        nonlocal step
         run.step(step, loss=1.0, batch_size=32.0)
         step += 1
         try:
-            if ok(read(run)):
-                return step
+            return bool(ok(read(run)))
         except Exception:  # not written yet
-            pass
-        time.sleep(0.005)
-    raise AssertionError(f"condition never held; last heartbeat: {read(run)}")
+            return False
+
+    wait_for(stepped, timeout, 0.005, lambda: f"the condition; last heartbeat: {read(run)}")
+    return step
 
 
 # ------------------------------------------------------------------------------- no CUDA
@@ -237,10 +240,7 @@ def test_bad_request_files_are_ignored_without_harm(
             request.symlink_to(secret)
         else:
             os.mkfifo(request)
-        deadline = time.monotonic() + 60
-        while os.path.lexists(request) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not os.path.lexists(request), plant
+        wait_for(lambda: not os.path.lexists(request), 60, 0.01, f"the {plant} request removed")
     run.step(1)
     run.close()
     assert counts(read(run)) == {"oom": 0, "periodic": 0, "requested": 0}
@@ -260,9 +260,7 @@ def test_a_request_of_another_user_is_refused(tmp_path: Path, monkeypatch: Any) 
     os.chown(tmp, 12345, 12345)
     os.replace(tmp, tmp_path / (stem + REQUEST_SUFFIX))
     reply_path = tmp_path / (stem + REPLY_SUFFIX)
-    deadline = time.monotonic() + 60
-    while not reply_path.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(reply_path.exists, 60, 0.01, f"a reply at {reply_path}")
     reply = json.loads(reply_path.read_text())
     run.close()
     assert reply["id"] == req.id and reply["ok"] is False and "uid 12345" in reply["error"]
@@ -550,7 +548,7 @@ def test_the_exporter_publishes_snapshot_counters_and_the_newest_files(tmp_path:
 def test_dump_constants_are_documented() -> None:
     """The bounds docs/snapshots.md promises are the code's (compared with its line breaks
     read as spaces: Markdown wraps lines anywhere)."""
-    doc = Path(__file__).resolve().parents[1] / "docs" / "snapshots.md"
+    doc = REPO / "docs" / "snapshots.md"
     text = " ".join(doc.read_text(encoding="utf-8").split())
     assert f"{snap.MAX_OOM_SNAPSHOTS} OOM snapshots" in text
     assert f"the last {snap.HISTORY_ENTRIES:,} allocation events" in text
@@ -561,7 +559,7 @@ def test_dump_constants_are_documented() -> None:
 def test_the_gpu_check_stops_before_cuda_on_this_machine(tmp_path: Path) -> None:
     """bench/gpu_snapshot_check.py is for a CUDA machine (issue 18); here it says so and exits
     77 without writing a report."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "gpu_snapshot_check.py"
+    script = REPO / "bench" / "gpu_snapshot_check.py"
     out = subprocess.run(
         [sys.executable, str(script), "--out", str(tmp_path)],
         env=child_env(),

@@ -18,8 +18,9 @@ from alerts import build, kinds, site, thresholds
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import PLACEHOLDER
 from helpers.exporter_proc import Exporter
+from helpers.paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 ALERTS = ROOT / "alerts"
 RULES = ALERTS / "trainguard.rules.yml"
 RUNBOOK = ALERTS / "runbook.md"

@@ -17,8 +17,10 @@ import pytest
 from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
+from helpers.paths import REPO
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
+from helpers.wait import wait_for
 from trainguard import checkpoint
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared.heartbeat import SnapshotRecord, SnapshotState
@@ -145,7 +147,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
             subprocess.Popen(
                 [
                     sys.executable,
-                    str(Path(__file__).parent.parent / "examples" / "train_toy.py"),
+                    str(REPO / "examples" / "train_toy.py"),
                     "--name=toy",
                     "--steps=100000",
                     "--sleep=0.02",
@@ -195,7 +197,6 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         failures: dict[str, str] = {}
         # rates need a few scrapes, and the usual steps/min (a subquery at 1m steps) the next
         # whole minute: up to a minute on any machine, longer on a busy one
-        deadline = time.monotonic() + 240
         # queries that may rightly show nothing here are run for valid PromQL only, not waited
         # for: the leak's time until full needs many minutes of growth, and on a shared disk
         # whether free space goes down is up to every other process
@@ -208,7 +209,8 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
                     failures[f"{uid} / {title}: {expr}"] = str(res.get("error"))
             else:
                 pending.append((uid, title, expr))
-        while pending and time.monotonic() < deadline:
+
+        def answered() -> bool:
             still = []
             for uid, title, expr in pending:
                 res = stack.prometheus.query(expr)
@@ -216,9 +218,10 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
                     failures[f"{uid} / {title}: {expr}"] = str(res.get("error"))
                 elif not res["data"]["result"]:
                     still.append((uid, title, expr))
-            pending = still
-            if pending:
-                time.sleep(1)
+            pending[:] = still
+            return not pending
+
+        wait_for(answered, 240, 1, lambda: f"data from every query; none: {pending}; {failures}")
         assert failures == {}, "invalid PromQL"
         assert [f"{u} / {t}: {e}" for u, t, e in pending] == [], "queries without data"
     finally:

@@ -20,6 +20,7 @@ import pytest
 
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import heartbeat_path, start_child, wait_heartbeat
+from helpers.wait import wait_for
 from trainguard import checkpoint
 from trainguard.shared.heartbeat import Heartbeat
 
@@ -41,14 +42,7 @@ def tg(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def until(check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s; last: {last!r}")
+    return wait_for(check, timeout, 0.1, what)
 
 
 def status_json(state: Path, *extra: str) -> dict[str, Any]:
@@ -198,15 +192,18 @@ def test_status_watch_into_a_pipe_appends_each_refresh(
         )
         assert watcher.stdout is not None
         steps: list[int] = []
-        deadline = time.monotonic() + DEADLINE
-        while len(set(steps)) < 2:  # blocks until one shows a newer step than the first
-            left = deadline - time.monotonic()
-            assert left > 0 and select.select([watcher.stdout], [], [], left)[0], steps
-            line = watcher.stdout.readline()
-            assert line, f"--watch ended with {watcher.wait()}: {watcher.communicate()[1]}"
-            step = step_in(line)
-            if step is not None:
-                steps.append(step)
+        stdout = watcher.stdout
+
+        def newer_step() -> bool:  # until one shows a newer step than the first
+            if select.select([stdout], [], [], 0.1)[0]:
+                line = stdout.readline()
+                assert line, f"--watch ended with {watcher.wait()}: {watcher.communicate()[1]}"
+                step = step_in(line)
+                if step is not None:
+                    steps.append(step)
+            return len(set(steps)) >= 2
+
+        wait_for(newer_step, DEADLINE, 0, lambda: f"--watch to show a newer step: {steps}")
         assert steps == sorted(steps)
         watcher.send_signal(signal.SIGINT)
         _, err = watcher.communicate(timeout=DEADLINE)

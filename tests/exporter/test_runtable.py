@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 
 from helpers.run_child import own_heartbeat, put
+from helpers.wait import wait_for
 from trainguard.exporter.collectors.runs import last_death
 from trainguard.exporter.config import parse_config
 from trainguard.exporter.runtable import RunTable
@@ -186,12 +187,14 @@ def _config_row(table: RunTable, run: str) -> Any:
 
 
 def _wait_row(table: RunTable, run: str, ok: Any, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        row = _config_row(table, run)
-        if ok(row) or time.monotonic() > deadline:
-            return row
-        time.sleep(0.05)
+    rows: list[Any] = []
+
+    def row() -> Any:
+        rows[:] = [_config_row(table, run)]
+        return rows if ok(rows[0]) else None
+
+    wait_for(row, timeout, what=lambda: f"run {run}'s row to satisfy the condition: {rows}")
+    return rows[0]
 
 
 def test_configured_runs_dead_longer_than_the_retention_are_no_longer_published(

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from helpers.exporter_proc import child_env
+from helpers.wait import wait_for
 from helpers.zygote import Zygote
 
 SCRIPT = textwrap.dedent(
@@ -87,9 +87,12 @@ def test_a_killed_child_reports_the_signal_and_a_session_of_its_own(
 def test_closing_the_server_ends_what_it_started(script: Path, tmp_path: Path) -> None:
     with Zygote([], child_env()) as z, open(tmp_path / "log", "w") as log:
         proc = z.spawn([script, "hang"], child_env(), stdout=log)
-        while "session" not in (tmp_path / "log").read_text():
+
+        def started() -> bool:
             assert proc.poll() is None
-            time.sleep(0.01)
+            return "session" in (tmp_path / "log").read_text()
+
+        wait_for(started, 120, 0.01, "the child to write its session")
     assert not psutil.pid_exists(proc.pid)
 
 
@@ -99,10 +102,8 @@ def test_kill_goes_through_the_server_and_is_harmless_once_the_child_ended(
     """Popen.kill never signals a pid its child no longer holds; neither may this: the server
     reaps children as they end, so the pid could already belong to someone else."""
     done = zygote.spawn([script, "ok"], child_env(), stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while psutil.pid_exists(done.pid):  # ended and reaped, its status not yet read here
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    # ended and reaped, its status not yet read here
+    wait_for(lambda: not psutil.pid_exists(done.pid), 60, 0.01, f"pid {done.pid} reaped")
     done.kill()  # no ProcessLookupError, and no signal to whoever has the pid now
     assert done.wait(60) == 0
     hanging = zygote.spawn([script, "hang"], child_env(), stdout=subprocess.PIPE)

@@ -5,10 +5,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import paths
 from trainguard.exporter.config import ConfigError, load_config, parse_config
 from trainguard.exporter.yamlfile import MAX_BYTES, parse_yaml
 
-DATA = Path(__file__).parent / "data" / "configs"
+DATA = paths.DATA / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))
 
 
@@ -28,7 +29,7 @@ def test_bad_config_names_file_line_field_and_expectation(path: Path) -> None:
 
 
 def test_example_config_is_valid() -> None:
-    repo = Path(__file__).parent.parent
+    repo = paths.REPO
     cfg = load_config(repo / "examples" / "trainguard.yml")
     assert [r.name for r in cfg.runs] == ["llama-ft", "sd-finetune", "hf-sft"]
     llama = cfg.runs[0]
