@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from trainguard._version import __version__
 from trainguard.exporter import runbook
+from trainguard.exporter.exposition import make_metrics_app
 from trainguard.exporter.webconfig import BasicAuth, WebConfig
 
 #: a client that sends nothing for this long is dropped, so it can't hold a thread forever
@@ -66,7 +67,7 @@ truncated checkpoint.</p>
 def make_app(
     registry: CollectorRegistry, telemetry_path: str, web: WebConfig | None = None
 ) -> WSGIApp:
-    metrics_app = _gzip(make_wsgi_app(registry, disable_compression=True))
+    metrics_app = _gzip(make_metrics_app(registry))
     landing = landing_page(telemetry_path)
     runbook_page = runbook.page()
     auth = BasicAuth(web.users if web else {})
