@@ -28,7 +28,8 @@ exporter process spends per scrape, its resident memory, and each collector's ow
 point, and nvitop-exporter's latency, CPU per scrape, background collection cost (its
 ``update_device`` loop timed in-process, and its CPU per second with nobody scraping) as
 ratios to ours. ``--profile`` also runs the target point's scrape in-process under
-pyinstrument and prints the profile.
+pyinstrument and prints the profile; ``--py-spy EXE`` samples our exporter process during the
+nvitop comparison's first round (over HTTP, as scraped) and prints the top of that profile.
 """
 
 from __future__ import annotations
@@ -584,6 +585,49 @@ def bench_idle(env: dict[str, str], seconds: float) -> dict[str, float]:
         return {"idle_cpu_ms_per_s": idle_cpu_ms_per_s(exp.proc.pid, seconds)}
 
 
+class PySpy:
+    """py-spy sampling a running exporter (``--gil``: only the thread holding the GIL, i.e.
+    Python's own CPU, not the time in NVML's C code), for the profile of a configuration."""
+
+    def __init__(self, exe: str, pid: int, out: Path) -> None:
+        self.out = out
+        self.proc = subprocess.Popen(
+            [exe, "record", "--pid", str(pid), "--rate", "500", "--gil", "--format", "raw",
+             "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(1.0)  # attached before the timed scrapes
+
+    def stop(self, top: int = 25) -> str:
+        """Stop sampling; the functions with the most samples, inclusive and self."""
+        self.proc.send_signal(2)
+        self.proc.wait(60)
+        return profile_summary(self.out, top)
+
+
+def profile_summary(raw: Path, top: int = 25) -> str:
+    """Share of samples per function, inclusive (on the stack) and self (at its top), from
+    py-spy's raw (collapsed stacks) output."""
+    own: dict[str, int] = {}
+    incl: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    lines = [f"py-spy --gil, {total} samples: {raw}", "inclusive:"]
+    for what, counts in (("inclusive", incl), ("self", own)):
+        if what == "self":
+            lines.append("self:")
+        for f, n in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {100 * n / max(total, 1):5.1f}% {f}")
+    return "\n".join(lines)
+
+
 def bench_nvitop(
     args: argparse.Namespace, envs: dict[Config, dict[str, str]]
 ) -> dict[Config, dict[str, dict[str, float]]]:
@@ -606,7 +650,12 @@ def bench_nvitop(
                 pair.reverse()
             for who, start, python, e, code in pair:
                 with start() as exp:
+                    spy = None
+                    if args.py_spy and who == "ours" and rnd == 0:
+                        spy = PySpy(args.py_spy, exp.proc.pid, Path(f"{args.py_spy_out}-{cfg.key}"))
                     r = measure_http(exp.url, exp.proc.pid, args.scrapes)
+                    if spy is not None:
+                        print(spy.stop(), flush=True)
                     r["idle_cpu_ms_per_s"] = idle_cpu_ms_per_s(exp.proc.pid, 5.0)
                 r["collect_ms"] = collect_ms(python, code.format(n=20), e)
                 slot[who].append(r)
@@ -712,6 +761,18 @@ def main() -> None:
     )
     p.add_argument("--profile", action="store_true", help="also profile the target point")
     p.add_argument(
+        "--py-spy",
+        metavar="EXE",
+        help="in the nvitop comparison's first round, sample our exporter with this py-spy "
+        "during the timed scrapes and print the top of the profile",
+    )
+    p.add_argument("--py-spy-out", default="/tmp/bench-py-spy", help="prefix of its raw files")
+    p.add_argument(
+        "--nvitop-configs",
+        default="1x10,8x100,64x1000",
+        help="GPUsxprocesses of the nvitop comparison (default: %(default)s)",
+    )
+    p.add_argument(
         "--cold",
         action="store_true",
         help="also time the target point in-process with every directory (and file) changed",
@@ -762,7 +823,9 @@ def main() -> None:
                 report["ours"] = {c.key: r for c, r in res.items()}
                 report["idle"] = idle
             if args.only in (None, "nvitop") and Path(args.nvitop_python).exists():
-                nv_cfgs = [(1, 10), (8, 100)] if args.quick else [(1, 10), (8, 100), (64, 1000)]
+                nv_cfgs = [tuple(map(int, c.split("x"))) for c in args.nvitop_configs.split(",")]
+                if args.quick:
+                    nv_cfgs = [c for c in nv_cfgs if c[0] <= 8]
                 nv_envs = {}
                 for g, n in nv_cfgs:
                     c = Config(g, n, 0, 0)

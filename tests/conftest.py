@@ -48,3 +48,11 @@ def framework_zygote() -> Iterator[Zygote]:
     Lightning cost, which on two cores decides the suite's wall time."""
     with Zygote(FRAMEWORKS, child_env(FRAMEWORK_ENV)) as zygote:
         yield zygote
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden",
+        action="store_true",
+        help="rewrite tests/data/golden/metrics.txt from this checkout's exporter, to review",
+    )

@@ -219,8 +219,22 @@ def test_many_processes_use_the_insufficient_size_protocol(tmp_path: Path) -> No
     path = state.write(tmp_path / "nvml.state")
     with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
         s = exp.scrape()
-    assert value(s, "trainguard_collector_success", collector="gpu") == 1
-    assert len(select(s, "trainguard_gpu_process_memory_used_bytes")) == 1000
+        assert value(s, "trainguard_collector_success", collector="gpu") == 1
+        assert len(select(s, "trainguard_gpu_process_memory_used_bytes")) == 1000
+        g0 = {"gpu": "0", "uuid": g0_uuid()}
+        # the exporter keeps a buffer per device between scrapes: a list that outgrows it
+        # is asked for again, one that shrinks is not padded with stale entries
+        for n in (2500, 3):
+            state = FakeNvmlState()
+            state.add_gpu(g0_uuid(), used=80 * GIB)
+            for pid in range(20_000, 20_000 + n):
+                state.add_process(0, pid, 2 << 20)
+            state.write(path)
+            s = poll(exp, lambda s, n=n: value(s, "trainguard_gpu_processes", **g0) == n)
+            assert value(s, "trainguard_collector_success", collector="gpu") == 1
+            procs = select(s, "trainguard_gpu_process_memory_used_bytes")
+            assert sorted(int(dict(k)["pid"]) for k in procs) == list(range(20_000, 20_000 + n))
+            assert set(procs.values()) == {2 << 20}
 
 
 def test_gpu_lost_mid_scrape_publishes_nothing_partial(

@@ -14,8 +14,8 @@ import psutil
 
 from helpers.run_child import own_heartbeat, put
 from helpers.wait import wait_for
-from trainguard.exporter.collectors.runs import last_death
 from trainguard.exporter.config import parse_config
+from trainguard.exporter.death_events import last_death
 from trainguard.exporter.runtable import RunTable
 from trainguard.exporter.targets import CheckpointTarget
 from trainguard.shared.heartbeat import Death

@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import generate_latest
 from prometheus_client.exposition import ThreadingWSGIServer, gzip_accepted
 
 from trainguard._version import __version__
 from trainguard.exporter import runbook
 from trainguard.exporter.collector import ExporterRegistry
+from trainguard.exporter.exposition import TextWriter
 from trainguard.exporter.webconfig import BasicAuth, WebConfig
 
 #: a client that sends nothing for this long is dropped, so it can't hold a thread forever
@@ -86,7 +86,9 @@ def client_timeout(header: str | None) -> float | None:
 def metrics_app(registry: ExporterRegistry) -> WSGIApp:
     """The metrics, each request collected within its own deadline: the registry seen
     through :meth:`~trainguard.exporter.collector.ExporterRegistry.within`, so that nothing
-    is shared between two concurrent scrapes but the collectors themselves."""
+    is shared between two concurrent scrapes but the collectors themselves (and the text
+    writer's caches of the last page, which it keeps safe across threads)."""
+    writer = TextWriter()
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         method = environ.get("REQUEST_METHOD")
@@ -97,7 +99,7 @@ def metrics_app(registry: ExporterRegistry) -> WSGIApp:
             start_response("405 Method Not Allowed", [("Allow", "OPTIONS,GET")])
             return [f"# HTTP 405 Method Not Allowed: {method}; use OPTIONS or GET\n".encode()]
         timeout = client_timeout(environ.get("HTTP_X_PROMETHEUS_SCRAPE_TIMEOUT_SECONDS"))
-        output = generate_latest(registry.within(timeout))
+        output = writer.render(registry.within(timeout).collect())
         start_response("200 OK", [("Content-Type", TEXT_FORMAT)])
         return [output]
 

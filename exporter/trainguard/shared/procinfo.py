@@ -145,6 +145,24 @@ def own_create_time() -> float:
     return float(psutil.Process(os.getpid()).create_time())
 
 
+def process_exists(pid: int) -> bool:
+    """Whether a process (not a thread of another) has this pid: ``psutil.pid_exists``'s
+    answer, zombies included, without reading ``/proc/PID/status``. ``pidfd_open`` (Linux
+    5.3+) answers in one system call: it refuses a pid that does not exist (ESRCH) and one
+    that is a thread, not a thread-group leader (EINVAL), and needs no permission on the
+    process. The GPU collector asks it for every process NVML lists, at every scrape."""
+    if pid <= 0:
+        return bool(psutil.pid_exists(pid))
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    except (AttributeError, OSError):  # not Linux, an older kernel, no pidfd here: psutil
+        return bool(psutil.pid_exists(pid))
+    os.close(fd)
+    return True
+
+
 def process_alive(pid: int, create_time: float, start_ticks: int | None = None) -> bool | None:
     """Is ``pid`` the same process that recorded ``create_time`` (and ``start_ticks``), and
     not a zombie? False when gone or reused, None when the OS will not say (access denied).

@@ -11,14 +11,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
 import pynvml
 from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec, Setup
+from trainguard.exporter.gpu_processes import COMPUTE, GRAPHICS, ProcessLister
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.worker import Unfinished
 from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
+from trainguard.shared import procinfo
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,7 @@ class GpuCollector(Collector):
         self._xids = XidCounts()  # since the exporter started, across NVML restarts
         self._xid_watcher: XidWatcher | None = None
         self._told_no_driver = False
+        self._listers = (ProcessLister(COMPUTE), ProcessLister(GRAPHICS))
 
     def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
         """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
@@ -198,6 +200,8 @@ class GpuCollector(Collector):
 
     def _stop(self) -> None:
         self._devices = None
+        for lister in self._listers:
+            lister.forget()
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
 
@@ -289,18 +293,14 @@ class GpuCollector(Collector):
     ) -> None:
         mem = pynvml.nvmlDeviceGetMemoryInfo(dev.handle)
         used_by_pid: dict[int, int | None] = {}
-        for query in (
-            pynvml.nvmlDeviceGetComputeRunningProcesses,
-            pynvml.nvmlDeviceGetGraphicsRunningProcesses,
-        ):
-            for proc in query(dev.handle):
+        for lister in self._listers:
+            for pid, current in lister.list(dev.index, dev.handle):
                 # a process in both lists is one process; NVML reports the same memory twice
-                previous = used_by_pid.get(proc.pid)
-                current = proc.usedGpuMemory
-                if proc.pid not in used_by_pid or (
+                previous = used_by_pid.get(pid)
+                if pid not in used_by_pid or (
                     current is not None and (previous is None or current > previous)
                 ):
-                    used_by_pid[proc.pid] = current
+                    used_by_pid[pid] = current
         labels = [dev.index, dev.uuid]
         families[GPU_INFO.name].add_metric([dev.index, dev.uuid, dev.name, self._driver], 1)
         families[MEMORY_TOTAL.name].add_metric(labels, mem.total)
@@ -322,7 +322,7 @@ class GpuCollector(Collector):
                 )
             exists = alive.get(pid)
             if exists is None:
-                exists = alive[pid] = psutil.pid_exists(pid)
+                exists = alive[pid] = procinfo.process_exists(pid)
             if exists:
                 attributed += used
         families[PROCESSES.name].add_metric(labels, len(used_by_pid))

@@ -13,10 +13,11 @@ from typing import Any
 from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
+from trainguard.exporter.death_events import age, last_death
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import ownership_problem
-from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Death, Heartbeat
+from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Heartbeat
 
 RR = ("run", "rank")
 RUN_INFO = MetricSpec(
@@ -222,13 +223,6 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
     "Heartbeat files in the state directory that could not be used in this scrape.",
 )
 
-#: which of several ranks' records of one death event names it: the most specific cause (a
-#: GPU error before an exception: the other ranks' collectives fail because one rank's GPU
-#: did)
-_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "gpu_xid": 2, "exception": 3, "unknown": 4}
-#: restarts of different ranks noticed within this many seconds are one death event
-_SAME_EVENT_SECONDS = 60.0
-
 
 class RunsCollector(Collector):
     name = "runs"
@@ -390,21 +384,3 @@ class RunsCollector(Collector):
                     )
                 continue
             fam[LOG_MODIFIED.name].add_metric([log.run], mtime_ns / 1e9)
-
-
-def age(now: float, then: float) -> float:
-    """Seconds from ``then`` to ``now``, both of this host's clock; a timestamp a little ahead
-    (a heartbeat written while the scrape ran, a clock stepped back) is an age of 0."""
-    return max(0.0, now - then)
-
-
-def last_death(records: list[Death]) -> Death | None:
-    """The run's last death from all its ranks' records: the records of the latest restart
-    (noticed within a minute of each other) are one event; the most specific cause among
-    them names it (the rank the OOM killer chose says ``oom_killer``, the ranks torchrun then
-    stopped say ``unknown``), and its earliest last-heartbeat is when it died."""
-    if not records:
-        return None
-    latest = max(d.detected for d in records)
-    event = [d for d in records if d.detected >= latest - _SAME_EVENT_SECONDS]
-    return min(event, key=lambda d: (_CAUSE_ORDER.get(d.cause, 9), d.time))

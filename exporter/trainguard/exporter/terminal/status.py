@@ -24,8 +24,8 @@ from typing import Any, TextIO
 
 from trainguard.checkpoint.retention import latest
 from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.collectors.runs import last_death
 from trainguard.exporter.config import Config
+from trainguard.exporter.death_events import last_death
 from trainguard.exporter.runtable import RunRow, RunTable
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget
