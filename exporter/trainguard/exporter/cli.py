@@ -1,5 +1,7 @@
-"""``trainguard-exporter``: flags in the style of the Prometheus exporter family, config
-validation at start, then serve until SIGTERM/SIGINT."""
+"""The ``trainguard-exporter`` command: parse flags, validate the config, serve.
+
+Flags are in the style of the Prometheus exporter family; the config is validated at start, then
+the exporter serves until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
@@ -144,8 +146,9 @@ def default_collectors() -> list[str]:
 def build_collectors(
     config: Config, state_dir: Path, enabled: Collection[str] | None = None
 ) -> list[Collector]:
-    """The enabled collectors (None: those on by default), wired to what they share (see
-    :class:`~trainguard.exporter.collector.Setup`)."""
+    """Build the enabled collectors (None: those on by default).
+
+    Each is wired to what they share (see :class:`~trainguard.exporter.collector.Setup`)."""
     on = default_collectors() if enabled is None else enabled
     setup = Setup(config, state_dir, RunTable(config, state_dir))
     return [c.build(setup) for c in COLLECTORS if c.name in on]

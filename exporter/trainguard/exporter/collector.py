@@ -1,5 +1,7 @@
-"""Collector framework: every collector gathers at scrape time, and one that fails is reported
-as ``trainguard_collector_success 0`` while the rest of the scrape still answers."""
+"""Collector framework: every collector gathers at scrape time, failures isolated.
+
+A collector that fails is reported as ``trainguard_collector_success 0`` while the rest of the
+scrape still answers."""
 
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """One metric of the contract: the single source for its name, type, labels and help, so
-    that docs/metrics.md can be checked against the code."""
+    """One metric of the contract: the single source for its name, type, labels and help.
+
+    Being the single source is what lets docs/metrics.md be checked against the code."""
 
     name: str
     kind: Literal["gauge", "counter"]
@@ -82,9 +85,10 @@ READ_SHARE = 0.8
 
 @dataclass(frozen=True)
 class Setup:
-    """What the exporter's collectors are built from: one run table (heartbeats and
-    configured runs) feeds the runs collector, the GPU collector (pids of live runs) and the
-    checkpoint collector (checkpoint locations)."""
+    """What the exporter's collectors are built from, shared between them.
+
+    One run table (heartbeats and configured runs) feeds the runs collector, the GPU collector
+    (pids of live runs) and the checkpoint collector (checkpoint locations)."""
 
     config: Config
     state_dir: Path
@@ -114,17 +118,21 @@ class Collector(abc.ABC):
 
     @abc.abstractmethod
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
-        """Yield this scrape's metric families. A part that fails (one GPU, one heartbeat
-        file, one checkpoint location) is reported with ``scrape.error(reason)`` and the rest
-        is still yielded; raising fails the whole collector for this scrape."""
+        """Yield this scrape's metric families.
+
+        A part that fails (one GPU, one heartbeat file, one checkpoint location) is reported
+        with ``scrape.error(reason)`` and the rest is still yielded; raising fails the whole
+        collector for this scrape."""
 
 
 class ExporterCollector(_PromCollector):
-    """The one prometheus_client collector registered: starts every trainguard collector at
-    once, each on a thread of its own, and waits for them until one deadline for the whole
-    scrape; isolates their failures and adds the framework's own metrics. A collector still
-    running at the deadline is reported failed in that scrape while the others' series are
-    served, and is not started again until its call returns."""
+    """The one prometheus_client collector registered: runs every trainguard collector.
+
+    It starts every trainguard collector at once, each on a thread of its own, and waits for
+    them until one deadline for the whole scrape; it isolates their failures and adds the
+    framework's own metrics. A collector still running at the deadline is reported failed in
+    that scrape while the others' series are served, and is not started again until its call
+    returns."""
 
     def __init__(
         self, collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
@@ -136,8 +144,10 @@ class ExporterCollector(_PromCollector):
         self._log_lock = threading.Lock()
 
     def collect(self, timeout: float | None = None) -> Iterator[Metric]:
-        """One scrape, given ``timeout`` seconds (what the client waits, capped by the
-        exporter's own ``--collector.timeout``; None: that)."""
+        """Run one scrape, given ``timeout`` seconds.
+
+        ``timeout`` is what the client waits, capped by the exporter's own
+        ``--collector.timeout`` (None: that)."""
         limit = self._timeout if timeout is None else min(max(timeout, 0.0), self._timeout)
         began = time.monotonic()
         deadline = began + limit
@@ -205,8 +215,10 @@ def _gatherer(collector: Collector) -> Callable[[Scrape], tuple[list[Metric], li
 
 
 class ExporterRegistry(CollectorRegistry):
-    """The exporter's registry: :meth:`within` is the registry as one scrape with its own
-    deadline sees it (the client's scrape timeout), with no state shared between requests."""
+    """The exporter's registry, seen per scrape through :meth:`within`.
+
+    :meth:`within` is the registry as one scrape with its own deadline sees it (the client's
+    scrape timeout), with no state shared between requests."""
 
     def __init__(self) -> None:
         super().__init__(auto_describe=False)
@@ -225,8 +237,10 @@ class ExporterRegistry(CollectorRegistry):
 
 
 class _Within:
-    """A registry's collectors for one scrape of ``timeout`` seconds (None: the exporter's
-    own limit): what ``generate_latest`` is given per request."""
+    """A registry's collectors for one scrape of ``timeout`` seconds.
+
+    ``timeout`` None means the exporter's own limit. This is what ``generate_latest`` is given
+    per request."""
 
     def __init__(self, collectors: tuple[_PromCollector, ...], timeout: float | None) -> None:
         self._collectors = collectors
@@ -241,8 +255,9 @@ class _Within:
 
 
 def printable(message: str) -> str:
-    """``message`` with control characters escaped (``\\n``, ``\\x1b``) and lone surrogates
-    (undecodable bytes of a file name) shown as ``\\udcff``: one log line, whatever a file
-    name holds."""
+    r"""``message`` as one log line, whatever a file name holds.
+
+    Control characters are escaped (``\n``, ``\x1b``) and lone surrogates (undecodable bytes of
+    a file name) shown as ``\udcff``."""
     escaped = _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
     return escaped.encode("utf-8", "backslashreplace").decode("utf-8")

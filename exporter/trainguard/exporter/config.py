@@ -1,6 +1,7 @@
-"""The exporter's optional YAML config file: parsed once at start and validated strictly, so a
-typo is an error naming the file, the line, the field and what was expected, never a silently
-ignored key.
+"""The exporter's optional YAML config file, parsed once at start and validated strictly.
+
+Strictly: a typo is an error naming the file, the line, the field and what was expected, never a
+silently ignored key.
 
 The dataclasses below are the schema (:mod:`trainguard.exporter.schema`): each field a file may
 set names its YAML key, converter and meaning in its metadata. Durations and sizes follow the
@@ -97,8 +98,10 @@ class CheckpointLocations:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A run declared in the config: for scripts that don't import trainguard, or extra
-    locations for one that does (matched by name)."""
+    """A run declared in the config.
+
+    It serves scripts that don't import trainguard, or adds extra locations for one that does
+    (matched by name)."""
 
     name: str = field(metadata=key(schema.name, "the run's name"))
     pid_file: Path | None = field(
@@ -197,8 +200,10 @@ class Config:
 
 
 def _warnings(config: Config) -> tuple[str, ...]:
-    """A process_match that any interpreter matches: valid, but it keeps the run up while any
-    Python (or Java, ...) process runs on the host."""
+    """Warnings for each run whose process_match any interpreter matches.
+
+    Such a match is valid, but it keeps the run up while any Python (or Java, ...) process runs
+    on the host."""
     out = []
     for i, run in enumerate(config.runs):
         if run.process_match is None:

@@ -1,8 +1,9 @@
-"""Runs declared in the config file without a heartbeat (scripts that do not import
-trainguard): whether each is running, finished or dead, from a pid file or a process match.
-Not running until its process is seen alive: a run that has not started yet is nothing to page
-about. What this exporter saw of each is kept in memory only (it never writes the state
-directory), so a restart of the exporter forgets it."""
+"""Runs declared in the config file without a heartbeat: running, finished or dead.
+
+These are scripts that do not import trainguard; whether each is running, finished or dead comes
+from a pid file or a process match. A run is not running until its process is seen alive: a run
+that has not started yet is nothing to page about. What this exporter saw of each is kept in
+memory only (it never writes the state directory), so a restart of the exporter forgets it."""
 
 from __future__ import annotations
 
@@ -20,11 +21,12 @@ _MISSING = object()
 
 @dataclass(frozen=True)
 class _Seen:
-    """What this exporter saw last of a configured run's process (kept in memory only: the
-    exporter never writes the state directory, so a restart forgets it): ``alive``, ``dead``
-    (seen alive, or a pid file left behind, and then gone), ``finished`` (its pid file
-    removed after it was seen alive) or ``expired`` (dead longer than ``run_retention``),
-    since ``since`` (wall time), last ``pid``."""
+    """What this exporter saw last of a configured run's process.
+
+    It is kept in memory only: the exporter never writes the state directory, so a restart
+    forgets it. The state is ``alive``, ``dead`` (seen alive, or a pid file left behind, and
+    then gone), ``finished`` (its pid file removed after it was seen alive) or ``expired`` (dead
+    longer than ``run_retention``), since ``since`` (wall time), with the last ``pid``."""
 
     state: str
     since: float
@@ -42,8 +44,7 @@ class ConfiguredRuns:
     def state(
         self, rc: RunConfig, errors: list[str], now: float
     ) -> tuple[int | None, bool | None, tuple[int, ...], bool | None]:
-        """(pid, up, pids of its processes, finished) of a run from the config file that no
-        heartbeat reports."""
+        """(pid, up, pids of its processes, finished) of a config-file run with no heartbeat."""
         pid: int | None = None
         up: bool | None = None
         finished: bool | None = None
@@ -72,12 +73,13 @@ class ConfiguredRuns:
     def _pid_file_state(
         self, rc: RunConfig, errors: list[str], now: float
     ) -> tuple[int | None, bool | None, bool | None]:
-        """(pid, up, finished) of a run with a pid file. Not running until its process is
-        seen alive; once seen, a pid file removed is a clean finish (daemons remove theirs at
-        exit). A pid file whose process is gone (or whose pid another process took) is a
-        death: a crash leaves its pid file behind, so this holds even for a process this
-        exporter never saw alive (it died while the exporter was down). Removing that file
-        ends it (someone decided not to restart the run)."""
+        """(pid, up, finished) of a run with a pid file.
+
+        Not running until its process is seen alive; once seen, a pid file removed is a clean
+        finish (daemons remove theirs at exit). A pid file whose process is gone (or whose pid
+        another process took) is a death: a crash leaves its pid file behind, so this holds
+        even for a process this exporter never saw alive (it died while the exporter was
+        down). Removing that file ends it (someone decided not to restart the run)."""
         name = rc.name
         seen = self._seen.get(name)
         pid, up = self._pid_from_file(rc, errors)
@@ -104,10 +106,11 @@ class ConfiguredRuns:
     def _match_state(
         self, name: str, found: tuple[int, ...], now: float
     ) -> tuple[tuple[int, ...], int | None, bool | None]:
-        """(pids, pid, up) of a run found by a process name or command line match: up while a
-        process matches; never seen matching, not running (nothing to page about); seen and
-        then no longer matching, dead (a match cannot tell a clean exit from a death) until a
-        process matches again or ``run_retention`` passes."""
+        """(pids, pid, up) of a run found by a process name or command line match.
+
+        Up while a process matches; never seen matching, not running (nothing to page about);
+        seen and then no longer matching, dead (a match cannot tell a clean exit from a death)
+        until a process matches again or ``run_retention`` passes."""
         seen = self._seen.get(name)
         if found:
             self._seen[name] = _Seen("alive", now, found[0])
@@ -122,9 +125,11 @@ class ConfiguredRuns:
         return (), seen.pid, False
 
     def _pid_from_file(self, rc: RunConfig, errors: list[str]) -> tuple[int | None, object]:
-        """(pid, up): up is ``_MISSING`` when there is no pid file, None when it cannot be
-        told. A pid whose process started after the file was written belongs to another
-        process (the pid was reused): the run's process is gone."""
+        """(pid, up) from a run's pid file.
+
+        up is ``_MISSING`` when there is no pid file, None when it cannot be told. A pid whose
+        process started after the file was written belongs to another process (the pid was
+        reused): the run's process is gone."""
         assert rc.pid_file is not None
         where = f"run {rc.name!r}: pid file {rc.pid_file}"
         try:

@@ -1,5 +1,6 @@
-"""The runbook (alerts/runbook.md, shipped in the package) as HTML at ``/runbook``, so the
-``runbook_url`` of every alert works out of the box: by default it is
+"""The runbook (alerts/runbook.md, shipped in the package) served as HTML at ``/runbook``.
+
+Serving it makes the ``runbook_url`` of every alert work out of the box: by default it is
 ``http://<the alert's exporter>/runbook#<alertname lowercased>``. A site with its own wiki sets
 the ``runbook_base`` threshold instead (alerts/README.md).
 
@@ -96,8 +97,9 @@ def render(markdown: str) -> str:
 
 
 def page() -> bytes | None:
-    """The shipped runbook as an HTML page; None if this installation lacks it (built without
-    its package data)."""
+    """The shipped runbook as an HTML page.
+
+    None if this installation lacks it (built without its package data)."""
     try:
         text = resources.files("trainguard.exporter").joinpath("runbook.md").read_text("utf-8")
     except OSError:

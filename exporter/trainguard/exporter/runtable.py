@@ -1,7 +1,9 @@
-"""The run table: every run the exporter knows at this scrape, from the heartbeat files in the
-state directory and the runs declared in the config file, with whether each run's process is
-alive. Shared by the runs collector (which publishes it), the GPU collector (which needs the
-pids of live runs) and the checkpoint collector (which needs the checkpoint locations).
+"""The run table: every run the exporter knows at this scrape, and whether its process is alive.
+
+The runs come from the heartbeat files in the state directory and the runs declared in the
+config file. The table is shared by the runs collector (which publishes it), the GPU collector
+(which needs the pids of live runs) and the checkpoint collector (which needs the checkpoint
+locations).
 
 The exporter never writes the state directory: dead and finished runs are dropped from the
 table once their last heartbeat is older than ``run_retention`` (default 7 days), their files
@@ -44,10 +46,12 @@ _CacheKey = tuple[int, int, int, int, int, int]
 
 @dataclass(frozen=True)
 class RunRow:
-    """One run and rank. ``up`` is None when it cannot be known (no pid to check, a pid of a
-    pid namespace this exporter cannot see, access denied). ``pid`` is the pid the process
-    recorded (in its own pid namespace), ``pids`` the live ones as this exporter's /proc (and
-    NVML, with the host's pid namespace) numbers them."""
+    """One run and rank.
+
+    ``up`` is None when it cannot be known (no pid to check, a pid of a pid namespace this
+    exporter cannot see, access denied). ``pid`` is the pid the process recorded (in its own pid
+    namespace), ``pids`` the live ones as this exporter's /proc (and NVML, with the host's pid
+    namespace) numbers them."""
 
     run: str
     rank: str
@@ -106,7 +110,7 @@ class RunTable:
     # -- what other collectors use ------------------------------------------------------
 
     def pid_runs(self, scrape: Scrape | None = None) -> dict[int, tuple[str, str]]:
-        """pid -> (run, rank) for runs whose process is alive now (a reused pid is not)."""
+        """Map of pid -> (run, rank) for runs whose process is alive now (a reused pid is not)."""
         out: dict[int, tuple[str, str]] = {}
         for row in self.view(scrape).rows:
             if row.up:
@@ -115,10 +119,11 @@ class RunTable:
         return out
 
     def checkpoint_targets(self, scrape: Scrape | None = None) -> list[CheckpointTarget]:
-        """Checkpoint locations: the config file's first, then those announced in heartbeats
-        (lowest rank first) of runs still in the table. While the table cannot be read by the
-        scrape's deadline (the state directory hangs), the config file's alone, and the
-        scrape is told that the others are unknown."""
+        """Checkpoint locations: the config file's first, then those announced in heartbeats.
+
+        Heartbeats count only for runs still in the table, lowest rank first. While the table
+        cannot be read by the scrape's deadline (the state directory hangs), the config file's
+        alone, and the scrape is told that the others are unknown."""
         announced: list[CheckpointTarget] = []
         try:
             view = self.view(scrape)
@@ -150,8 +155,10 @@ class RunTable:
     # -- the table ------------------------------------------------------------------------
 
     def view(self, scrape: Scrape | None = None) -> RunView:
-        """The table now; within one scrape the runs, GPU and checkpoint collectors share one
-        view instead of each listing the state directory and checking every pid again."""
+        """The table now.
+
+        Within one scrape the runs, GPU and checkpoint collectors share one view instead of
+        each listing the state directory and checking every pid again."""
         if scrape is None:
             return self._locked_view()
         return scrape.once(self, self._locked_view, f"reading the state directory {self.state_dir}")
@@ -180,8 +187,10 @@ class RunTable:
         )
 
     def _scan(self, errors: list[str]) -> tuple[list[tuple[Heartbeat, int]], int, int]:
-        """Parse the heartbeat files, re-reading only those whose inode, size or times
-        changed since the last scrape (the reporter replaces the file at each write)."""
+        """Parse the heartbeat files, re-reading only those changed since the last scrape.
+
+        Changed means a new inode, size or times (the reporter replaces the file at each
+        write)."""
         try:
             it = os.scandir(self.state_dir)
         except FileNotFoundError:
@@ -279,9 +288,11 @@ class RunTable:
         return procinfo.NsProcess(hb.pid_ns, hb.pid, hb.create_time, ticks)
 
     def _look_up_namespaces(self, heartbeats: list[Heartbeat]) -> None:
-        """One pass over /proc for the processes of other pid namespaces not found yet (or
-        whose last lookup could not tell, a while ago); the ones found are re-checked at
-        their host pid at every scrape instead (:meth:`_alive`)."""
+        """Find the host pids of processes in other pid namespaces, in one pass over /proc.
+
+        It looks for those not found yet (or whose last lookup could not tell, a while ago);
+        the ones found are re-checked at their host pid at every scrape instead
+        (:meth:`_alive`)."""
         keys = set()
         for hb in heartbeats:
             same = self._same_boot(hb)
@@ -305,8 +316,10 @@ class RunTable:
                 self._ns_cache[key] = (found, now)
 
     def _alive(self, hb: Heartbeat, errors: list[str]) -> tuple[bool | None, int | None]:
-        """Whether the heartbeat's process is alive, and its pid as this exporter sees it
-        (the host pid of a process in a container's pid namespace; None when unknown)."""
+        """Whether the heartbeat's process is alive, and its pid as this exporter sees it.
+
+        The pid is the host pid of a process in a container's pid namespace; None when
+        unknown."""
         same = self._same_boot(hb)
         if same is False:
             # written before a reboot (or on another host): not running here
@@ -375,9 +388,11 @@ def _mtime_ns(entry: os.DirEntry[str]) -> int:
 
 
 def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:
-    """A run restarted with fewer ranks leaves the old higher ranks' heartbeats behind: drop
-    a rank that is not alive, is at or above the world size of a later start of the same run,
-    and last wrote before that start."""
+    """Drop the rows of old higher ranks left behind by a run restarted with fewer ranks.
+
+    A run restarted with fewer ranks leaves the old higher ranks' heartbeats behind: drop a rank
+    that is not alive, is at or above the world size of a later start of the same run, and last
+    wrote before that start."""
     newest: dict[str, Heartbeat] = {}
     for row in rows:
         hb = row.heartbeat

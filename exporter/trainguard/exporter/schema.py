@@ -27,8 +27,9 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 class FieldError(ValueError):
-    """A rule across fields broken, raised by a schema dataclass's ``__post_init__``: field is
-    the attribute it is about, or "" for the whole section."""
+    """A rule across fields broken, raised by a schema dataclass's ``__post_init__``.
+
+    field is the attribute it is about, or "" for the whole section."""
 
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
@@ -72,8 +73,10 @@ class Value:
 
     @classmethod
     def root(cls, data: Any, source: str, base: Path | None = None) -> Value:
-        """The whole document (from :func:`~trainguard.exporter.yamlfile.load_yaml`, or any
-        plain value, which has no positions)."""
+        """The whole document.
+
+        It comes from :func:`~trainguard.exporter.yamlfile.load_yaml`, or is any plain value,
+        which has no positions."""
         return cls(data, "", getattr(data, "mark", None), source, base)
 
     def fail(self, message: str) -> NoReturn:
@@ -125,8 +128,9 @@ def kind(value: Any) -> str:
 
 
 def read(cls: type[T], value: Value, **extra: Any) -> T:
-    """An instance of the schema dataclass cls from the mapping in value (null: all defaults);
-    extra sets fields that are not YAML keys."""
+    """An instance of the schema dataclass cls from the mapping in value.
+
+    A null value means all defaults; extra sets fields that are not YAML keys."""
     raw = {} if value.raw is None else value.mapping()
     fields = keys(cls)
     for name in raw:
@@ -181,8 +185,9 @@ def abspath(value: Value) -> Path:
 
 
 def existing_file(value: Value) -> str:
-    """A file that exists; a relative path is relative to the YAML file, as exporter-toolkit
-    reads its paths."""
+    """A file that exists.
+
+    A relative path is relative to the YAML file, as exporter-toolkit reads its paths."""
     path = Path(string(value))
     if not path.is_absolute() and value.base is not None:
         path = value.base / path

@@ -1,6 +1,8 @@
-"""One scrape as the collectors see it: its deadline, what they read from a shared source once
-per scrape, and the parts that failed, so that a collector reports a partial failure with one
-call (``scrape.error(...)``) rather than passing an error list through every function."""
+"""One scrape as the collectors see it: its deadline, shared reads and failed parts.
+
+The shared reads are what they read from a shared source once per scrape; the failed parts are
+recorded so that a collector reports a partial failure with one call (``scrape.error(...)``)
+rather than passing an error list through every function."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ T = TypeVar("T")
 
 
 class SharedReads:
-    """The shared sources' reads across scrapes, each on a :class:`Worker` of its own: a read
-    that hangs (the state directory on a network filesystem whose server went away) holds
-    one thread, not the collectors that wait for it, and is not started again while it
+    """The shared sources' reads across scrapes, each on a :class:`Worker` of its own.
+
+    A read that hangs (the state directory on a network filesystem whose server went away)
+    holds one thread, not the collectors that wait for it, and is not started again while it
     hangs."""
 
     def __init__(self) -> None:
@@ -52,11 +55,13 @@ class _Shared:
 
 
 class Scrape:
-    """Handed to every collector's ``gather``. :meth:`once` reads a source several collectors
-    share (the run table) once per scrape, so that they all see the same snapshot and the
-    state directory is not listed and every pid checked again for each of them; :meth:`error`
-    records a part that failed (one GPU, one heartbeat file, one checkpoint location): the
-    collector reports ``trainguard_collector_success 0`` and still publishes the rest.
+    """One scrape, handed to every collector's ``gather``.
+
+    :meth:`once` reads a source several collectors share (the run table) once per scrape, so
+    that they all see the same snapshot and the state directory is not listed and every pid
+    checked again for each of them; :meth:`error` records a part that failed (one GPU, one
+    heartbeat file, one checkpoint location): the collector reports
+    ``trainguard_collector_success 0`` and still publishes the rest.
 
     The exporter's scrapes carry ``reads`` and a ``deadline`` (``time.monotonic()``): a shared
     read then runs on a thread of its own, and a collector waits for it until the deadline at
@@ -81,9 +86,10 @@ class Scrape:
         return Scrape(self._shared)
 
     def once(self, key: object, read: Callable[[], T], what: str = "a shared read") -> T:
-        """``read()``'s result, read at the first call with this key in this scrape; raises
-        :class:`~trainguard.exporter.worker.Unfinished` (saying ``what``) when the read has
-        not returned by the scrape's deadline."""
+        """``read()``'s result, read at the first call with this key in this scrape.
+
+        Raises :class:`~trainguard.exporter.worker.Unfinished` (saying ``what``) when the read
+        has not returned by the scrape's deadline."""
         shared = self._shared
         if shared.reads is None:
             with shared.lock:

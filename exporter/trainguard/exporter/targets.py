@@ -1,5 +1,7 @@
-"""Checkpoint locations to watch, whether declared in the config file or announced by a
-running ``trainguard.Run`` in its heartbeat."""
+"""Checkpoint locations to watch, from the config file or a running run's heartbeat.
+
+A location is either declared in the config file or announced by a running ``trainguard.Run``
+in its heartbeat."""
 
 from __future__ import annotations
 
@@ -69,13 +71,15 @@ def merge_targets(*sources: Iterable[CheckpointTarget]) -> list[CheckpointTarget
 
 
 def ownership_problem(st: os.stat_result, owner: int | None, what: str) -> str | None:
-    """Why a ``what`` (a checkpoint directory, a log file) with stat ``st``, announced in a
-    heartbeat owned by uid ``owner``, is not watched; None when it is. Whoever can write the
-    state directory can announce any path, and the exporter (often root) would then list it,
-    stat its files and hash them, and publish modification times: it is watched only when the
-    heartbeat's owner owns it too, or the heartbeat is root's. ``owner`` None (declared in the
-    config file) is always watched. Checked on the stat of what is actually read (an open
-    directory's fstat), so that swapping the path after the check changes nothing."""
+    """Why an announced ``what`` with stat ``st`` is not watched; None when it is.
+
+    ``what`` is a checkpoint directory or a log file, announced in a heartbeat owned by uid
+    ``owner``. Whoever can write the state directory can announce any path, and the exporter
+    (often root) would then list it, stat its files and hash them, and publish modification
+    times: it is watched only when the heartbeat's owner owns it too, or the heartbeat is
+    root's. ``owner`` None (declared in the config file) is always watched. Checked on the stat
+    of what is actually read (an open directory's fstat), so that swapping the path after the
+    check changes nothing."""
     if owner is None or owner == 0 or not hasattr(os, "getuid") or st.st_uid == owner:
         return None
     return (

@@ -1,7 +1,8 @@
-"""Background SHA-256 verification of checkpoint files, so that a scrape never reads gigabytes:
-the scrape asks for a file's status and gets "pending" until a daemon thread has hashed it
-once, at a bounded read rate, and then the cached answer for as long as the file is unchanged
-(same device, inode, size, mtime and ctime)."""
+"""Background SHA-256 verification of checkpoint files, so that a scrape never reads gigabytes.
+
+The scrape asks for a file's status and gets "pending" until a daemon thread has hashed it once, at
+a bounded read rate, and then the cached answer for as long as the file is unchanged (same device,
+inode, size, mtime and ctime)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,10 @@ class Stopped(Exception):
 
 
 class TokenBucket:
-    """Limits reads to ``rate`` bytes per second on average, with bursts of at most ``burst``
-    bytes. A read larger than what is available runs into debt and the next one waits it off,
-    so the long-run rate is exact whatever the chunk size."""
+    """Limits reads to ``rate`` bytes per second on average.
+
+    Bursts are of at most ``burst`` bytes. A read larger than what is available runs into debt and
+    the next one waits it off, so the long-run rate is exact whatever the chunk size."""
 
     def __init__(
         self,
@@ -60,8 +62,9 @@ class TokenBucket:
         self._last = clock()
 
     def take(self, n: int) -> None:
-        """Account for ``n`` bytes about to be read, sleeping first while in debt. Raises
-        Stopped when the sleep function reports a stop."""
+        """Account for ``n`` bytes about to be read, sleeping first while in debt.
+
+        Raises Stopped when the sleep function reports a stop."""
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
         self._last = now
@@ -84,9 +87,10 @@ class _Entry:
 
 
 class Verifier:
-    """Hashes each (file, expected hash) once, newest requests last, on one daemon thread that
-    is started on first use and never keeps the exporter alive. Results of files that are no
-    longer asked about (deleted, replaced, pruned) are dropped after ``ttl`` seconds, so memory
+    """Hashes each (file, expected hash) once, newest requests last, on one daemon thread.
+
+    The thread is started on first use and never keeps the exporter alive. Results of files that are
+    no longer asked about (deleted, replaced, pruned) are dropped after ``ttl`` seconds, so memory
     follows the files that exist, not every file ever seen."""
 
     def __init__(
@@ -128,9 +132,11 @@ class Verifier:
     def known_many(
         self, files: list[tuple[os.stat_result, str]]
     ) -> list[tuple[Status, str] | None]:
-        """:meth:`status` of each (stat, expected hash) already asked about (marking it seen),
-        None for a new one, under one lock: lets a scrape of thousands of unchanged files skip
-        building their paths and taking the lock per file. New files go through :meth:`status`."""
+        """:meth:`status` of each (stat, expected hash) already asked about, under one lock.
+
+        Each is marked seen; a new one gets None. One lock lets a scrape of thousands of
+        unchanged files skip building their paths and taking the lock per file. New files go
+        through :meth:`status`."""
         out: list[tuple[Status, str] | None] = []
         with self._lock:
             now = self._clock()
@@ -144,8 +150,10 @@ class Verifier:
         return out
 
     def sweep(self) -> None:
-        """Forget files not asked about for ``ttl`` seconds (looked for at most every tenth of
-        it, so that a scrape does not walk every known file)."""
+        """Forget files not asked about for ``ttl`` seconds.
+
+        They are looked for at most every tenth of it, so that a scrape does not walk every
+        known file."""
         now = self._clock()
         if now - self._swept_at < self._ttl / 10:
             return

@@ -1,6 +1,7 @@
-"""TLS and basic auth from the web configuration file that Prometheus exporters share
-(``--web.config.file``, the exporter-toolkit format), so that one file and one habit serve
-node_exporter, dcgm-exporter and trainguard alike.
+"""TLS and basic auth from the web configuration file that Prometheus exporters share.
+
+That file is ``--web.config.file``, in the exporter-toolkit format, so that one file and one
+habit serve node_exporter, dcgm-exporter and trainguard alike.
 
 Read like exporter-toolkit reads it: its structs tagged with YAML names, unmarshalled strictly,
 are the dataclasses below (:mod:`trainguard.exporter.schema`), read by the same loader as the
@@ -204,9 +205,10 @@ def load_web_config(path: str | Path | None) -> WebConfig:
 
 
 class BasicAuth:
-    """Checks ``Authorization: Basic`` against bcrypt hashes. bcrypt is slow on purpose, so a
-    password that already matched is remembered (keyed by an HMAC, never stored in clear), as
-    exporter-toolkit does, to keep a scrape cheap."""
+    """Checks ``Authorization: Basic`` against bcrypt hashes.
+
+    bcrypt is slow on purpose, so a password that already matched is remembered (keyed by an HMAC,
+    never stored in clear), as exporter-toolkit does, to keep a scrape cheap."""
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
         self._users = dict(users)

@@ -1,6 +1,7 @@
-"""A call that may hang, run on a thread of its own and waited for until a deadline: what lets
-a scrape answer on time while a collector (or a read several collectors share) is stuck in a
-GPU driver or on a network filesystem whose server went away."""
+"""A call that may hang, run on a thread of its own and waited for until a deadline.
+
+This is what lets a scrape answer on time while a collector (or a read several collectors share) is
+stuck in a GPU driver or on a network filesystem whose server went away."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ R = TypeVar("R")
 
 
 class Unfinished(Exception):
-    """A call did not return by the scrape's deadline, or is still hanging from an earlier
-    scrape; the message says which call, and is the same at every scrape while it hangs (so
-    that it is logged once)."""
+    """A call did not return by the scrape's deadline, or is still hanging from an earlier one.
+
+    The message says which call, and is the same at every scrape while it hangs (so that it is
+    logged once)."""
 
 
 #: the one message for a call still running at the deadline and for one still hanging from an
@@ -29,11 +31,12 @@ _INTERRUPTED = RuntimeError("the call was interrupted")
 
 
 class Worker(Generic[A, R]):
-    """Runs ``fn(arg)`` on one thread of its own, one call at a time, and lets callers wait
-    for a call until a deadline. A call that hangs costs the first scrape that waits for it its
-    deadline; while it still hangs, later scrapes are told at once instead of waiting again or
-    queueing calls of their own (no pile-up of threads: one call outstanding, ever). When the
-    call returns, the next :meth:`start` starts a new one. Callers that arrive while a call is
+    """Runs ``fn(arg)`` on one thread of its own, one call at a time.
+
+    Callers wait for a call until a deadline. A call that hangs costs the first scrape that waits
+    for it its deadline; while it still hangs, later scrapes are told at once instead of waiting
+    again or queueing calls of their own (no pile-up of threads: one call outstanding, ever). When
+    the call returns, the next :meth:`start` starts a new one. Callers that arrive while a call is
     in progress (concurrent scrapes) share its outcome rather than queueing calls of their own.
     ``fn`` raising is its outcome: :meth:`wait` raises it again."""
 
@@ -51,8 +54,9 @@ class Worker(Generic[A, R]):
         self._abandoned = False  # a caller gave up waiting for the call in progress
 
     def start(self, arg: A) -> int | None:
-        """Start a call (or join the one in progress); the ticket to :meth:`wait` with, or
-        None while a call a caller gave up on still hangs."""
+        """Start a call (or join the one in progress); return the ticket to :meth:`wait` with.
+
+        The ticket is None while a call a caller gave up on still hangs."""
         with self._cond:
             if self._abandoned:
                 return None
@@ -66,9 +70,11 @@ class Worker(Generic[A, R]):
             return self._started
 
     def wait(self, ticket: int | None, deadline: float | None) -> tuple[R, float]:
-        """The outcome of call ``ticket`` (or of a later one) and how long it took, once it
-        returned; :class:`Unfinished` if it has not by ``deadline`` (``time.monotonic()``;
-        None waits as long as it takes) or is a call given up on earlier."""
+        """The outcome of call ``ticket`` (or of a later one) and how long it took.
+
+        Waits until it returned; raises :class:`Unfinished` if it has not by ``deadline``
+        (``time.monotonic()``; None waits as long as it takes) or is a call given up on
+        earlier."""
         with self._cond:
             if ticket is not None:
 

@@ -1,5 +1,6 @@
-"""Critical Xid errors (a GPU fallen off the bus, a double-bit ECC error, a GSP timeout...) read
-from NVML's event API on a thread of their own, and counted per GPU and Xid code.
+"""Critical Xid errors read from NVML's event API on a thread, counted per GPU and Xid code.
+
+Critical Xid errors include a GPU fallen off the bus, a double-bit ECC error, a GSP timeout.
 
 Why a thread and not a zero-timeout read at scrape time: NVML keeps only the most recent Xid
 code, so every event still queued when the set is read reports that code ("If there are
@@ -54,8 +55,9 @@ def _address(pointer: Any) -> int | None:
 
 
 class XidCounts:
-    """Xid events per (GPU index, uuid, code) since the exporter started; shared by the
-    watchers (one after another) and the scrapes."""
+    """Xid events per (GPU index, uuid, code) since the exporter started.
+
+    Shared by the watchers (one after another) and the scrapes."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -88,9 +90,10 @@ class XidCounts:
 
 
 class XidWatcher:
-    """One NVML session and event set watching the given GPUs for critical Xid events, and
-    the daemon thread that waits on it. :meth:`start` registers synchronously (so the scrape
-    that starts it knows which GPUs are watched) and raises ``pynvml.NVMLError`` for a
+    """One NVML session and event set watching the given GPUs for critical Xid events.
+
+    With it goes the daemon thread that waits on it. :meth:`start` registers synchronously (so the
+    scrape that starts it knows which GPUs are watched) and raises ``pynvml.NVMLError`` for a
     failure other than "not supported"."""
 
     def __init__(self, counts: XidCounts) -> None:
@@ -148,8 +151,10 @@ class XidWatcher:
         return self.error is None and (self._thread is None or self._thread.is_alive())
 
     def stop(self) -> None:
-        """Ask the thread to end; it frees the set and its NVML reference within WAIT_MS (or
-        when a hung driver call returns). Never waits."""
+        """Ask the thread to end; never waits.
+
+        The thread frees the set and its NVML reference within WAIT_MS (or when a hung driver
+        call returns)."""
         self._stop.set()
 
     def _run(self, event_set: Any) -> None:

@@ -1,5 +1,6 @@
-"""The one reader of trainguard's YAML files (``--config.file``, ``--web.config.file``, and
-the alert thresholds' ``--config``).
+"""The one reader of trainguard's YAML files.
+
+They are ``--config.file``, ``--web.config.file``, and the alert thresholds' ``--config``.
 
 Both files are small, hand-written and read once at start, so reading is strict: a size cap
 (a file that big is a mistake, never a config), safe loading (no Python tags), duplicate keys
@@ -117,8 +118,10 @@ _Loader.add_constructor("tag:yaml.org,2002:seq", _Loader.construct_located_seq)
 
 
 def parse_yaml(text: str, source: str) -> Any:
-    """The one document in text: mappings as :class:`Located`, sequences as
-    :class:`LocatedList`; :class:`ConfigError` with line and column if it is not safe YAML."""
+    """The one document in text, with mappings and sequences that know their positions.
+
+    Mappings come as :class:`Located`, sequences as :class:`LocatedList`; raises
+    :class:`ConfigError` with line and column if it is not safe YAML."""
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python tags
     except yaml.MarkedYAMLError as exc:
@@ -139,8 +142,9 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def load_yaml(path: str | Path, what: str = "config file", max_bytes: int = MAX_BYTES) -> Any:
-    """Read and parse a YAML file of at most max_bytes; errors name the file (and ``what`` it
-    is, in "cannot read web config file: ...")."""
+    """Read and parse a YAML file of at most max_bytes.
+
+    Errors name the file (and ``what`` it is, in "cannot read web config file: ...")."""
     source = str(path)
     try:
         with open(path, "rb") as fh:

@@ -1,6 +1,8 @@
-"""``trainguard``: the terminal command for the person running the training (status, verify,
-launch, snapshot), built on the exporter's own run table, checkpoint verdict and GPU collector.
-The only module that imports ``rich``; nothing of the training side imports it."""
+"""``trainguard``: the terminal command for the person running the training.
+
+Its subcommands (status, verify, launch, snapshot) are built on the exporter's own run table,
+checkpoint verdict and GPU collector. This is the only module that imports ``rich``; nothing of
+the training side imports it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,11 @@
-"""``trainguard launch``: start a training command so that it outlives the terminal, the SSH
-session and the shell that started it (the field report's run died when its SSH session
-closed): a new session (no controlling terminal, so no SIGHUP when the terminal closes; its own
-process group, so a kill of the shell's group does not reach it), stdin from /dev/null,
-stdout and stderr appended to a log file, the pid written to a pid file. The launcher exits at
-once; the run is reparented to init (or the nearest subreaper), outside the caller's tree."""
+"""``trainguard launch``: start a training command that outlives the terminal that started it.
+
+It outlives the terminal, the SSH session and the shell that started it (the field report's run died
+when its SSH session closed): a new session (no controlling terminal, so no SIGHUP when the terminal
+closes; its own process group, so a kill of the shell's group does not reach it), stdin from
+/dev/null, stdout and stderr appended to a log file, the pid written to a pid file. The launcher
+exits at once; the run is reparented to init (or the nearest subreaper), outside the caller's
+tree."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""``trainguard snapshot RUN``: ask a live run for a CUDA memory snapshot now, without restarting
-it. The command writes a request file next to the run's heartbeat; the run's reporter thread
-(``trainguard.Run(..., oom_snapshots=True)``) notices it within its heartbeat interval, dumps
-the snapshot and its metadata, and writes a reply that this command waits for. The formats are
-in ``trainguard.shared.snapshots``; nothing here is imported by the training side."""
+"""``trainguard snapshot RUN``: ask a live run for a CUDA memory snapshot now.
+
+The run is not restarted. The command writes a request file next to the run's heartbeat; the run's
+reporter thread (``trainguard.Run(..., oom_snapshots=True)``) notices it within its heartbeat
+interval, dumps the snapshot and its metadata, and writes a reply that this command waits for. The
+formats are in ``trainguard.shared.snapshots``; nothing here is imported by the training side."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ class Taken:
 
 
 def request_snapshot(state_dir: Path, run: str, rank: int, timeout: float) -> Taken:
-    """Ask run ``run`` rank ``rank`` for a snapshot and wait up to ``timeout`` seconds for
-    its reply. Raises :class:`SnapshotError`."""
+    """Ask run ``run`` rank ``rank`` for a snapshot and wait up to ``timeout`` s for its reply.
+
+    Raises :class:`SnapshotError`."""
     hb_path = state_dir / heartbeat_filename(run, rank)
     try:
         hb = read_heartbeat(hb_path)
