@@ -20,11 +20,11 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.exporter.config import Config
 from trainguard.exporter.configured_runs import ConfiguredRuns
+from trainguard.exporter.run_rows import LogFile, RunRow, RunView, drop_superseded
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
 from trainguard.exporter.worker import Unfinished
@@ -42,47 +42,6 @@ MAX_FILES = 10_000
 NS_RETRY_SECONDS = 15.0
 
 _CacheKey = tuple[int, int, int, int, int, int]
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """One run and rank.
-
-    ``up`` is None when it cannot be known (no pid to check, a pid of a pid namespace this
-    exporter cannot see, access denied). ``pid`` is the pid the process recorded (in its own pid
-    namespace), ``pids`` the live ones as this exporter's /proc (and NVML, with the host's pid
-    namespace) numbers them."""
-
-    run: str
-    rank: str
-    host: str
-    pid: int | None
-    up: bool | None
-    heartbeat: Heartbeat | None = None
-    pids: tuple[int, ...] = ()  # the live pids of this row (several for a process_match)
-    owner: int | None = None  # uid owning the heartbeat file (None: not from a heartbeat)
-    #: the run ended cleanly; None when that cannot be told (a configured run)
-    finished: bool | None = None
-
-
-@dataclass(frozen=True)
-class LogFile:
-    run: str
-    path: Path
-    report_errors: bool  # configured, or the run is alive: a missing log is news
-    #: uid that owns the heartbeat that announced it (it must own the file too, see
-    #: :func:`~trainguard.exporter.targets.ownership_problem`); None for a log file from the
-    #: config file
-    owner: int | None = None
-
-
-@dataclass(frozen=True)
-class RunView:
-    rows: tuple[RunRow, ...]
-    log_files: tuple[LogFile, ...]
-    files_ok: int
-    file_errors: int
-    errors: tuple[str, ...]
 
 
 class RunTable:
@@ -275,7 +234,7 @@ class RunTable:
                     finished=hb.state == "finished",
                 )
             )
-        return _drop_superseded(rows)
+        return drop_superseded(rows)
 
     def _same_boot(self, hb: Heartbeat) -> bool | None:
         return procinfo.same_boot(hb.boot_id, hb.boot_time, self._boot_id, self._boot_time)
@@ -385,32 +344,3 @@ def _mtime_ns(entry: os.DirEntry[str]) -> int:
         return entry.stat(follow_symlinks=False).st_mtime_ns
     except OSError:
         return -1  # gone or unreadable: last
-
-
-def _drop_superseded(rows: list[RunRow]) -> list[RunRow]:
-    """Drop the rows of old higher ranks left behind by a run restarted with fewer ranks.
-
-    A run restarted with fewer ranks leaves the old higher ranks' heartbeats behind: drop a rank
-    that is not alive, is at or above the world size of a later start of the same run, and last
-    wrote before that start."""
-    newest: dict[str, Heartbeat] = {}
-    for row in rows:
-        hb = row.heartbeat
-        if hb is not None and hb.world_size is not None:
-            best = newest.get(row.run)
-            if best is None or hb.started > best.started:
-                newest[row.run] = hb
-    out = []
-    for row in rows:
-        hb, latest = row.heartbeat, newest.get(row.run)
-        if (
-            hb is not None
-            and latest is not None
-            and latest.world_size is not None
-            and not row.up
-            and hb.rank >= latest.world_size
-            and hb.time < latest.started
-        ):
-            continue
-        out.append(row)
-    return out

@@ -8,28 +8,13 @@ seconds, writes only when something changed (or ``keepalive`` seconds passed), a
 disk errors (a full or read-only disk is logged once). torch is never imported unless the
 script already imported it (or asked for OOM snapshots).
 
-How a run ends, as the exporter will see it (``trainguard_run_finished``):
-
-- ``close()``, leaving the ``with`` block normally, ``sys.exit(0)`` inside it, or a normal
-  interpreter exit (atexit) record ``finished``.
-- An exception leaving the ``with`` block (``KeyboardInterrupt`` and ``sys.exit(1)``
-  included), ``close(finished=False)``, or an uncaught exception reaching the top level
-  (seen through ``sys.excepthook`` before atexit runs) record ``failed`` with the
-  exception's type name: the process is expected to be gone soon, and that is a death.
-- SIGKILL, SIGTERM (Python's default action ends the process without running atexit), the
-  OOM killer, a reboot or ``os._exit`` record nothing: the heartbeat stays
-  ``running`` with a pid that is gone, which is exactly what the exporter reports as a death.
-  When the run starts again under the same name and rank, the new process adds that death to
-  the history it carries forward (step, last heartbeat time, cause).
-
-Known blind spot: ``sys.exit(1)`` outside any ``with`` block looks like a normal exit to
-atexit and is recorded ``finished``.
+How a run ends, as the exporter will see it (``finished``, ``failed``, or a death when
+nothing was recorded): docs/heartbeat.md, "How a run ends".
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import math
 import os
@@ -59,12 +44,9 @@ from trainguard.run.options import (
     resolve_rank,
     type_name,
 )
-from trainguard.run.snapshots import (
-    Identity as SnapshotOwner,
-)
-from trainguard.run.snapshots import (
-    MemorySnapshots,
-)
+from trainguard.run.snapshots import Identity as SnapshotOwner
+from trainguard.run.snapshots import MemorySnapshots
+from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import procinfo
 from trainguard.shared.fileio import remove_orphan_temps
 from trainguard.shared.heartbeat import (
@@ -80,7 +62,6 @@ log = logging.getLogger("trainguard.reporter")
 
 #: seconds between re-reads of this process's create time (each read is a few syscalls)
 CREATE_TIME_REFRESH = 60.0
-_QUIET_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT}
 
 
 class Run:
@@ -193,8 +174,7 @@ class Run:
         self._close_lock = threading.Lock()
         self._wake = threading.Event()
         self._ready = threading.Event()  # previous heartbeat read: history known
-        self._warned: set[str] = set()
-        self._warn_lock = threading.Lock()
+        self._warn_once = WarnOnce(log)
         self._boot_id: str | None = None
         self._boot_time: float | None = None
         self._pid_ns: int | None = None
@@ -318,7 +298,7 @@ class Run:
         try:
             os.makedirs(self.state_dir, exist_ok=True)
         except OSError as exc:
-            self._warn_write(exc)
+            warn_write_failure(self._warn_once, self.path, exc)
             return
         remove_orphan_temps(self.path, self._pid)
         me = Identity(self._pid, self._host, self._boot_id, self._boot_time, self._pid_ns)
@@ -336,7 +316,7 @@ class Run:
                 os.makedirs(self.state_dir, exist_ok=True)
                 write_heartbeat(self.path, self._heartbeat(state, error))
         except OSError as exc:
-            self._warn_write(exc)
+            warn_write_failure(self._warn_once, self.path, exc)
         except Exception as exc:  # a bug here must never reach the training loop
             self._warn_once(
                 f"write:{type(exc).__name__}", "trainguard: heartbeat not written: %r", exc
@@ -401,24 +381,3 @@ class Run:
         if step is not None:
             self._step, self._step_time = step, step_time
         self._scalars = checked_scalars(raw_scalars, self._warn_once)
-
-    # -- logging --------------------------------------------------------------------------
-
-    def _warn_write(self, exc: OSError) -> None:
-        code = errno.errorcode.get(exc.errno or 0, "error")
-        quiet = " (full, read-only or not writable disk)" if exc.errno in _QUIET_ERRNOS else ""
-        self._warn_once(
-            f"write:{code}",
-            "trainguard: cannot write heartbeat %s: %s%s; training continues and "
-            "trainguard keeps trying without logging this again",
-            self.path,
-            exc.strerror or exc,
-            quiet,
-        )
-
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        with self._warn_lock:
-            if key in self._warned:
-                return
-            self._warned.add(key)
-        log.warning(message, *args)
