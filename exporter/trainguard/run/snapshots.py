@@ -341,8 +341,8 @@ class MemorySnapshots:
     ) -> dict[str, Any]:
         """What lets two snapshots be compared.
 
-        The run, the moment, the software, the GPU, the allocator settings and the experiment's
-        configuration."""
+        It records the run, the moment, the software, the GPU, the allocator settings and the
+        experiment's configuration."""
         torch = sys.modules.get("torch")
         config = self._config
         batch = scalars.get("batch_size")
