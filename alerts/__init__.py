@@ -1,5 +1,7 @@
-"""trainguard's alert rules as code: thresholds, rule groups and the generator of
-``alerts/trainguard.rules.yml`` (see ``alerts/README.md``)."""
+"""trainguard's alert rules as code.
+
+Thresholds, rule groups and the generator of ``alerts/trainguard.rules.yml`` (see
+``alerts/README.md``)."""
 
 import sys
 from pathlib import Path

@@ -1,6 +1,8 @@
-"""The kinds of threshold value (duration, number, bytes, selector, url, xid codes, labels): how
-each is written, checked, and turned into the placeholders the rule templates use. A check raises
-ValueError with the reason; ``alerts/thresholds/`` adds which threshold and kind it was."""
+"""The kinds of threshold value: how each is written, checked, and turned into placeholders.
+
+The kinds are duration, number, bytes, selector, url, xid codes and labels; the placeholders are
+the ones the rule templates use. A check raises ValueError with the reason;
+``alerts/thresholds/`` adds which threshold and kind it was."""
 
 from __future__ import annotations
 
@@ -20,9 +22,12 @@ def _plain(value: object) -> str | int | float:
 
 
 def parse_duration(value: object) -> int:
-    """Whole, positive seconds in a duration of the one grammar (``90m``, ``1h30m``, ``1w``, a
-    number of seconds; :func:`trainguard.shared.units.parse_duration`): a rule compares ages
-    in whole seconds, and a zero threshold would make an alert fire at once or never."""
+    """Parse a duration threshold into whole, positive seconds.
+
+    The duration is in the one grammar (``90m``, ``1h30m``, ``1w``, a number of seconds;
+    :func:`trainguard.shared.units.parse_duration`). Whole seconds, because a rule compares
+    ages in whole seconds; positive, because a zero threshold would make an alert fire at once
+    or never."""
     seconds = units.parse_duration(_plain(value))
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {value!r}")
@@ -82,9 +87,10 @@ _TEMPLATE_ACTION = re.compile(r"\{\{[^{}]*\}\}")
 
 
 def parse_url(value: object) -> str:
-    """An http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``. It
-    may hold Go-template actions of Prometheus annotations (``http://{{ $labels.instance }}/x``),
-    expanded per alert."""
+    """Check an http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``.
+
+    It may hold Go-template actions of Prometheus annotations
+    (``http://{{ $labels.instance }}/x``), expanded per alert."""
     text = _plain(value)
     plain = _TEMPLATE_ACTION.sub("x", text) if isinstance(text, str) else ""
     if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?{}]+[^\s#{}]*", plain):
@@ -133,8 +139,10 @@ OWN_LABELS = frozenset(
 
 
 def parse_labels(value: object) -> list[str]:
-    """Label names, "cluster, namespace, job, instance" or a YAML list: the labels that
-    identify a scrape target (kept by every aggregation and join of the rules)."""
+    """Parse label names, "cluster, namespace, job, instance" or a YAML list.
+
+    They are the labels that identify a scrape target (kept by every aggregation and join of the
+    rules)."""
     items: list[object]
     if isinstance(value, list):
         items = list(value)

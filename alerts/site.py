@@ -129,8 +129,10 @@ def parse_set(items: Sequence[str]) -> dict[str, str]:
 
 
 def load_config(path: Path) -> dict[str, object]:
-    """A ``--config`` file: a flat YAML mapping of threshold name to value, read as the
-    exporter reads its config file (size cap, duplicate keys refused, line and column)."""
+    """Read a ``--config`` file: a flat YAML mapping of threshold name to value.
+
+    It is read as the exporter reads its config file (size cap, duplicate keys refused, line and
+    column)."""
     try:
         loaded = load_yaml(path, "thresholds file")
     except ConfigError as exc:

@@ -1,6 +1,7 @@
-"""The dashboard around the panels, the same for every trainguard dashboard: the template
-variables (``$datasource``, ``$cluster``, ``$instance``, ``$run``), the links between the
-dashboards, the settings, and the rows of panels laid out left to right."""
+"""The dashboard around the panels, the same for every trainguard dashboard.
+
+The template variables (``$datasource``, ``$cluster``, ``$instance``, ``$run``), the links
+between the dashboards, the settings, and the rows of panels laid out left to right."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from grafana.promql import I
 
 
 def _query_variable(name: str, label: str, description: str, query: str) -> Any:
-    """A multi-select label variable whose "All" is ``.*`` and that refreshes with the time
-    range (runs come and go)."""
+    """A multi-select label variable whose "All" is ``.*``, refreshed with the time range.
+
+    It refreshes with the time range because runs come and go."""
     return (
         db.QueryVariable(name)
         .label(label)
@@ -40,8 +42,10 @@ def _query_variable(name: str, label: str, description: str, query: str) -> Any:
 
 
 def _variables() -> list[Any]:
-    """``$datasource``, ``$cluster``, ``$instance`` and ``$run``. "All" is ``.*`` (a regex, not
-    a huge alternation); the lists refresh with the time range because runs come and go."""
+    """The template variables ``$datasource``, ``$cluster``, ``$instance`` and ``$run``.
+
+    "All" is ``.*`` (a regex, not a huge alternation); the lists refresh with the time range
+    because runs come and go."""
     return [
         db.DatasourceVariable("datasource")
         .label("Data source")
@@ -72,8 +76,10 @@ def _variables() -> list[Any]:
 def dashboard(
     uid: str, title: str, description: str, rows: Sequence[tuple[str, Sequence[Panel]]]
 ) -> db.Dashboard:
-    """A trainguard dashboard: the shared variables, links and settings, then ``rows`` of
-    ``(row title, panels)``, each panel placed left to right, wrapping at the grid's width."""
+    """A trainguard dashboard: the shared variables, links and settings, then the rows of panels.
+
+    ``rows`` are ``(row title, panels)``, each panel placed left to right, wrapping at the grid's
+    width."""
     d = (
         db.Dashboard(title)
         .uid(uid)

@@ -50,8 +50,10 @@ _ALERT_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def alert_names(rules_file: Path = RULES_FILE) -> list[str]:
-    """Every ``alert:`` name of a Prometheus rules file, sorted, each once; except alerts of
-    ``severity: none`` (the Watchdog, which always fires: it tells of no problem).
+    """Every ``alert:`` name of a Prometheus rules file, sorted, each once, except the Watchdog's.
+
+    Alerts of ``severity: none`` are left out (the Watchdog, which always fires: it tells of no
+    problem).
 
     Raises ``OSError``, ``yaml.YAMLError`` or ``ValueError`` (not a rules file, no alerts, a
     name that is not a plain identifier).

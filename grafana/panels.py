@@ -1,6 +1,7 @@
-"""The panel builders every trainguard dashboard is made of, over grafana-foundation-sdk
-(Grafana 11.6 schema): time series, stats, bar gauges, tables and state timelines, and their
-queries and field settings.
+"""The panel builders every trainguard dashboard is made of, over grafana-foundation-sdk.
+
+They target the Grafana 11.6 schema: time series, stats, bar gauges, tables and state
+timelines, and their queries and field settings.
 
 The builders take the few things that differ between panels (title, description, unit,
 queries, size, thresholds) and fix everything else, so the dashboards look alike. What the
@@ -155,8 +156,10 @@ def ts(
     dashed: str | None = None,
     colors: Mapping[str, str] | None = None,
 ) -> timeseries.Panel:
-    """A time series panel. ``dashed`` is a regexp of series drawn as a dashed line without fill
-    (a limit, a forecast); ``colors`` maps a series regexp to a fixed colour."""
+    """A time series panel.
+
+    ``dashed`` is a regexp of series drawn as a dashed line without fill (a limit, a forecast);
+    ``colors`` maps a series regexp to a fixed colour."""
     p = (
         timeseries.Panel()
         .title(title)

@@ -1,7 +1,9 @@
-"""Every threshold of trainguard's alert rules, with its kind and meaning: the ONE place to change
-a default. Overrides (``--set``, ``--config``: see ``alerts/site.py``) are validated here, by
-kind (``alerts/kinds.py``), so a typo is an error naming the threshold and the kind of value it
-expects instead of a rule file Prometheus rejects (or, worse, loads).
+"""Every threshold of trainguard's alert rules, with its kind and meaning.
+
+This is the ONE place to change a default. Overrides (``--set``, ``--config``: see
+``alerts/site.py``) are validated here, by kind (``alerts/kinds.py``), so a typo is an error
+naming the threshold and the kind of value it expects instead of a rule file Prometheus rejects
+(or, worse, loads).
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``), and

@@ -1,5 +1,6 @@
-"""Thresholds of the allocator alerts (``alerts/rules/allocator.py``): retries, OOMs, leaks and
-fragmentation."""
+"""Thresholds of the allocator alerts (``alerts/rules/allocator.py``).
+
+They tune the alerts on retries, OOMs, leaks and fragmentation."""
 
 from __future__ import annotations
 

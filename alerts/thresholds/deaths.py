@@ -1,5 +1,6 @@
-"""Thresholds of the alerts on recorded deaths (``alerts/rules/deaths.py``): a restart after a
-death, and deaths near the same step."""
+"""Thresholds of the alerts on recorded deaths (``alerts/rules/deaths.py``).
+
+They tune the alerts on a restart after a death, and on deaths near the same step."""
 
 from __future__ import annotations
 

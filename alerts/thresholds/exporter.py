@@ -1,5 +1,6 @@
-"""Thresholds of the alerts on the exporter itself (``alerts/rules/exporter.py``): failing
-collectors and a target Prometheus cannot scrape."""
+"""Thresholds of the alerts on the exporter itself (``alerts/rules/exporter.py``).
+
+They tune the alerts on failing collectors and on a target Prometheus cannot scrape."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Thresholds of the GPU alerts (``alerts/rules/gpu.py``): ghost and unattributed memory,
-duplicate host processes and Xid errors."""
+"""Thresholds of the GPU alerts (``alerts/rules/gpu.py``).
+
+They tune the alerts on ghost and unattributed memory, duplicate host processes and Xid errors."""
 
 from __future__ import annotations
 

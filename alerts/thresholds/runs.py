@@ -1,5 +1,6 @@
-"""Thresholds of the alerts on a run's progress (``alerts/rules/runs.py``): stalls, the first
-step, throughput and the log file."""
+"""Thresholds of the alerts on a run's progress (``alerts/rules/runs.py``).
+
+They tune the alerts on stalls, the first step, throughput and the log file."""
 
 from __future__ import annotations
 

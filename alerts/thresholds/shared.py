@@ -1,6 +1,7 @@
-"""What every rule group shares: how the rules find the scrape targets and tell them apart,
-where the runbook lives, how often the slow recording rules run and how long alerts on a
-lasting state keep firing."""
+"""Thresholds every rule group shares.
+
+They say how the rules find the scrape targets and tell them apart, where the runbook lives, how
+often the slow recording rules run and how long alerts on a lasting state keep firing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""One threshold of the rules (name, default, kind, meaning), the record every table in this
-package is made of, and the error a bad override raises."""
+"""One threshold of the rules (name, default, kind, meaning) and the error a bad override raises.
+
+A threshold is the record every table in this package is made of."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""trainguard: tell within one scrape that a training run died, stalled, holds ghost GPU
-memory or left a truncated checkpoint.
+"""trainguard: tell within one scrape what went wrong with a long GPU training run.
+
+Within one scrape it tells that a run died, stalled, holds ghost GPU memory or left a truncated
+checkpoint.
 
 Two sides, two rooms:
 

@@ -1,7 +1,8 @@
-"""Crash-safe checkpoints for training scripts: a checkpoint only gets its final name once it is
-whole and on disk, its size and SHA-256 are recorded for the exporter to judge it by, mirrors
-are checked against that record before they are published, and pruning never deletes what is
-being written, copied, or of unknown age.
+"""Crash-safe checkpoints for training scripts: save, mirror, prune and find the latest.
+
+A checkpoint only gets its final name once it is whole and on disk, its size and SHA-256 are
+recorded for the exporter to judge it by, mirrors are checked against that record before they
+are published, and pruning never deletes what is being written, copied, or of unknown age.
 
     from trainguard import checkpoint
     checkpoint.save(model.state_dict(), "/data/ckpt/step_100.pt")   # torch.save, crash-safe

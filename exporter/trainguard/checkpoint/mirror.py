@@ -1,8 +1,9 @@
-"""``mirror`` and ``mirror_dir``: copy a committed checkpoint (a file or a step directory) to
-another directory with the same discipline as ``save``, checked against the source's record
-before the copy is published. Both open and close the same way (:func:`_held_source`,
-:func:`_commit_copy`): the source held with a shared lock so that ``prune`` does not delete it
-mid-copy, and a record naming the source committed last."""
+"""``mirror`` and ``mirror_dir``: copy a committed checkpoint (a file or a step directory).
+
+The copy goes to another directory with the same discipline as ``save``, checked against the
+source's record before it is published. Both open and close the same way
+(:func:`_held_source`, :func:`_commit_copy`): the source held with a shared lock so that
+``prune`` does not delete it mid-copy, and a record naming the source committed last."""
 
 from __future__ import annotations
 
@@ -45,9 +46,10 @@ def mirror(
     verify_hash: bool = True,
     layout: str = DEFAULT_LAYOUT,
 ) -> Record:
-    """Copy a checkpoint to another directory (usually another filesystem) with the same
-    discipline as :func:`~trainguard.checkpoint.save`: ``.part``, checked, fsync, rename,
-    fsync, record.
+    """Copy a checkpoint to another directory (usually another filesystem), checked, crash-safe.
+
+    The discipline is the same as :func:`~trainguard.checkpoint.save`'s: ``.part``, checked,
+    fsync, rename, fsync, record.
 
     The source must match its own record (a truncated primary is never propagated); the copy
     must have the recorded size and, when ``verify_hash`` and the source has a recorded hash,
@@ -114,11 +116,13 @@ def mirror_dir(
     layout: str = DEFAULT_LAYOUT,
     verify_hash: bool = True,
 ) -> Record:
-    """Copy a committed step directory (``mirror`` on a directory): every file with the same
-    discipline as a file's mirror, into ``<name>.part/``, checked against the source's record
-    (or, for a framework's directory without one, the sizes read when it was judged), fsynced,
-    renamed, then a record listing every file. The source directory is held with a shared
-    lock during the copy, so that ``prune`` does not delete it."""
+    """Copy a committed step directory (``mirror`` on a directory), file by file.
+
+    Every file is copied with the same discipline as a file's mirror, into ``<name>.part/``,
+    checked against the source's record (or, for a framework's directory without one, the sizes
+    read when it was judged) and fsynced; the directory is then renamed, and a record listing
+    every file committed. The source directory is held with a shared lock during the copy, so
+    that ``prune`` does not delete it."""
     name = src.name
     step = dir_step(src, pattern)
     dst_dir = Path(mirror_dir)
@@ -156,10 +160,12 @@ _mirror_tree = mirror_dir
 def _held_source(
     src: Path, dst_dir: Path, *, directory: bool
 ) -> Iterator[tuple[int, os.stat_result]]:
-    """The opening both mirrors share: refuse to mirror into the source's own directory, open
-    the source (a step directory, or a file as every untrusted file is: never through a link,
-    never waiting on a FIFO, a regular file only), hold a shared lock on it for the copy, and
-    check that it is still the entry of that name."""
+    """Open and hold a mirror's source: the opening both mirrors share.
+
+    Refuse to mirror into the source's own directory, open the source (a step directory, or a
+    file as every untrusted file is: never through a link, never waiting on a FIFO, a regular
+    file only), hold a shared lock on it for the copy, and check that it is still the entry of
+    that name."""
     if os.path.realpath(dst_dir) == os.path.realpath(src.parent):
         raise ValueError(f"mirror directory {dst_dir} is the checkpoint's own directory")
     sfd = os.open(src, DIR_FLAGS) if directory else _open_source(src)
@@ -175,8 +181,9 @@ def _held_source(
 
 
 def _open_source(src: Path) -> int:
-    """A checkpoint file to copy, opened by :func:`~trainguard.shared.fileio.open_untrusted`;
-    anything but a regular file is a CheckpointError naming it."""
+    """Open a checkpoint file to copy, by :func:`~trainguard.shared.fileio.open_untrusted`.
+
+    Anything but a regular file is a CheckpointError naming it."""
     try:
         return open_untrusted(src)[0]
     except UntrustedFileError as exc:
@@ -191,8 +198,9 @@ def _commit_copy(
     sha256: str | None,
     files: tuple[tuple[str, int, str | None], ...] | None,
 ) -> Record:
-    """The closing both mirrors share, once the copy has its final name: commit its record,
-    naming the source it was copied from."""
+    """Commit the copy's record, naming its source: the closing both mirrors share.
+
+    It runs once the copy has its final name."""
     record = Record(
         name=src.name,
         step=step,
@@ -207,9 +215,10 @@ def _commit_copy(
 
 
 def _committed_files(src: Path, pattern: str, layout: str) -> dict[str, tuple[int, str | None]]:
-    """What a committed step directory must hold (relative path -> size, SHA-256 or None): its
-    record's list, or for a framework's directory without one, the files it was judged by;
-    CheckpointError when it is not committed or a file's size is not the one expected."""
+    """What a committed step directory must hold: relative path -> size, SHA-256 or None.
+
+    That is its record's list, or for a framework's directory without one, the files it was
+    judged by; CheckpointError when it is not committed or a file's size is not the one expected."""
     listing = read_listing(src.parent, CheckpointPattern(pattern), layout)
     committed = {d.name: d for d in listing.dirs}.get(src.name)
     if committed is None:

@@ -1,6 +1,8 @@
-"""``save`` and ``save_dir``: write a checkpoint, one file or a directory per step, so that its
-final name never holds partial content, then commit its record (size and SHA-256 of every
-file, hashed as the bytes pass) for ``latest``, ``prune`` and the exporter to judge it by.
+"""``save`` and ``save_dir``: write a checkpoint so that its final name never holds partial content.
+
+A checkpoint is one file or a directory per step. Once written, its record is committed (size
+and SHA-256 of every file, hashed as the bytes pass) for ``latest``, ``prune`` and the exporter
+to judge it by.
 
 A step directory has the same guarantees as a file: written under ``<name>.part/``, every file
 and directory fsynced, committed by renaming the directory, the parent fsynced, and only then
@@ -111,8 +113,7 @@ Files = list[tuple[str, int, str | None]]
 
 
 def _tree(path: Path) -> list[tuple[str, os.stat_result]]:
-    """Every regular file under ``path`` (relative paths, sorted), trainguard's own share files
-    left out."""
+    """Every regular file under ``path`` but trainguard's share files (relative paths, sorted)."""
     fd = os.open(path, DIR_FLAGS)
     try:
         files = walk(fd, path, path.name, None).files
@@ -170,7 +171,9 @@ def save_dir(
     barrier: Callable[[], object] | None = None,
     hashing: bool = True,
 ) -> Iterator[Path]:
-    """Write a step directory so that its final name never holds a partial checkpoint::
+    """Write a step directory so that its final name never holds a partial checkpoint.
+
+    Usage::
 
         with checkpoint.save_dir("/ckpt/step-500", pattern="step-{step}") as tmp:
             torch.distributed.checkpoint.save(state, checkpoint_id=tmp)

@@ -1,8 +1,9 @@
-"""Moving checkpoint bytes and hashing them as they pass: the binary file ``save`` hands to
-``torch.save`` (hashed while written, so the record needs no second read) and the descriptor-
-level copy ``mirror`` makes (kernel-side where it can, hashed from a second descriptor behind
-it). Nothing here names a checkpoint or a record: ``save`` and ``mirror`` decide what the bytes
-are and when they are published."""
+"""Moving checkpoint bytes and hashing them as they pass.
+
+Two movers: the binary file ``save`` hands to ``torch.save`` (hashed while written, so the
+record needs no second read) and the descriptor-level copy ``mirror`` makes (kernel-side where
+it can, hashed from a second descriptor behind it). Nothing here names a checkpoint or a
+record: ``save`` and ``mirror`` decide what the bytes are and when they are published."""
 
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ SMALL_WRITE = 1024 * 1024
 
 
 class HashingWriter(io.RawIOBase):
-    """The binary file ``save`` hands to torch.save or a writer callable: bytes go straight to
-    the ``.part`` descriptor and into SHA-256 as they pass, so the record needs no second read.
-    A large piece is hashed on a helper thread while it is written (both release the GIL); the
-    hash of a piece ends before ``write`` returns, because torch hands over a view of tensor
-    memory that is only valid during the call."""
+    """The binary file ``save`` hands to torch.save or a writer callable, hashing as it writes.
+
+    Bytes go straight to the ``.part`` descriptor and into SHA-256 as they pass, so the record
+    needs no second read. A large piece is hashed on a helper thread while it is written (both
+    release the GIL); the hash of a piece ends before ``write`` returns, because torch hands over a
+    view of tensor memory that is only valid during the call."""
 
     def __init__(self, fd: int) -> None:
         super().__init__()
@@ -104,9 +106,10 @@ _NOT_SUPPORTED = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, err
 
 
 class TailHasher:
-    """Hashes the copy as it is being written, from a second descriptor that stays behind the
-    copy's offset: the hash of what actually landed, at the cost of wall time only where
-    hashing is slower than copying."""
+    """Hashes a copy as it is being written, from a second descriptor behind the copy's offset.
+
+    That hashes what actually landed, at the cost of wall time only where hashing is slower than
+    copying."""
 
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
@@ -163,8 +166,10 @@ class TailHasher:
 
 
 class Copier:
-    """Kernel-side copy where the platform has one (copy_file_range, else sendfile), plain
-    reads and writes otherwise; falls back once per copy, never silently short."""
+    """Copies between descriptors, kernel-side where the platform can, never silently short.
+
+    Kernel-side is copy_file_range, else sendfile; plain reads and writes otherwise. It falls back
+    once per copy."""
 
     def __init__(self) -> None:
         self.method = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
@@ -199,8 +204,9 @@ class Copier:
 
 
 def copy_fd(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str | None:
-    """Copy ``size`` bytes from ``src`` to ``dst`` (the open file at ``part``), fsync, and
-    return the SHA-256 of what landed when asked (read back behind the copy by a
+    """Copy ``size`` bytes from ``src`` to ``dst`` (the open file at ``part``), and fsync.
+
+    Return the SHA-256 of what landed when asked (read back behind the copy by a
     :class:`TailHasher`)."""
     hasher = TailHasher(part) if hashing else None
     try:

@@ -1,5 +1,7 @@
-"""The training side's reporter: ``trainguard.Run`` writes the heartbeat the exporter reads,
-carries the death history across restarts and dumps memory snapshots at an OOM."""
+"""The training side's reporter, ``trainguard.Run``.
+
+It writes the heartbeat the exporter reads, carries the death history across restarts and dumps
+memory snapshots at an OOM."""
 
 from trainguard.run.reporter import Run
 

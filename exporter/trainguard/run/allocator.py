@@ -1,8 +1,9 @@
-"""The CUDA caching allocator's own view of this process's GPU memory, read from
-``torch.cuda.memory_stats`` without ever importing torch or initialising CUDA, and the UUID of
-each device's GPU (``torch.cuda.get_device_properties(i).uuid``), which lets the exporter put
-the allocator's bytes next to the driver's view of the same GPU, and the device's size
-(``.total_memory``), which the leak warning compares the allocator's growth with."""
+"""The CUDA caching allocator's own view of this process's GPU memory, and each device's GPU.
+
+The view is read from ``torch.cuda.memory_stats`` without ever importing torch or initialising
+CUDA. Each device's GPU UUID (``torch.cuda.get_device_properties(i).uuid``) lets the exporter
+put the allocator's bytes next to the driver's view of the same GPU, and the device's size
+(``.total_memory``) is what the leak warning compares the allocator's growth with."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def allocator_stats(
 def device_facts(
     cuda: Any, device: int, known: DeviceUuids, warn: Callable[[str, str, Any], None]
 ) -> DeviceFacts:
-    """The GPU UUID and size (a MIG slice's own) of CUDA device ``device``, asked once per
-    device (``known`` keeps them). Only called once CUDA is initialised:
+    """The GPU UUID and size (a MIG slice's own) of CUDA device ``device``.
+
+    Asked once per device (``known`` keeps them). Only called once CUDA is initialised:
     get_device_properties would initialise it."""
     if device not in known:
         uuid: str | None = None
@@ -84,10 +86,11 @@ def device_facts(
 def read_allocator(
     warn: Callable[[str, str, Any], None], uuids: DeviceUuids | None = None
 ) -> tuple[AllocatorStats, ...]:
-    """torch.cuda.memory_stats per device this process used; () when the script has not
-    imported torch or initialised CUDA (memory_stats returns {} until it did). ``uuids`` keeps
-    each device's GPU UUID and size between calls. A failure is reported once through
-    ``warn(key, message, arg)`` and reads as ()."""
+    """Read torch.cuda.memory_stats for each device this process used.
+
+    Returns () when the script has not imported torch or initialised CUDA (memory_stats returns
+    {} until it did). ``uuids`` keeps each device's GPU UUID and size between calls. A failure
+    is reported once through ``warn(key, message, arg)`` and reads as ()."""
     known: DeviceUuids = {} if uuids is None else uuids
     torch = sys.modules.get("torch")
     if torch is None:
@@ -114,8 +117,9 @@ def read_allocator(
 
 
 def snapshot_devices(warn: Callable[..., None], uuids: DeviceUuids) -> list[dict[str, Any]]:
-    """The allocator's view of each device, with its GPU's name, UUID and size: what a memory
-    snapshot's metadata records of the devices."""
+    """The allocator's view of each device, with its GPU's name, UUID and size.
+
+    It is what a memory snapshot's metadata records of the devices."""
     out = []
     for a in read_allocator(warn, uuids):
         facts = uuids.get(a.device)

@@ -1,7 +1,9 @@
-"""Death history: when a run starts again under the same name and rank, whether the previous
-process died (rather than finished, or is still alive), and why. A dead process cannot report
-its own death, so the next one records it and carries the history forward (:func:`predecessor`,
-at the start of every ``trainguard.Run``)."""
+"""Death history: whether the previous process of a run and rank died, and why.
+
+When a run starts again under the same name and rank, the previous process may have died,
+finished, or still be alive. A dead process cannot report its own death, so the next one
+records it and carries the history forward (:func:`predecessor`, at the start of every
+``trainguard.Run``)."""
 
 from __future__ import annotations
 
@@ -38,8 +40,9 @@ class Identity:
 def death_of(
     prev: Heartbeat, me: Identity, on_duplicate: Callable[[Heartbeat], None]
 ) -> Death | None:
-    """The death of the process that wrote ``prev``, or None when it finished or is alive
-    (``on_duplicate`` is told when it is another live process reporting the same run)."""
+    """The death of the process that wrote ``prev``, or None when it finished or is alive.
+
+    ``on_duplicate`` is told when it is another live process reporting the same run."""
     if prev.state == "finished":
         return None
     boot = procinfo.same_boot(prev.boot_id, prev.boot_time, me.boot_id, me.boot_time)
@@ -100,8 +103,9 @@ def _kernel_says(prev: Heartbeat) -> tuple[bool, int | None]:
 
 
 def _maybe_alive(prev: Heartbeat, me: Identity, boot: bool | None) -> bool:
-    """Whether the process that wrote ``prev`` (on this host, in this boot or one that cannot
-    be told apart) may still be running.
+    """Whether the process that wrote ``prev`` may still be running.
+
+    That process ran on this host, in this boot or one that cannot be told apart.
 
     In this process's pid namespace (or where either namespace is unknown) its pid is checked
     directly. In another one (a container restarted in a new pid namespace, or this process
@@ -140,10 +144,12 @@ class DeathHistory:
 def predecessor(
     path: Path, me: Identity, who: str, warn_once: Callable[..., Any]
 ) -> tuple[Heartbeat | None, DeathHistory, int | None]:
-    """What the process that reported this run and rank before left in its heartbeat at
-    ``path`` (``who`` names the run and rank in the log): that heartbeat (None when there is
-    none, or it cannot be trusted, which is logged once), the death history carried forward
-    with its death added when it died, and that death's number (None when it did not die)."""
+    """What the previous process of this run and rank left: its heartbeat, history and death.
+
+    That process's heartbeat is at ``path`` (``who`` names the run and rank in the log). Returns
+    that heartbeat (None when there is none, or it cannot be trusted, which is logged once), the
+    death history carried forward with its death added when it died, and that death's number
+    (None when it did not die)."""
     if not os.path.lexists(path):
         return None, DeathHistory(), None
     try:

@@ -1,8 +1,10 @@
-"""How the interpreter's end reaches a ``trainguard.Run``: an uncaught exception runs
-``sys.excepthook`` before atexit, so the hook remembers it and the atexit handler reports a
-failure rather than a clean finish (the cases are listed in :mod:`trainguard.run.reporter`).
-A forked child (a DataLoader worker) inherits both hooks and must never end its parent's run:
-the exception is only remembered in the process that made the hooks."""
+"""How the interpreter's end reaches a ``trainguard.Run``: a failure or a clean finish.
+
+An uncaught exception runs ``sys.excepthook`` before atexit, so the hook remembers it and the
+atexit handler reports a failure rather than a clean finish (the cases are listed in
+:mod:`trainguard.run.reporter`). A forked child (a DataLoader worker) inherits both hooks and
+must never end its parent's run: the exception is only remembered in the process that made the
+hooks."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from trainguard.run.options import type_name
 
 
 class ExitHooks:
-    """The atexit handler and the ``sys.excepthook`` (chained to the previous one) of one run;
-    at the interpreter's end ``finish(state, error)`` is called with ``("failed", <exception
+    """The atexit handler and the ``sys.excepthook`` (chained to the previous one) of one run.
+
+    At the interpreter's end ``finish(state, error)`` is called with ``("failed", <exception
     type>)`` after an uncaught exception, else ``("finished", None)``."""
 
     def __init__(self, finish: Callable[[str, str | None], None]) -> None:

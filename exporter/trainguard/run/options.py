@@ -1,6 +1,8 @@
-"""The arguments of ``trainguard.Run`` (its memory snapshot schedule and experiment
-configuration too) and the torchrun environment, checked once at start so that a mistake is a
-clear error in the script rather than a heartbeat the exporter refuses."""
+"""The arguments of ``trainguard.Run`` and the torchrun environment, checked once at start.
+
+The arguments include its memory snapshot schedule and experiment configuration. They are
+checked at start so that a mistake is a clear error in the script rather than a heartbeat the
+exporter refuses."""
 
 from __future__ import annotations
 
@@ -108,8 +110,9 @@ def checked_step(raw: Any, warn: Callable[..., None]) -> int | None:
 
 
 def checked_scalars(raw: Mapping[str, Any], warn: Callable[..., None]) -> dict[str, float]:
-    """The numeric scalars ``Run.step`` was given that a heartbeat can carry; the others are
-    dropped and logged once each."""
+    """The numeric scalars ``Run.step`` was given that a heartbeat can carry.
+
+    The others are dropped and logged once each."""
     scalars: dict[str, float] = {}
     for key, value in raw.items():
         if len(scalars) >= MAX_SCALARS:
@@ -174,8 +177,10 @@ def check_schedule(steps: object, seconds: object, keep: object, enabled: bool) 
 
 
 def check_config(config: object) -> Any:
-    """The experiment configuration as plain JSON data (values JSON cannot hold become their
-    ``str()``): a mapping, an ``argparse.Namespace`` or a dataclass instance."""
+    """The experiment configuration as plain JSON data.
+
+    It may be given as a mapping, an ``argparse.Namespace`` or a dataclass instance; values JSON
+    cannot hold become their ``str()``."""
     if config is None:
         return None
     if dataclasses.is_dataclass(config) and not isinstance(config, type):

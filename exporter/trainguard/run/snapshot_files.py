@@ -1,9 +1,10 @@
-"""A run and rank's memory snapshot files in the state directory: the pickle written as
-``torch.cuda.memory._dump_snapshot`` writes it (to a temp file renamed into place, so a reader
-never sees half a snapshot), the rolling set trimmed to its newest files, the snapshot from
-before a death or an OOM kept out of that rotation, and the temp files of dumps whose process
-was killed removed. What is taken, when, and what the heartbeat says of it is
-:mod:`trainguard.run.snapshots`'s concern; names are :mod:`trainguard.shared.snapshots`'s."""
+"""A run and rank's memory snapshot files in the state directory.
+
+The pickle is written as ``torch.cuda.memory._dump_snapshot`` writes it (to a temp file renamed
+into place, so a reader never sees half a snapshot), the rolling set trimmed to its newest
+files, the snapshot from before a death or an OOM kept out of that rotation, and the temp files
+of dumps whose process was killed removed. What is taken, when, and what the heartbeat says of
+it is :mod:`trainguard.run.snapshots`'s concern; names are :mod:`trainguard.shared.snapshots`'s."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ Warn = Callable[..., None]
 
 
 class SnapshotFiles:
-    """The snapshot files of the run and rank whose names start with ``stem``, written by the
-    process ``pid``. Failures to remove or rename are given to ``warn`` (logged once per kind),
-    never raised: a snapshot file left behind must not end the training."""
+    """The snapshot files of the run and rank whose names start with ``stem``.
+
+    They are written by the process ``pid``. Failures to remove or rename are given to ``warn``
+    (logged once per kind), never raised: a snapshot file left behind must not end the training."""
 
     def __init__(self, directory: Path, stem: str, pid: int, warn: Warn) -> None:
         self._dir = directory
@@ -32,8 +34,9 @@ class SnapshotFiles:
         self._warn = warn
 
     def write_pickle(self, name: str, data: Any) -> int:
-        """Pickled as ``torch.cuda.memory._dump_snapshot`` does, to a temp file renamed into
-        place; its size in bytes."""
+        """Pickle ``data`` to ``name`` as ``torch.cuda.memory._dump_snapshot`` does; its size.
+
+        The pickle goes to a temp file renamed into place; the size returned is in bytes."""
         path = self._dir / name
         tmp = self._dir / f".{name}.{self._pid}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -63,8 +66,9 @@ class SnapshotFiles:
         return out
 
     def rotate(self, reason: str, keep: int) -> set[str]:
-        """Keep the newest ``keep`` snapshots of ``reason`` (and their metadata); the names of
-        those removed."""
+        """Keep the newest ``keep`` snapshots of ``reason`` (and their metadata).
+
+        Returns the names of those removed."""
         numbers = sorted(n.number for n in self.own() if n.reason == reason and not n.before)
         removed = set()
         for number in numbers[:-keep]:
@@ -80,9 +84,10 @@ class SnapshotFiles:
         return removed
 
     def keep_before(self, tag: str, number: int) -> tuple[str, str] | None:
-        """Rename the newest periodic snapshot (and its metadata) to
-        ``<stem>.<tag>-<number>.before.*``, out of rotation's reach: (old name, new name), or
-        None when there is none or it could not be renamed."""
+        """Rename the newest periodic snapshot (and its metadata) out of rotation's reach.
+
+        The new name is ``<stem>.<tag>-<number>.before.*``. Returns (old name, new name), or None
+        when there is none or it could not be renamed."""
         numbers = [n.number for n in self.own() if n.reason == "periodic" and not n.before]
         if not numbers:
             return None

@@ -1,7 +1,9 @@
-"""CUDA memory snapshots for PyTorch's memory_viz, taken by the reporter: at an OOM
-(``Run.capture_oom()``), every N steps or seconds (a rolling set: the newest ``keep`` files), and
-when ``trainguard snapshot RUN`` asks from outside the process. The OOM's own snapshot shows the
-allocator at the failure; the one from before it shows the history that led there.
+"""CUDA memory snapshots for PyTorch's memory_viz, taken by the reporter.
+
+They are taken at an OOM (``Run.capture_oom()``), every N steps or seconds (a rolling set: the
+newest ``keep`` files), and when ``trainguard snapshot RUN`` asks from outside the process. The
+OOM's own snapshot shows the allocator at the failure; the one from before it shows the history
+that led there.
 
 Everything but the OOM dump runs on the reporter's thread, never inside ``step()``. Nothing here
 may end the training: a snapshot that cannot be taken (no CUDA, a torch without the snapshot
@@ -78,8 +80,10 @@ Progress = Callable[[], tuple[int | None, Mapping[str, float]]]
 
 
 class MemorySnapshots:
-    """A run and rank's memory snapshots. ``enabled`` is ``oom_snapshots=True``: without it
-    nothing is recorded, dumped or answered, and the heartbeat carries no ``snapshots``."""
+    """A run and rank's memory snapshots.
+
+    ``enabled`` is ``oom_snapshots=True``: without it nothing is recorded, dumped or answered, and
+    the heartbeat carries no ``snapshots``."""
 
     def __init__(
         self,
@@ -139,8 +143,10 @@ class MemorySnapshots:
     # -- start, and what a restart carries over --------------------------------------------
 
     def start(self) -> None:
-        """Start recording the allocation history (a snapshot without it still shows the
-        segments and blocks, but not the timeline nor the stack traces of past events)."""
+        """Start recording the allocation history.
+
+        A snapshot without it still shows the segments and blocks, but not the timeline nor the
+        stack traces of past events."""
         if not self.enabled:
             return
         self.history = False
@@ -165,10 +171,12 @@ class MemorySnapshots:
         self.history = True
 
     def carry(self, prev: Heartbeat | None, died: int | None) -> None:
-        """Continue the numbering of the previous process (its heartbeat, and the files on
-        disk, whichever is further: a lost heartbeat must not make a snapshot overwrite
-        another). ``died``: the death just recorded (its number), whose newest periodic
-        snapshot is kept as ``<stem>.died-<n>.before.pickle``."""
+        """Continue the numbering of the previous process's snapshots.
+
+        The numbering is taken from its heartbeat, and the files on disk, whichever is further:
+        a lost heartbeat must not make a snapshot overwrite another. ``died``: the death just
+        recorded (its number), whose newest periodic snapshot is kept as
+        ``<stem>.died-<n>.before.pickle``."""
         if not self.enabled:
             if prev is not None:
                 self.counts["oom"] = prev.memory_snapshots
@@ -194,8 +202,9 @@ class MemorySnapshots:
     # -- the reporter's thread -------------------------------------------------------------
 
     def tick(self, progress: Progress) -> None:
-        """Take the snapshots that are due and answer a request; called by the reporter's
-        thread between heartbeats. Never raises."""
+        """Take the snapshots that are due and answer a request. Never raises.
+
+        Called by the reporter's thread between heartbeats."""
         if not self.enabled:
             return
         try:
@@ -227,8 +236,10 @@ class MemorySnapshots:
     # -- the training thread, at an OOM ----------------------------------------------------
 
     def on_exception(self, exc: BaseException, progress: Progress) -> None:
-        """Dump a snapshot if ``exc`` is a CUDA OOM (at most :data:`MAX_OOM_SNAPSHOTS` per
-        process), keeping the newest periodic one beside it as ``oom-<n>.before``."""
+        """Dump a snapshot if ``exc`` is a CUDA OOM, keeping the newest periodic one beside it.
+
+        At most :data:`MAX_OOM_SNAPSHOTS` per process; the periodic one is kept as
+        ``oom-<n>.before``."""
         if not self.enabled:
             return
         torch = sys.modules.get("torch")
@@ -328,8 +339,10 @@ class MemorySnapshots:
         now: float,
         request: Request | None,
     ) -> dict[str, Any]:
-        """What lets two snapshots be compared: the run, the moment, the software, the GPU,
-        the allocator settings and the experiment's configuration."""
+        """What lets two snapshots be compared.
+
+        It records the run, the moment, the software, the GPU, the allocator settings and the
+        experiment's configuration."""
         torch = sys.modules.get("torch")
         config = self._config
         batch = scalars.get("batch_size")
@@ -360,8 +373,9 @@ class MemorySnapshots:
         }
 
     def _keep_before(self, tag: str, number: int) -> None:
-        """Keep the newest periodic snapshot out of rotation as ``<tag>-<number>.before``,
-        and say so in the recent list."""
+        """Keep the newest periodic snapshot out of rotation, and say so in the recent list.
+
+        It is renamed ``<tag>-<number>.before``."""
         renamed = self._files.keep_before(tag, number)
         if renamed is None:
             return

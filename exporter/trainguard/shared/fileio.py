@@ -1,8 +1,9 @@
-"""How trainguard opens, reads, hashes and commits files on both sides: never following a link,
-never blocking on a FIFO, never leaking a descriptor into a child, and "unknown" mtimes kept
-unknown. The training side writes with these; the exporter reads with the same rules. Every
-file that anyone may have written (heartbeats, records, markers, requests) is read by
-:func:`read_untrusted`, the one place its checks live."""
+"""How trainguard opens, reads, hashes and commits files on both sides, safely.
+
+They never follow a link, never block on a FIFO, never leak a descriptor into a child, and keep
+"unknown" mtimes unknown. The training side writes with these; the exporter reads with the
+same rules. Every file that anyone may have written (heartbeats, records, markers, requests) is
+read by :func:`read_untrusted`, the one place its checks live."""
 
 from __future__ import annotations
 
@@ -31,10 +32,11 @@ DIR_FD = os.open in os.supports_dir_fd and os.scandir in os.supports_fd
 
 
 def touched_ns(st: os.stat_result) -> int | None:
-    """The file's mtime, or None when it is unknown (0 or less, which NFS and some FUSE bridges
-    return): unknown is never old. A file renamed into place with an old mtime (rsync,
-    ``cp -p``) already has its full content, so the mtime alone says whether it may still be
-    being written."""
+    """The file's mtime, or None when it is unknown: unknown is never old.
+
+    Unknown is 0 or less, which NFS and some FUSE bridges return. A file renamed into place with
+    an old mtime (rsync, ``cp -p``) already has its full content, so the mtime alone says whether
+    it may still be being written."""
     if st.st_mtime_ns <= 0:
         return None
     return st.st_mtime_ns
@@ -47,8 +49,9 @@ def settled(st: os.stat_result, now_ns: int, grace_ns: int) -> bool:
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Make a rename or unlink in ``directory`` durable (a no-op where directories cannot be
-    opened, i.e. Windows)."""
+    """Make a rename or unlink in ``directory`` durable.
+
+    A no-op where directories cannot be opened, i.e. Windows."""
     try:
         fd = os.open(directory, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     except (PermissionError, IsADirectoryError):
@@ -71,10 +74,11 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 def replace_file(
     path: str | os.PathLike[str], payload: bytes, mode: int = 0o644, *, fsync: bool = False
 ) -> None:
-    """Replace ``path`` atomically with ``payload``: a temp file in the same directory, created
-    exclusively (a planted symlink is never followed), written (and fsynced with ``fsync``),
-    then ``os.replace``d; the temp file is removed if anything fails. The directory is not
-    fsynced: a reader of these small files can do with the previous one after a power cut."""
+    """Replace ``path`` atomically with ``payload``, through a temp file in the same directory.
+
+    The temp file is created exclusively (a planted symlink is never followed), written (and
+    fsynced with ``fsync``), then ``os.replace``d; it is removed if anything fails. The directory
+    is not fsynced: a reader of these small files can do with the previous one after a power cut."""
     target = os.fspath(path)
     head, name = os.path.split(target)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -94,9 +98,10 @@ def replace_file(
 
 
 def remove_orphan_temps(path: str | os.PathLike[str], own_pid: int) -> None:
-    """Remove the temp files :func:`replace_file` left for ``path`` when its writer was killed
-    mid-write (``.<name>.<pid>.<random>.tmp`` of a pid that is gone); those of ``own_pid`` and
-    of live processes are left alone."""
+    """Remove the temp files :func:`replace_file` left for ``path`` when its writer was killed.
+
+    Those are ``.<name>.<pid>.<random>.tmp`` of a pid that is gone, left mid-write; those of
+    ``own_pid`` and of live processes are left alone."""
     import psutil  # only the writers clean up: the exporter never loads it for this
 
     head, name = os.path.split(os.fspath(path))
@@ -117,15 +122,18 @@ def is_link_error(exc: OSError) -> bool:
 
 
 def is_not_a_dir_error(exc: OSError) -> bool:
-    """Opening a directory with O_NOFOLLOW | O_DIRECTORY failed because the name is a link
-    (:func:`is_link_error`) or something other than a directory (ENOTDIR)."""
+    """Whether opening a directory (O_NOFOLLOW | O_DIRECTORY) failed on a link or a non-directory.
+
+    That is, the name is a link (:func:`is_link_error`) or something other than a directory
+    (ENOTDIR)."""
     return is_link_error(exc) or exc.errno == errno.ENOTDIR
 
 
 class UntrustedFileError(Exception):
-    """A file that anyone may have written, refused: a link, not a regular file, over its size
-    cap, or unreadable. ``str()`` is ``"<path>: <why>"``; each format's reader raises it again
-    as its own error (a heartbeat's, a record's, a request's) with the same text.
+    """A file that anyone may have written, refused: a link, not regular, too big, unreadable.
+
+    Too big is over its size cap. ``str()`` is ``"<path>: <why>"``; each format's reader raises it
+    again as its own error (a heartbeat's, a record's, a request's) with the same text.
     ``too_large`` tells the one refusal some readers treat as "present but not judged"."""
 
     def __init__(self, path: str, why: str, *, too_large: bool = False) -> None:
@@ -144,6 +152,7 @@ def open_untrusted(
     path: str | os.PathLike[str], *, dir_fd: int | None = None
 ) -> tuple[int, os.stat_result]:
     """Open a file that anyone may have written for reading: its descriptor and its fstat.
+
     With ``dir_fd`` (where the platform can), the last part of ``path`` is opened relative to
     that already-opened directory, so a directory swapped for a link afterwards cannot
     redirect the read. FileNotFoundError when it is not there; :class:`UntrustedFileError`
@@ -182,12 +191,12 @@ def open_untrusted(
 def read_untrusted(
     path: str | os.PathLike[str], cap: int, *, dir_fd: int | None = None
 ) -> tuple[bytes, os.stat_result]:
-    """The whole content (at most ``cap`` bytes) and the fstat of a small file that anyone may
-    have written: heartbeats, records, markers, tracker files, snapshot requests. The one
-    place their common checks live (opened as :func:`open_untrusted`, then a size above
-    ``cap`` refused before reading and again if the file grows while being read), so no
-    reader can forget one. FileNotFoundError when it is not there; :class:`UntrustedFileError`
-    for anything else."""
+    """Read a small file that anyone may have written: its content (up to ``cap`` bytes), fstat.
+
+    Such files are heartbeats, records, markers, tracker files, snapshot requests. This is the one
+    place their common checks live (opened as :func:`open_untrusted`, then a size above ``cap``
+    refused before reading and again if the file grows while being read), so no reader can forget
+    one. FileNotFoundError when it is not there; :class:`UntrustedFileError` for anything else."""
     source = os.fspath(path)
     fd, st = open_untrusted(source, dir_fd=dir_fd)
     try:
@@ -245,6 +254,7 @@ def sha256_fd(
     chunk: int = HASH_CHUNK,
 ) -> tuple[str, int]:
     """SHA-256 and length of everything readable from ``fd`` (from its current position).
+
     ``before_read(n)`` is called before each read of up to n bytes (the verifier's rate limit).
     Reads into one reused buffer; hashlib releases the GIL on large updates."""
     h = hashlib.sha256()

@@ -1,5 +1,7 @@
-"""GPU UUIDs in one spelling, so that a training process's CUDA devices and the exporter's NVML
-GPUs join exactly (``CUDA_VISIBLE_DEVICES`` renumbers devices; a UUID stays the GPU's own).
+"""GPU UUIDs in one spelling, so that CUDA devices and NVML GPUs join exactly.
+
+A training process's CUDA devices are joined with the exporter's NVML GPUs by UUID
+(``CUDA_VISIBLE_DEVICES`` renumbers devices; a UUID stays the GPU's own).
 
 NVML's ``nvmlDeviceGetUUID`` says ``GPU-5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f``; torch's
 ``str(torch.cuda.get_device_properties(i).uuid)`` says ``5d6c1b0b-4b3c-fa1e-8f07-2a9b3c4d5e6f``.
@@ -17,8 +19,9 @@ _UUID = re.compile(
 
 
 def normalize_gpu_uuid(value: object) -> str | None:
-    """``GPU-`` and the lower-case hex of ``value`` (a string, or an object whose ``str()`` is
-    one, such as torch's CUDA UUID), or None when it is not a GPU UUID."""
+    """``GPU-`` and the lower-case hex of ``value``, or None when it is not a GPU UUID.
+
+    ``value`` is a string, or an object whose ``str()`` is one, such as torch's CUDA UUID."""
     if value is None:
         return None
     try:

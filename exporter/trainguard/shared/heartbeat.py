@@ -1,5 +1,7 @@
-"""Heartbeat files: how a training process (``trainguard.Run``) tells the exporter what it is
-doing, and what the exporter still knows after that process is gone.
+"""Heartbeat files: what a training process tells the exporter, and what outlives the process.
+
+A training process (``trainguard.Run``) tells the exporter what it is doing through its
+heartbeat, and the exporter still knows what the heartbeat said after that process is gone.
 
 One JSON file per run and rank in the state directory, replaced atomically so that a reader
 never sees half a file. Other users may be able to write the state directory, so the reader
@@ -76,8 +78,9 @@ class AllocatorStats:
     total_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object; ``uuid`` and ``total_bytes`` only when known (older readers ignore
-        them either way)."""
+        """The JSON object; ``uuid`` and ``total_bytes`` only when known.
+
+        Older readers ignore them either way."""
         out = vars(self).copy()
         for key in ("uuid", "total_bytes"):
             if out[key] is None:
@@ -98,9 +101,10 @@ class Death:
     xid: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """As written: ``gpu_xid`` as ``unknown`` plus ``xid``, so that readers of format 1
-        that predate it (which refuse a cause they do not know, and with it the whole file)
-        read an unknown cause instead of losing the run."""
+        """The JSON object as written: ``gpu_xid`` as ``unknown`` plus ``xid``.
+
+        That way readers of format 1 that predate it (which refuse a cause they do not know, and
+        with it the whole file) read an unknown cause instead of losing the run."""
         cause = "unknown" if self.cause == "gpu_xid" else self.cause
         return {
             "step": self.step,
@@ -127,9 +131,11 @@ class SnapshotRecord:
 
 @dataclass(frozen=True)
 class SnapshotState:
-    """The reporter's memory snapshots: dumped and failed per reason (carried across
-    restarts), whether torch records the allocation history, whether the reporter answers
-    ``trainguard snapshot`` requests, and the newest files (newest last)."""
+    """The reporter's memory snapshots, as the heartbeat carries them.
+
+    The snapshots dumped and failed per reason (carried across restarts), whether torch records
+    the allocation history, whether the reporter answers ``trainguard snapshot`` requests, and
+    the newest files (newest last)."""
 
     counts: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -227,8 +233,10 @@ class Heartbeat:
 
 
 def check_run_name(name: object) -> str | None:
-    """Why ``name`` cannot be a run name, or None when it can. Anything printable up to 128
-    characters: the name goes into a label value and log lines, never into a path."""
+    """Why ``name`` cannot be a run name, or None when it can.
+
+    Anything printable up to 128 characters: the name goes into a label value and log lines,
+    never into a path."""
     if not isinstance(name, str):
         return f"expected a string, got {kind_of(name)}"
     if not 1 <= len(name) <= MAX_RUN_NAME:
@@ -237,19 +245,21 @@ def check_run_name(name: object) -> str | None:
 
 
 def heartbeat_filename(run: str, rank: int) -> str:
-    """``<sanitized>-<sha8>.rank<N>.heartbeat.json``: the readable part is only a hint (run
-    names may hold '/', '..' or anything else); the hash of the real name keeps names that
-    sanitize alike apart. The real name is stored inside the file."""
+    """The heartbeat file name of a run and rank: ``<sanitized>-<sha8>.rank<N>.heartbeat.json``.
+
+    The readable part is only a hint (run names may hold '/', '..' or anything else); the hash of
+    the real name keeps names that sanitize alike apart. The real name is stored inside the file."""
     safe = _UNSAFE_FILE_CHARS.sub("_", run)[:48].strip("_") or "run"
     digest = hashlib.sha256(run.encode("utf-8")).hexdigest()[:8]
     return f"{safe}-{digest}.rank{rank}{SUFFIX}"
 
 
 def write_heartbeat(path: str | os.PathLike[str], data: Heartbeat | Mapping[str, Any]) -> None:
-    """Replace ``path`` atomically: a temp file in the same directory (created exclusively,
-    so a planted symlink is never followed), written, fsynced, then ``os.replace``d. The
-    directory is not fsynced: losing the newest heartbeat in a power cut leaves the previous
-    one, which is all a reader needs."""
+    """Replace ``path`` atomically, through a temp file in the same directory.
+
+    The temp file is created exclusively (so a planted symlink is never followed), written,
+    fsynced, then ``os.replace``d. The directory is not fsynced: losing the newest heartbeat in a
+    power cut leaves the previous one, which is all a reader needs."""
     doc = data.to_dict() if isinstance(data, Heartbeat) else dict(data)
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     replace_file(path, payload, fsync=True)

@@ -1,9 +1,11 @@
-"""Reading a heartbeat file that anyone may have written (the exporter's side of the format in
-:mod:`trainguard.shared.heartbeat`; the reporter reads its predecessor's the same way): no
-symlinks, regular files only, at most 1 MiB, every field's type, range and length checked, and
-every failure a :class:`~trainguard.shared.heartbeat.HeartbeatError` naming the file and the
-field. Error messages never quote string values from the file (a hard link to a private file
-must not leak its contents into the exporter's log)."""
+"""Reading a heartbeat file that anyone may have written.
+
+This is the exporter's side of the format in :mod:`trainguard.shared.heartbeat`; the reporter
+reads its predecessor's the same way: no symlinks, regular files only, at most 1 MiB, every
+field's type, range and length checked, and every failure a
+:class:`~trainguard.shared.heartbeat.HeartbeatError` naming the file and the field. Error
+messages never quote string values from the file (a hard link to a private file must not leak
+its contents into the exporter's log)."""
 
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ from trainguard.shared.heartbeat_fields import Fields, one_of
 
 
 def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> Heartbeat:
-    """Read and validate one heartbeat file that anyone may have written. Raises only
-    :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run and
-    rank inside it would get, so a copied or renamed file cannot pose as another run."""
+    """Read and validate one heartbeat file that anyone may have written.
+
+    Raises only :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run
+    and rank inside it would get, so a copied or renamed file cannot pose as another run."""
     source = os.fspath(path)
     hb = parse_heartbeat_bytes(_read_file(source), source)
     if check_name:
@@ -57,6 +60,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
     """Decode and validate the bytes of a heartbeat file; raises only :class:`HeartbeatError`.
+
     A key given twice in one object is refused: which of the two a reader takes differs
     between JSON parsers, so such a file can mean two things."""
     if len(raw) > MAX_BYTES:

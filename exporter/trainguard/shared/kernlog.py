@@ -1,6 +1,7 @@
-"""What the kernel log says about a death: the OOM killer naming a pid, and GPU errors the
-NVIDIA driver reports as Xid events (``NVRM: Xid (PCI:0000:3b:00): 79, ... GPU has fallen
-off the bus.``), which kill training with nothing in the training log.
+"""What the kernel log says about a death: the OOM killer naming a pid, and GPU Xid errors.
+
+The NVIDIA driver reports GPU errors as Xid events (``NVRM: Xid (PCI:0000:3b:00): 79, ... GPU
+has fallen off the bus.``), which kill training with nothing in the training log.
 
 :func:`read_kernel_log` is the one place that reads the log (``/dev/kmsg``, else
 ``journalctl -k``, else ``dmesg``), best effort and bounded to about two seconds; everything
@@ -51,8 +52,9 @@ _JOURNAL_TIME = re.compile(r"^(\d+(?:\.\d+)?) ")
 
 @dataclass(frozen=True)
 class KernelLine:
-    """One kernel log message and when it was logged (seconds since the epoch; None when
-    the source does not say)."""
+    """One kernel log message and when it was logged.
+
+    The time is in seconds since the epoch; None when the source does not say."""
 
     time: float | None
     text: str
@@ -86,9 +88,11 @@ def parse_xid(line: str) -> Xid | None:
 
 
 def read_kernel_log(since: float) -> list[KernelLine] | None:
-    """Best effort: the kernel log's messages logged at or after ``since`` (seconds since the
-    epoch; messages whose time is unknown are kept), from /dev/kmsg, else ``journalctl -k``,
-    else ``dmesg``. Bounded to about two seconds; None when no source can be read."""
+    """Best effort: the kernel log's messages logged at or after ``since``.
+
+    ``since`` is in seconds since the epoch; messages whose time is unknown are kept. Read from
+    /dev/kmsg, else ``journalctl -k``, else ``dmesg``. Bounded to about two seconds; None when no
+    source can be read."""
     deadline = time.monotonic() + _KERNEL_LOG_SECONDS
     try:
         lines = _kmsg_lines(since, deadline)
@@ -102,8 +106,10 @@ def read_kernel_log(since: float) -> list[KernelLine] | None:
 
 
 def _kmsg_lines(since: float, deadline: float) -> list[KernelLine] | None:
-    """Records of /dev/kmsg logged after ``since`` (its timestamps are microseconds since
-    boot), or None when it cannot be read (no permission, not Linux)."""
+    """Records of /dev/kmsg logged after ``since``, or None when it cannot be read.
+
+    Its timestamps are microseconds since boot. It cannot be read without permission, or off
+    Linux."""
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
@@ -153,7 +159,7 @@ def _journal_lines(since: float, deadline: float) -> list[KernelLine] | None:
 
 
 def _dmesg_lines(since: float, deadline: float) -> list[KernelLine] | None:
-    """dmesg's lines logged after ``since`` (its prefix is seconds since boot)."""
+    """The lines of dmesg logged after ``since`` (its prefix is seconds since boot)."""
     out = _command_lines(["dmesg"], deadline)
     if out is None:
         return None

@@ -1,7 +1,8 @@
-"""What a checkpoint directory holds: the files whose names match a pattern (finished and
-``.part``), each with its lstat, the step directories whose names match it (committed or in
-flight, see :mod:`trainguard.shared.steps`), and the records beside them. Links are never
-followed out of a checkpoint directory."""
+"""What a checkpoint directory holds: matching files, step directories and their records.
+
+The files whose names match a pattern (finished and ``.part``), each with its lstat, the step
+directories whose names match it (committed or in flight, see :mod:`trainguard.shared.steps`),
+and the records beside them. Links are never followed out of a checkpoint directory."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ StepMemo = dict[str, tuple[int, bool]]
 
 
 class Found:
-    """What one listing gathers beyond the checkpoint files: the step directories and tracker
-    files, resolved into committed and in-flight steps by :meth:`finish`."""
+    """What one listing gathers beyond the checkpoint files: step directories and tracker files.
+
+    They are resolved into committed and in-flight steps by :meth:`finish`."""
 
     def __init__(
         self, pattern: CheckpointPattern, layout: str, fallback: str | None = None
@@ -48,8 +50,10 @@ class Found:
         self.trackers: set[str] = set()
 
     def directory(self, name: str, step: int, partial: bool) -> bool:
-        """A directory whose name matched the pattern (``partial``: as a .part); True when it is
-        a step directory, final or temporary."""
+        """Note a directory whose name matched the pattern; True when it is a step directory.
+
+        ``partial``: it matched as a .part. A step directory may be under its final or temporary
+        name."""
         if not self.dirs_wanted:
             return False
         final = None if partial else self.pattern.dir_step(name)
@@ -85,8 +89,10 @@ class Found:
 
 
 def classify(pattern: CheckpointPattern, name: str, dirs: bool) -> tuple[int, bool] | None:
-    """(step, is a .part) of a name the pattern matches as a file, a .part, or (where ``dirs``)
-    a step directory under a final or temporary name; (-1, False) for a tracker file."""
+    """(step, is a .part) of a name the pattern matches; (-1, False) for a tracker file.
+
+    The name may match as a file, a .part, or (where ``dirs``) a step directory under a final or
+    temporary name."""
     parsed = pattern.step(name)
     if parsed is not None:
         return parsed, False
@@ -114,10 +120,11 @@ def list_directory(
     tree_memo: TreeMemo | None = None,
     fallback: str | None = None,
 ) -> Listing:
-    """The checkpoints of a directory. Only names matching the pattern are stat'ed, so a
-    directory of 100 000 unrelated entries costs one listing. A matching name that is a
-    symbolic link, or a record naming anything but a regular file, is a ManifestError: links
-    are never followed out of a checkpoint directory.
+    """The checkpoints of a directory.
+
+    Only names matching the pattern are stat'ed, so a directory of 100 000 unrelated entries
+    costs one listing. A matching name that is a symbolic link, or a record naming anything but
+    a regular file, is a ManifestError: links are never followed out of a checkpoint directory.
 
     ``memo`` (the same dict at every listing of this directory with this pattern) keeps the
     steps parsed from the names that matched last time; it is replaced by this listing's, so
@@ -162,8 +169,9 @@ def place(
     partials: list[Entry],
     found: Found,
 ) -> None:
-    """File a matched name by its lstat: a checkpoint file or .part, a step directory, or a
-    tracker file."""
+    """File a matched name by its lstat.
+
+    It is a checkpoint file or .part, a step directory, or a tracker file."""
     step, partial = known
     if stat.S_ISREG(st.st_mode):
         if step < 0:
@@ -181,9 +189,10 @@ def place(
 def not_regular(
     directory: Path, name: str, st: os.stat_result, records: Mapping[str, Record]
 ) -> None:
-    """A checkpoint's name on something that is neither a regular file nor a step directory:
-    an error when it is a link or has a record, else (a directory named like a checkpoint where
-    step directories are not watched) not a checkpoint at all."""
+    """Check a checkpoint's name on something neither a regular file nor a step directory.
+
+    It is an error when it is a link or has a record, else (a directory named like a checkpoint
+    where step directories are not watched) not a checkpoint at all."""
     if stat.S_ISLNK(st.st_mode):
         raise ManifestError(f"{directory / name} is a symbolic link; links are not followed")
     rec = records.get(name)

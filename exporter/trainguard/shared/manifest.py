@@ -1,7 +1,8 @@
-"""Manifest records as they lie on disk: the one definition that the library writing them
-(:mod:`trainguard.checkpoint`) and the exporter judging them
-(:mod:`trainguard.exporter.collectors.checkpoints`) share, so the two never disagree on what a
-checkpoint should hold.
+"""Manifest records as they lie on disk, shared by the library and the exporter.
+
+This is the one definition that the library writing them (:mod:`trainguard.checkpoint`) and the
+exporter judging them (:mod:`trainguard.exporter.collectors.checkpoints`) share, so the two
+never disagree on what a checkpoint should hold.
 
 Layout: next to the checkpoints, a ``.trainguard/`` directory holds one small JSON record per
 checkpoint, ``.trainguard/<checkpoint name>.json``. One file per record makes every commit a
@@ -65,8 +66,9 @@ _MAX_INT = 2**63 - 1
 
 
 class ManifestError(Exception):
-    """A manifest record or checkpoint directory entry that cannot be trusted (malformed, too
-    big, a link, or naming something outside its directory)."""
+    """A manifest record or checkpoint directory entry that cannot be trusted.
+
+    It is malformed, too big, a link, or naming something outside its directory."""
 
 
 @dataclass(frozen=True)
@@ -105,9 +107,10 @@ class Record:
 
 
 def is_relative_path(path: str) -> bool:
-    """A path that can only name something under the directory it is relative to: '/'
-    separated, no empty, '.' or '..' component, no control characters (hidden names are fine:
-    DCP's ``.metadata``)."""
+    """Whether ``path`` can only name something under the directory it is relative to.
+
+    That is: '/' separated, no empty, '.' or '..' component, no control characters (hidden names
+    are fine: DCP's ``.metadata``)."""
     if not 0 < len(path) <= 4096 or path.startswith("/") or "\\" in path:
         return False
     for part in path.split("/"):
@@ -138,6 +141,7 @@ def _int(doc: Mapping[str, Any], key: str) -> int:
 
 def parse_record(data: bytes, *, name: str) -> Record:
     """Parse one record; ``name`` is the checkpoint the record's file name says it is about.
+
     Anything but a well-formed record about exactly that plain name raises ManifestError."""
     if len(data) > MAX_RECORD_BYTES and (
         len(data) > MAX_DIR_RECORD_BYTES or not data.startswith(_DIR_RECORD_START)
@@ -236,9 +240,10 @@ def record_path(directory: str | os.PathLike[str], name: str) -> Path:
 
 
 def write_record(directory: str | os.PathLike[str], record: Record) -> None:
-    """Commit a record atomically: temporary file in the same directory, fsync, rename over the
-    old record, fsync the directory. Killed at any point, the old record or the new one is
-    there in full, never a mix."""
+    """Commit a record atomically: never a mix of the old record and the new one.
+
+    Temporary file in the same directory, fsync, rename over the old record, fsync the directory.
+    Killed at any point, the old record or the new one is there in full."""
     final = record_path(directory, record.name)
     mdir = _manifest_dir(Path(directory), create=True)
     tmp = mdir / f".{record.name}.{secrets.token_hex(4)}.tmp"
@@ -295,9 +300,10 @@ RecordKey = tuple[int, int, int, int]
 def read_records(
     dfd: int, mdir: Path, previous: Mapping[str, tuple[RecordKey, Record]] | None = None
 ) -> dict[str, tuple[RecordKey, Record]]:
-    """Every record of the open manifest directory ``dfd`` (at ``mdir``), each with the key
-    (inode, size, mtime, ctime) it was read under. A record whose key is the same as in
-    ``previous`` is taken from there rather than read and parsed again. ManifestError or
+    """Every record of the open manifest directory ``dfd`` (at ``mdir``), with its key.
+
+    The key is the (inode, size, mtime, ctime) it was read under. A record whose key is the same
+    as in ``previous`` is taken from there rather than read and parsed again. ManifestError or
     OSError when any record is unreadable."""
     old = previous or {}
     fresh: dict[str, tuple[RecordKey, Record]] = {}
@@ -329,9 +335,10 @@ def read_records(
 
 
 def open_manifest_dir(directory: Path, dir_fd: int | None = None) -> int | None:
-    """Open ``directory``'s manifest directory (relative to ``dir_fd``, the directory already
-    opened, where given) without following a link; None when it has none. ManifestError when
-    it is a link or a file; OSError when ``directory`` itself is missing or not a directory."""
+    """Open ``directory``'s manifest directory without following a link; None when it has none.
+
+    It is opened relative to ``dir_fd``, the directory already opened, where given. ManifestError
+    when it is a link or a file; OSError when ``directory`` itself is missing or not a directory."""
     mdir = directory / MANIFEST_DIR
     flags = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
     try:

@@ -1,7 +1,8 @@
-"""CUDA memory snapshot files and the request that asks a live run for one: the names and the
-formats both sides agree on. The training side (``trainguard.run.snapshots``) writes snapshots,
-their metadata and replies; the ``trainguard snapshot`` command writes a request and waits for
-the reply. Stdlib only, like the rest of ``trainguard.shared``.
+"""CUDA memory snapshot files and requests for one: the names and formats both sides agree on.
+
+The request asks a live run for a snapshot. The training side (``trainguard.run.snapshots``)
+writes snapshots, their metadata and replies; the ``trainguard snapshot`` command writes a
+request and waits for the reply. Stdlib only, like the rest of ``trainguard.shared``.
 
 Files, all in the state directory next to the run's heartbeat (``<stem>`` is the heartbeat's
 name without ``.heartbeat.json``):
@@ -56,8 +57,9 @@ class SnapshotFileError(ValueError):
 
 
 def run_stem(run: str, rank: int) -> str:
-    """The heartbeat's file name without ``.heartbeat.json``: every file of a run and rank
-    starts with it."""
+    """The heartbeat's file name without ``.heartbeat.json``.
+
+    Every file of a run and rank starts with it."""
     return heartbeat_filename(run, rank)[: -len(SUFFIX)]
 
 
@@ -111,8 +113,9 @@ class Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """What the run did with request ``id``: ``file`` written (a name in the state directory),
-    or ``error`` saying why not."""
+    """What the run did with request ``id``: the ``file`` written, or an ``error`` saying why not.
+
+    ``file`` is a name in the state directory."""
 
     id: str
     time: float
@@ -134,14 +137,17 @@ class Reply:
 
 
 def write_json(path: str | os.PathLike[str], doc: Any, mode: int = 0o644) -> None:
-    """Replace ``path`` atomically with ``doc`` as JSON: a temp file created exclusively (a
-    planted symlink is never followed), written, then ``os.replace``d."""
+    """Replace ``path`` atomically with ``doc`` as JSON.
+
+    It goes through a temp file created exclusively (a planted symlink is never followed),
+    written, then ``os.replace``d."""
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     replace_file(path, payload, mode)
 
 
 def read_request_or_reply(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_result]:
-    """The bytes of a request or reply and its stat, read as every untrusted file is;
+    """The bytes of a request or reply and its stat, read as every untrusted file is.
+
     FileNotFoundError when it is not there, :class:`SnapshotFileError` for anything else
     wrong with it."""
     try:

@@ -1,5 +1,7 @@
-"""Where the reporter and the exporter meet: the state directory both sides resolve the same
-way, so that on one workstation they agree without any configuration."""
+"""The state directory, where the reporter and the exporter meet.
+
+Both sides resolve it the same way, so that on one workstation they agree without any
+configuration."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ RUN_ENV = "TRAINGUARD_RUN"
 
 
 def default_state_dir() -> Path:
-    """``$TRAINGUARD_STATE_DIR``, else a per-user state directory
-    (``$XDG_STATE_HOME/trainguard``, ``~/.local/state/trainguard``, or
-    ``%LOCALAPPDATA%\\trainguard`` on Windows)."""
+    r"""The state directory: ``$TRAINGUARD_STATE_DIR``, else a per-user state directory.
+
+    The per-user one is ``$XDG_STATE_HOME/trainguard``, ``~/.local/state/trainguard``, or
+    ``%LOCALAPPDATA%\trainguard`` on Windows."""
     env = os.environ.get(STATE_DIR_ENV)
     if env:
         return Path(env).expanduser()

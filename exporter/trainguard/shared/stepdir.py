@@ -1,8 +1,9 @@
-"""What a step directory holds: every regular file under it, walked from an open descriptor
-without following links and within bounds (:func:`walk`), and the types a listing is made of
-(:class:`Entry`, :class:`Tree`, :class:`StepDir`, :class:`InFlight`), with the memo a caller
-may keep between walks (:class:`TreeMemo`). Which step directories are committed is
-:mod:`trainguard.shared.steps`'s concern."""
+"""What a step directory holds, walked safely, and the types a listing is made of.
+
+:func:`walk` lists every regular file under it, from an open descriptor without following
+links and within bounds. The types are :class:`Entry`, :class:`Tree`, :class:`StepDir` and
+:class:`InFlight`, with the memo a caller may keep between walks (:class:`TreeMemo`). Which
+step directories are committed is :mod:`trainguard.shared.steps`'s concern."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ _DIR_OPEN = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 
 class Entry(NamedTuple):
-    """A checkpoint file (or ``.part``) found in a directory, with its lstat; for a file under a
-    step directory, its path relative to the location (``checkpoint-500/model.safetensors``).
-    (A named tuple: one is built per file per scrape, and a frozen dataclass costs several
-    times more.)"""
+    """A checkpoint file (or ``.part``) found in a directory, with its lstat.
+
+    For a file under a step directory, its path relative to the location
+    (``checkpoint-500/model.safetensors``). (A named tuple: one is built per file per scrape, and
+    a frozen dataclass costs several times more.)"""
 
     name: str
     step: int
@@ -44,10 +46,11 @@ class Tree(NamedTuple):
 
 
 class StepDir(NamedTuple):
-    """A committed step directory: every regular file under it, the newest modification time
-    of it, its subdirectories and its files (None when any is unknown), and what committed it
-    (``"record"``: a trainguard record listing every file; ``"marker"``: the framework's
-    marker)."""
+    """A committed step directory: its files, their newest times, and what committed it.
+
+    It holds every regular file under it, the newest modification time of it, its subdirectories
+    and its files (None when any is unknown), and what committed it (``"record"``: a trainguard
+    record listing every file; ``"marker"``: the framework's marker)."""
 
     name: str
     step: int
@@ -59,8 +62,10 @@ class StepDir(NamedTuple):
 
 
 class InFlight(NamedTuple):
-    """A step directory not committed (yet): being written, or left by a writer that died (an
-    orphan, once it has not been touched for long)."""
+    """A step directory not committed (yet).
+
+    It is being written, or was left by a writer that died (an orphan, once it has not been
+    touched for long)."""
 
     name: str
     step: int
@@ -69,9 +74,10 @@ class InFlight(NamedTuple):
 
 
 class TreeMemo(Protocol):
-    """What a caller remembers of the directories of step trees between walks (the exporter:
-    see ``trainguard.exporter.dirwatch.StepTreeMemo``), so an unchanged directory is not listed
-    again: its files are only stat'ed."""
+    """What a caller remembers of the directories of step trees between walks.
+
+    The exporter's is ``trainguard.exporter.dirwatch.StepTreeMemo``. An unchanged directory is
+    not listed again: its files are only stat'ed."""
 
     def known(self, rel: str, st: os.stat_result) -> tuple[list[str], list[str]] | None: ...
 
@@ -127,9 +133,10 @@ def _unchanged(fd: int, where: Path, key: str, memo: TreeMemo, depth: int) -> bo
 
 
 def walk(dfd: int, path: Path, rel: str, memo: TreeMemo | None) -> Tree:
-    """Every regular file under the open directory ``dfd`` (at ``path``, ``rel`` relative to the
-    location), with the newest mtime of the tree. A symbolic link anywhere under it is a
-    ManifestError (links are never followed out of a checkpoint); more than
+    """Every regular file under the open directory ``dfd``, with the newest mtime of the tree.
+
+    ``dfd`` is at ``path``, ``rel`` relative to the location. A symbolic link anywhere under it
+    is a ManifestError (links are never followed out of a checkpoint); more than
     :data:`MAX_STEP_FILES` files or deeper than :data:`MAX_DEPTH` too.
 
     With a ``memo``: a tree whose directories all have the stat it trusts, and whose files were
