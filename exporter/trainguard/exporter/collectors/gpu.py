@@ -15,6 +15,7 @@ import psutil
 import pynvml
 from prometheus_client.core import Metric
 
+from trainguard.exporter import gpu_health
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
@@ -128,6 +129,7 @@ class GpuCollector(Collector):
         RUN_MEMORY,
         XID_ERRORS,
         XID_SUPPORTED,
+        *gpu_health.METRICS,  # clock event reasons, PCIe link, power, ECC...: gpu_health.py
     )
 
     def __init__(self, pid_runs: PidRuns | None = None) -> None:
@@ -140,6 +142,7 @@ class GpuCollector(Collector):
         self._xids = XidCounts()  # since the exporter started, across NVML restarts
         self._xid_watcher: XidWatcher | None = None
         self._told_no_driver = False
+        self._health = gpu_health.GpuHealth()
 
     def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
         """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
@@ -240,6 +243,8 @@ class GpuCollector(Collector):
             except pynvml.NVMLError as exc:
                 scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
                 failed = True
+            else:  # a GPU that failed above is reported once, not again for each health read
+                self._health.collect(dev, families, scrape)
         if failed:
             self._stop()  # start afresh next scrape: a lost GPU may come back
 
