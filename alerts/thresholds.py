@@ -476,6 +476,40 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "RepeatedDeathNearSameStep: ...whose step lies within this many steps of the previous "
         "recorded death(s).",
     ),
+    # ---- GPU health (alerts/rules/gpu_health.py)
+    Threshold(
+        "gpu_slowdown_for",
+        "10m",
+        DURATION,
+        "GPUHardwareSlowdown: a GPU with a training process on it held down by a hardware "
+        "reason (HW slowdown, HW thermal, HW power brake) for this long.",
+    ),
+    Threshold(
+        "pcie_busy_ratio",
+        0.5,
+        NUMBER,
+        "GPUPcieLinkDegraded: the GPU counts as busy with its utilisation, averaged over "
+        "pcie_busy_window, at least this (an idle GPU lowers its link on purpose)...",
+    ),
+    Threshold(
+        "pcie_busy_window",
+        "5m",
+        DURATION,
+        "GPUPcieLinkDegraded: ...averaged over this window.",
+    ),
+    Threshold(
+        "pcie_degraded_for",
+        "10m",
+        DURATION,
+        "GPUPcieLinkDegraded: a busy GPU with a training process on it below its maximum PCIe "
+        "generation or width for this long.",
+    ),
+    Threshold(
+        "ecc_window",
+        "1h",
+        DURATION,
+        "GPUUncorrectableMemoryErrors: uncorrectable ECC errors counted within this window.",
+    ),
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
