@@ -510,6 +510,20 @@ THRESHOLDS: tuple[Threshold, ...] = (
         DURATION,
         "GPUUncorrectableMemoryErrors: uncorrectable ECC errors counted within this window.",
     ),
+    Threshold(
+        "hang_util_ratio",
+        0.95,
+        NUMBER,
+        "The gpu_cause annotation of TrainingStalled and TrainingThroughputDropped names a GPU "
+        "of the run busy at least this much...",
+    ),
+    Threshold(
+        "hang_power_ratio",
+        0.3,
+        NUMBER,
+        "...while drawing less than this fraction of its power limit: a collective spinning on a "
+        "peer that never comes (the NCCL hang signature).",
+    ),
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

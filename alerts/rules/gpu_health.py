@@ -57,6 +57,63 @@ SNIPPETS = {
     ),
 }
 
+# The GPU causes on the GPUs a run trains on, one series per GPU and cause (evaluated in the
+# annotation of the run's own alert, with the run's target labels and name as printf args).
+_T = "${target_labels}"
+_SEL = "${target_labels_sel}"
+_RUN_GPUS = "uuid_run:trainguard_gpu_training:group{" + _SEL + ",run=%q}"
+_CAUSES = (
+    "max by (" + _T + ", gpu, uuid, cause) ("
+    "label_replace(trainguard_gpu_clock_event_reason{" + _SEL + ',reason=~"' + HW_REASONS + '"}'
+    ', "cause", "$1", "reason", "(.*)")'
+    " or label_replace("
+    "(trainguard_gpu_pcie_link_generation{" + _SEL + "}"
+    " < trainguard_gpu_pcie_link_generation_max"
+    " or trainguard_gpu_pcie_link_width{" + _SEL + "} < trainguard_gpu_pcie_link_width_max)"
+    " and on (" + _T + ", gpu, uuid)"
+    " avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])"
+    " >= ${pcie_busy_ratio}"
+    ', "cause", "pcie", "", "")'
+    " or label_replace("
+    "trainguard_gpu_utilization_ratio{" + _SEL + "} >= ${hang_util_ratio}"
+    " and on (" + _T + ", gpu, uuid) trainguard_gpu_power_usage_watts"
+    " < ${hang_power_ratio} * trainguard_gpu_power_limit_watts"
+    ', "cause", "busy_low_power", "", "")'
+    ") and on (" + _T + ", uuid) " + _RUN_GPUS
+)
+_CAUSE_ARGS = " ".join(["${target_labels_args}"] * _CAUSES.count(_SEL))
+_LINK_ARGS = "${target_labels_args} $s.Labels.uuid"
+
+
+def _link(metric: str) -> str:
+    return (
+        "{{ with printf `" + metric + "{" + _SEL + ",uuid=%q}` " + _LINK_ARGS + " | query }}"
+        '{{ . | first | value | printf "%.0f" }}{{ else }}?{{ end }}'
+    )
+
+
+#: the ``gpu_cause`` annotation of TrainingStalled and TrainingThroughputDropped: "GPU 3
+#: (GPU-...): hw_thermal_slowdown; GPU 3 (GPU-...): PCIe link at Gen2 x16 of Gen5 x16", or
+#: "none seen on its GPUs"
+GPU_CAUSE = (
+    "{{ range $i, $s := printf `" + _CAUSES + "` " + _CAUSE_ARGS + " $labels.run"
+    ' | query | sortByLabel "gpu" }}{{ if $i }}; {{ end }}'
+    "GPU {{ $s.Labels.gpu }} ({{ $s.Labels.uuid }}): "
+    '{{ if eq $s.Labels.cause "pcie" }}PCIe link at Gen'
+    + _link("trainguard_gpu_pcie_link_generation")
+    + " x"
+    + _link("trainguard_gpu_pcie_link_width")
+    + " of Gen"
+    + _link("trainguard_gpu_pcie_link_generation_max")
+    + " x"
+    + _link("trainguard_gpu_pcie_link_width_max")
+    + '{{ else if eq $s.Labels.cause "busy_low_power" }}busy at low power (utilisation >= '
+    "${hang_util_ratio}, power below ${hang_power_ratio}x its limit): the signature of a "
+    "collective (NCCL) waiting on a peer that never comes"
+    "{{ else }}{{ $s.Labels.cause }} (clocks held down by the hardware){{ end }}"
+    "{{ else }}none seen on its GPUs{{ end }}"
+)
+
 GROUP = Group(
     "trainguard-gpu-health",
     snippets=SNIPPETS,
