@@ -7,6 +7,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from alerts.thresholds import DEFAULTS, resolve
+from grafana.boards import gpu_health
 from grafana.panels import (
     IR,
     NONZERO_IS_BAD,
@@ -444,6 +445,7 @@ def build() -> db.Dashboard:
         [
             ("Devices", devices()),
             ("GPU errors (Xid)", xids()),
+            ("GPU health: clocks, PCIe link, power, ECC", gpu_health.panels()),
             ("Processes (driver view)", processes()),
             ("Runs: driver vs allocator", runs()),
             ("Host processes", host_processes()),
