@@ -189,3 +189,20 @@ def test_mig_gpu_is_read_once_as_the_parent(tmp_path: Path) -> None:
     }
     assert select(s, "trainguard_gpu_utilization_ratio") == {}
     assert len(select(s, "trainguard_gpu_power_usage_watts")) == 1
+
+
+def test_reason_bits_are_nvml_h_as_pynvml_names_them() -> None:
+    """The exporter's literal bits (kept literal for older nvidia-ml-py releases) are the
+    installed pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason* constants."""
+    import pynvml
+
+    from trainguard.exporter.gpu_health import REASONS, reason_labels
+
+    for bit, name in REASONS:
+        camel = "".join(word.capitalize() for word in name.split("_"))
+        constant = getattr(pynvml, "nvmlClocksEventReason" + camel, None)
+        if constant is None:
+            constant = getattr(pynvml, "nvmlClocksThrottleReason" + camel)
+        assert constant == bit, name
+    assert reason_labels(0) == []
+    assert reason_labels(0x1 | 0x40 | 0x1000) == ["gpu_idle", "hw_thermal_slowdown", "bit_0x1000"]

@@ -31,19 +31,20 @@ from trainguard.exporter.scrape import Scrape
 RECHECK_UNSUPPORTED_S = 600.0
 
 #: nvmlClocksEventReason* bits (nvml.h; the older nvmlClocksThrottleReason* have the same
-#: values) and the ``reason`` label each is published as
+#: values) and the ``reason`` label each is published as. Literals, not pynvml's constants:
+#: older nvidia-ml-py releases (the dependency allows 12.535) lack some of the names.
 REASONS: tuple[tuple[int, str], ...] = (
-    (pynvml.nvmlClocksEventReasonGpuIdle, "gpu_idle"),
-    (pynvml.nvmlClocksEventReasonApplicationsClocksSetting, "applications_clocks_setting"),
-    (pynvml.nvmlClocksEventReasonSwPowerCap, "sw_power_cap"),
-    (pynvml.nvmlClocksEventReasonHwSlowdown, "hw_slowdown"),
-    (pynvml.nvmlClocksEventReasonSyncBoost, "sync_boost"),
-    (pynvml.nvmlClocksEventReasonSwThermalSlowdown, "sw_thermal_slowdown"),
-    (pynvml.nvmlClocksEventReasonHwThermalSlowdown, "hw_thermal_slowdown"),
-    (pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown, "hw_power_brake_slowdown"),
-    (pynvml.nvmlClocksEventReasonDisplayClockSetting, "display_clock_setting"),
-    (pynvml.nvmlClocksThrottleReasonBoardLimit, "board_limit"),
-    (pynvml.nvmlClocksThrottleReasonReliability, "reliability"),
+    (0x1, "gpu_idle"),  # GpuIdle
+    (0x2, "applications_clocks_setting"),  # ApplicationsClocksSetting
+    (0x4, "sw_power_cap"),  # SwPowerCap
+    (0x8, "hw_slowdown"),  # HwSlowdown
+    (0x10, "sync_boost"),  # SyncBoost
+    (0x20, "sw_thermal_slowdown"),  # SwThermalSlowdown
+    (0x40, "hw_thermal_slowdown"),  # HwThermalSlowdown
+    (0x80, "hw_power_brake_slowdown"),  # HwPowerBrakeSlowdown
+    (0x100, "display_clock_setting"),  # DisplayClockSetting
+    (0x200, "board_limit"),  # nvmlClocksThrottleReasonBoardLimit
+    (0x400, "reliability"),  # nvmlClocksThrottleReasonReliability
 )
 _KNOWN_BITS = sum(bit for bit, _ in REASONS)
 
@@ -262,17 +263,30 @@ class GpuHealth:
             add(ROW_REMAP_FAILED, 1 if failed else 0)
 
     def _clock_reasons(self, handle: Any) -> int:
-        """The new call, or the older one on a driver without it (before R535)."""
+        """The new call, or the older one on a driver (or pynvml) without it (before R535)."""
         if self._reasons_call == "nvmlDeviceGetCurrentClocksEventReasons":
             try:
-                return int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+                return int(_function(self._reasons_call)(handle))
             except pynvml.NVMLError_FunctionNotFound:
                 self._reasons_call = "nvmlDeviceGetCurrentClocksThrottleReasons"
-        return int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        return int(_function(self._reasons_call)(handle))
+
+
+def _function(name: str) -> Callable[..., Any]:
+    """pynvml's wrapper ``name``; one that raises FUNCTION_NOT_FOUND (as for a driver without
+    the call) where the installed nvidia-ml-py is too old to have the wrapper."""
+    fn = getattr(pynvml, name, None)
+    if fn is not None:
+        return fn
+
+    def missing(*_: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    return missing
 
 
 def _call(name: str) -> Callable[[Any], float]:
-    fn = getattr(pynvml, "nvmlDeviceGet" + name)
+    fn = _function("nvmlDeviceGet" + name)
     return lambda handle: float(fn(handle))
 
 
