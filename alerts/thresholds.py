@@ -511,6 +511,26 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "GPUUncorrectableMemoryErrors: uncorrectable ECC errors counted within this window.",
     ),
     Threshold(
+        "released_floor",
+        "512MiB",
+        BYTES,
+        "GPUMemoryNotReleased: memory no live process accounts for, this much above its level "
+        "while the run trained on the GPU...",
+    ),
+    Threshold(
+        "released_for",
+        "1m",
+        DURATION,
+        "GPUMemoryNotReleased: ...this long after the last process of the run on it died.",
+    ),
+    Threshold(
+        "released_lookback",
+        "1h",
+        DURATION,
+        "GPUMemoryNotReleased: how long after a run left a GPU it is judged (and how far back "
+        "its level while the run trained is taken from).",
+    ),
+    Threshold(
         "hang_util_ratio",
         0.95,
         NUMBER,

@@ -47,6 +47,7 @@ DESIGN_ALERTS = {
     "GPUXidError",
     "GPUHardwareSlowdown",
     "GPUPcieLinkDegraded",
+    "GPUMemoryNotReleased",
     "GPUUncorrectableMemoryErrors",
     "GPURowRemapFailure",
     "GPURowRemapPending",

@@ -1,5 +1,6 @@
 """Is the GPU the reason a run is slow, or is its memory failing? GPUHardwareSlowdown,
-GPUPcieLinkDegraded, GPUUncorrectableMemoryErrors, GPURowRemapFailure, GPURowRemapPending.
+GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors, GPURowRemapFailure,
+GPURowRemapPending.
 
 The slowdown and link rules judge only a GPU a training process is on (the driver's process
 list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never
@@ -10,7 +11,7 @@ whoever uses the GPU: the next run placed on it dies, so those rules judge every
 
 from __future__ import annotations
 
-from alerts.rules.common import Alert, Group, Record, query_value
+from alerts.rules.common import Alert, Group, Record, query_bytes, query_value
 from alerts.rules.gpu import GPU_ARGS, GPU_SEL
 from alerts.rules.gpu import SNIPPETS as GPU_SNIPPETS
 
@@ -37,6 +38,15 @@ SNIPPETS = {
     "runs": (
         "{{ range $i, $s := printf `uuid_run:trainguard_gpu_training:group{${target_labels_sel},"
         'uuid=%q}` ${target_labels_args} $labels.uuid | query | sortByLabel "run" }}'
+        "{{ if $i }}, {{ end }}{{ $s.Labels.run }}{{ else }}none{{ end }}"
+    ),
+    "gpu_used": query_bytes("trainguard_gpu_memory_used_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    # the runs that had a process on the GPU within released_lookback
+    "recent_runs_here": (
+        "{{ range $i, $s := printf `max by (${target_labels}, run) (max_over_time("
+        "uuid_run:trainguard_gpu_training:group{${target_labels_sel},uuid=%q}"
+        "[${released_lookback}]))` ${target_labels_args} $labels.uuid"
+        ' | query | sortByLabel "run" }}'
         "{{ if $i }}, {{ end }}{{ $s.Labels.run }}{{ else }}none{{ end }}"
     ),
     "temperature": _gpu_value("trainguard_gpu_temperature_celsius", suffix=" °C"),
@@ -183,6 +193,39 @@ GROUP = Group(
             ${runs} train on it: every host-device copy and every collective that goes over PCIe is
             that much slower, and nothing else reports it. Reseat the GPU or its riser, check the
             slot's BIOS setting; a link that trains down again needs service.
+            """,
+        ),
+        # nvidia-resiliency-ext waits for exactly this before it restarts workers: memory the
+        # driver did not give back after a run's last process on the GPU died. Relative to the
+        # GPU's own unattributed level while the run trained (the driver's overhead, a few
+        # hundred MiB, is never attributed), so a normal end of a run never pages.
+        Alert(
+            "GPUMemoryNotReleased",
+            "critical",
+            expr="""
+            (
+              trainguard_gpu_memory_unattributed_bytes
+              - on (${target_labels}, gpu, uuid)
+              min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+            ) > ${released_floor}
+            and on (${target_labels}, uuid)
+            max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
+            unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${released_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} did not get its memory back after a
+            run's last process on it died.
+            """,
+            description="""
+            ${released_for} after the last training process on GPU {{ $labels.gpu }}${gpu_name},
+            uuid {{ $labels.uuid }}, on {{ $labels.instance }} died, {{ $value | humanize1024 }}B
+            more than while it trained is still in use with no live process accounting for it
+            (threshold ${released_floor_h}; used now ${gpu_used}). The next run placed on this
+            GPU will run out of memory. Runs on it in the last ${released_lookback}:
+            ${recent_runs_here}. Kill what is left of those runs (a defunct or D-state process
+            still holds the context); if nothing is left, reset the GPU or restart the driver
+            session.
             """,
         ),
         Alert(
