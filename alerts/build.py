@@ -88,6 +88,8 @@ def _rule(
         "description": Folded(fill(para(rule.description), table)),
         "runbook_url": fill("${runbook_base}#", table) + rule.name.lower(),
     }
+    for key, text in rule.annotations.items():
+        out["annotations"][key] = Folded(fill(para(text), table))
     if run_context:
         for key, text in RUN_CONTEXT.items():
             out["annotations"][key] = Folded(fill(text, table))

@@ -35,6 +35,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,30 @@ def nvml_calls(n: int) -> dict[str, Any]:
             "nvmlDeviceGetGraphicsRunningProcesses",
             lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(h),
         )
+        # the GPU health reads (exporter/gpu_health.py): which ones this driver and GPU
+        # support is part of what only a real GPU can say
+        for name, fn in (
+            (
+                "nvmlDeviceGetCurrentClocksEventReasons",
+                pynvml.nvmlDeviceGetCurrentClocksEventReasons,
+            ),
+            ("nvmlDeviceGetCurrPcieLinkGeneration", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            ("nvmlDeviceGetCurrPcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+            ("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates),
+            ("nvmlDeviceGetPowerUsage", pynvml.nvmlDeviceGetPowerUsage),
+            ("nvmlDeviceGetEnforcedPowerLimit", pynvml.nvmlDeviceGetEnforcedPowerLimit),
+            ("nvmlDeviceGetTemperature", lambda d: pynvml.nvmlDeviceGetTemperature(d, 0)),
+            (
+                "nvmlDeviceGetTotalEccErrors",
+                lambda d: pynvml.nvmlDeviceGetTotalEccErrors(d, 1, pynvml.NVML_VOLATILE_ECC),
+            ),
+            ("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows),
+        ):
+            try:
+                out[name + " (health)"] = {"value": repr(fn(h))}
+                per_scrape(name, partial(fn, h))
+            except pynvml.NVMLError as exc:
+                out[name + " (health)"] = {"error": type(exc).__name__}
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
         out["processes_listed"] = len(procs)
         if procs:

@@ -6,7 +6,16 @@ so that the alerts see the recording rules of the same step.
 
 from __future__ import annotations
 
-from alerts.rules import allocator, checkpoints, deaths, exporter, gpu, recording, runs
+from alerts.rules import (
+    allocator,
+    checkpoints,
+    deaths,
+    exporter,
+    gpu,
+    gpu_health,
+    recording,
+    runs,
+)
 from alerts.rules.common import Alert, Group, Record
 
 GROUPS: tuple[Group, ...] = (
@@ -18,6 +27,7 @@ GROUPS: tuple[Group, ...] = (
     allocator.GROUP,
     deaths.GROUP,
     exporter.GROUP,
+    gpu_health.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

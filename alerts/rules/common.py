@@ -51,6 +51,8 @@ class Alert:
     keep_firing_for: str | None = None
     """Prometheus' ``keep_firing_for``: how long the alert stays firing after its expression
     stops returning it (a missed scrape must not resolve it and page again)."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """Further annotations (name: template), one line each like the description."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ trainer clock off by an hour must not page a healthy run."""
 from __future__ import annotations
 
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.gpu_health import GPU_CAUSE
 
 SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
@@ -114,6 +115,7 @@ GROUP = Group(
             between steps (${step_gap}), at least ${stall} and at most ${stall_max}
             (${stall_max} until that interval is known). Last step ${last_step}.
             """,
+            annotations={"gpu_cause": GPU_CAUSE},  # what its GPUs say (gpu_health.py)
         ),
         Alert(
             "TrainingNoFirstStep",
@@ -166,6 +168,7 @@ GROUP = Group(
             crashes (a relaunched run at a fraction of its speed); also a straggler rank,
             thermal or power throttling, a slow data source or swapping.
             """,
+            annotations={"gpu_cause": GPU_CAUSE},  # what its GPUs say (gpu_health.py)
         ),
         Alert(
             "TrainingLogStale",

@@ -6,8 +6,9 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 (or, worse, loads).
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
-group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``), and
-joined here in that order: the order of the generated file's header and of ``--list``.
+group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
+``gpu_health``), and joined here in that order: the order of the generated file's header
+and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -21,7 +22,16 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from alerts.kinds import format_duration
-from alerts.thresholds import allocator, checkpoints, deaths, exporter, gpu, runs, shared
+from alerts.thresholds import (
+    allocator,
+    checkpoints,
+    deaths,
+    exporter,
+    gpu,
+    gpu_health,
+    runs,
+    shared,
+)
 from alerts.thresholds.threshold import Threshold, ThresholdError, Value
 
 __all__ = [
@@ -44,6 +54,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *allocator.THRESHOLDS,
     *exporter.THRESHOLDS,
     *deaths.THRESHOLDS,
+    *gpu_health.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

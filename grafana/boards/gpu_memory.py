@@ -7,7 +7,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as db
 
 from alerts.site import Site
-from grafana.boards import gpu_allocator
+from grafana.boards import gpu_allocator, gpu_health
 from grafana.dashboard import dashboard
 from grafana.panels import Panel, bar_gauge, table_panel, ts
 from grafana.promql import IR, I, Promql
@@ -218,6 +218,7 @@ def build(site: Site) -> db.Dashboard:
         [
             ("Devices", devices(q)),
             ("GPU errors (Xid)", xids(q)),
+            ("GPU health: clocks, PCIe link, power, ECC", gpu_health.panels(q)),
             ("Processes (driver view)", processes(q)),
             ("Runs: driver vs allocator", gpu_allocator.runs(q)),
             ("Host processes", host_processes()),

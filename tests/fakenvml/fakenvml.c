@@ -206,6 +206,13 @@ struct gpu {
     nvmlReturn_t error; /* NVML_SUCCESS or what every query on it returns */
     unsigned int temp, util_gpu, util_mem;
     unsigned long long events; /* nvmlDeviceGetSupportedEventTypes */
+    /* health: see README.md (keys `reasons`, `pcie_*`, `power*`, `ecc_*`, `remap_*`, `temp_*`) */
+    unsigned long long reasons; /* nvmlClocksEventReason* bits; NA_ULL until set: derived */
+    unsigned int pcie_gen, pcie_max_gen, pcie_gpu_max_gen, pcie_width, pcie_max_width;
+    unsigned int power_mw, power_limit_mw;
+    unsigned long long ecc[2][2]; /* [errorType: corrected, uncorrected][counter: volatile, aggregate] */
+    unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
+    unsigned int temp_slowdown, temp_shutdown;
 };
 
 /* `xid GPU CODE id=N`: one critical-Xid event on GPU, delivered once per process. */
@@ -372,6 +379,54 @@ static void reset_state(struct state *st) {
         goto bad;                                                                                  \
     } while (0)
 
+static int parse_flag(const char *s, unsigned int *out) {
+    if (strcmp(s, "0") && strcmp(s, "1"))
+        return -1;
+    *out = (unsigned int)(s[0] - '0');
+    return 0;
+}
+
+/* The health keys of a `gpu` line; returns nonzero for an unknown key or a bad value. */
+static int parse_health(struct gpu *g, const char *key, const char *val) {
+    if (!strcmp(key, "reasons"))
+        return parse_ull(val, &g->reasons, 0) || g->reasons == NA_ULL;
+    if (!strcmp(key, "pcie_gen"))
+        return parse_uint(val, &g->pcie_gen, 0);
+    if (!strcmp(key, "pcie_max_gen"))
+        return parse_uint(val, &g->pcie_max_gen, 0);
+    if (!strcmp(key, "pcie_gpu_max_gen"))
+        return parse_uint(val, &g->pcie_gpu_max_gen, 0) || g->pcie_gpu_max_gen == NA_UINT;
+    if (!strcmp(key, "pcie_width"))
+        return parse_uint(val, &g->pcie_width, 0);
+    if (!strcmp(key, "pcie_max_width"))
+        return parse_uint(val, &g->pcie_max_width, 0);
+    if (!strcmp(key, "power"))
+        return parse_uint(val, &g->power_mw, 0);
+    if (!strcmp(key, "power_limit"))
+        return parse_uint(val, &g->power_limit_mw, 0);
+    if (!strcmp(key, "ecc_corrected"))
+        return parse_ull(val, &g->ecc[0][0], 0);
+    if (!strcmp(key, "ecc_uncorrected"))
+        return parse_ull(val, &g->ecc[1][0], 0);
+    if (!strcmp(key, "ecc_corrected_aggregate"))
+        return parse_ull(val, &g->ecc[0][1], 0) || g->ecc[0][1] == NA_ULL;
+    if (!strcmp(key, "ecc_uncorrected_aggregate"))
+        return parse_ull(val, &g->ecc[1][1], 0) || g->ecc[1][1] == NA_ULL;
+    if (!strcmp(key, "remap_corrected"))
+        return parse_uint(val, &g->remap_corr, 0);
+    if (!strcmp(key, "remap_uncorrected"))
+        return parse_uint(val, &g->remap_unc, 0);
+    if (!strcmp(key, "remap_pending"))
+        return parse_flag(val, &g->remap_pending);
+    if (!strcmp(key, "remap_failure"))
+        return parse_flag(val, &g->remap_failure);
+    if (!strcmp(key, "temp_slowdown"))
+        return parse_uint(val, &g->temp_slowdown, 0);
+    if (!strcmp(key, "temp_shutdown"))
+        return parse_uint(val, &g->temp_shutdown, 0);
+    return 1;
+}
+
 static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, unsigned lineno) {
     unsigned int idx;
     int i;
@@ -387,6 +442,16 @@ static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, u
     g->total = 80ULL << 30;
     g->temp = 40;
     g->events = DEFAULT_EVENTS;
+    /* an H100 SXM at rest: Gen5 x16 in a Gen5 slot, 700 W limit */
+    g->reasons = NA_ULL;
+    g->pcie_gen = g->pcie_max_gen = 5;
+    g->pcie_gpu_max_gen = NA_UINT;
+    g->pcie_width = g->pcie_max_width = 16;
+    g->power_mw = 70000;
+    g->power_limit_mw = 700000;
+    g->ecc[0][1] = g->ecc[1][1] = NA_ULL;
+    g->temp_slowdown = 87;
+    g->temp_shutdown = 92;
     for (i = 2; i < ntok; i++) {
         char *val = split_kv(tok[i]);
         const char *key = tok[i];
@@ -419,13 +484,30 @@ static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, u
         else if (!strcmp(key, "events"))
             bad = parse_ull(val, &g->events, 0);
         else
-            bad = 1;
+            bad = parse_health(g, key, val);
         if (bad)
             PARSE_FAIL("bad gpu attribute '%s%s%s'", path, lineno, key, val ? "=" : "",
                        val ? val : "");
     }
     if (g->used > g->total || g->reserved > g->used)
         PARSE_FAIL("gpu %u needs reserved <= used <= total", path, lineno, idx);
+    /* what is not given follows from what is: an idle GPU reports the GpuIdle reason, the
+     * GPU's own max generation is at least what the slot allows, aggregate ECC counts
+     * (lifetime) include the volatile ones (since the driver loaded) */
+    if (g->reasons == NA_ULL)
+        g->reasons = g->util_gpu == 0 ? 0x1ULL : 0;
+    if (g->pcie_gpu_max_gen == NA_UINT)
+        g->pcie_gpu_max_gen = g->pcie_max_gen;
+    for (i = 0; i < 2; i++)
+        if (g->ecc[i][1] == NA_ULL)
+            g->ecc[i][1] = g->ecc[i][0];
+    if (g->pcie_gen < 1 || g->pcie_gen > g->pcie_max_gen || g->pcie_max_gen > g->pcie_gpu_max_gen)
+        PARSE_FAIL("gpu %u needs 1 <= pcie_gen <= pcie_max_gen <= pcie_gpu_max_gen", path, lineno,
+                   idx);
+    if (g->pcie_width < 1 || g->pcie_width > g->pcie_max_width)
+        PARSE_FAIL("gpu %u needs 1 <= pcie_width <= pcie_max_width", path, lineno, idx);
+    if (g->ecc[0][1] < g->ecc[0][0] || g->ecc[1][1] < g->ecc[1][0])
+        PARSE_FAIL("gpu %u needs aggregate ECC counts >= volatile ones", path, lineno, idx);
     return 0;
 bad:
     return -1;
@@ -1057,6 +1139,80 @@ nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device, nvmlTemperature_v1_t
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS)
         temperature->temperature = (int)g->temp;
+    return finish(sym, rc);
+}
+
+/* ---- health: clock event reasons, PCIe link, power, ECC, row remapping ---- */
+
+/* One unsigned value of the device through an out pointer (NULL: INVALID_ARGUMENT). */
+#define UINT_GETTER(fn, type, field)                                                               \
+    nvmlReturn_t fn(nvmlDevice_t device, type *out) {                                              \
+        struct gpu *g = NULL;                                                                      \
+        nvmlReturn_t rc = begin_device(#fn, device, &g);                                           \
+        if (rc == NVML_SUCCESS && !out)                                                            \
+            rc = NVML_ERROR_INVALID_ARGUMENT;                                                      \
+        if (rc == NVML_SUCCESS)                                                                    \
+            *out = g->field;                                                                       \
+        return finish(#fn, rc);                                                                    \
+    }
+
+/* the same bit mask under both names (nvmlClocksEventReason* == nvmlClocksThrottleReason*) */
+UINT_GETTER(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long, reasons)
+UINT_GETTER(nvmlDeviceGetCurrentClocksThrottleReasons, unsigned long long, reasons)
+/* current link, what device and system allow together, what the GPU alone supports */
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, unsigned int, pcie_gen)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkGeneration, unsigned int, pcie_max_gen)
+UINT_GETTER(nvmlDeviceGetGpuMaxPcieLinkGeneration, unsigned int, pcie_gpu_max_gen)
+UINT_GETTER(nvmlDeviceGetCurrPcieLinkWidth, unsigned int, pcie_width)
+UINT_GETTER(nvmlDeviceGetMaxPcieLinkWidth, unsigned int, pcie_max_width)
+/* milliwatts */
+UINT_GETTER(nvmlDeviceGetPowerUsage, unsigned int, power_mw)
+UINT_GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, power_limit_mw)
+
+/* errorType: NVML_MEMORY_ERROR_TYPE_CORRECTED 0 / _UNCORRECTED 1; counterType:
+ * NVML_VOLATILE_ECC 0 (since the driver loaded) / NVML_AGGREGATE_ECC 1 (lifetime). */
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int errorType,
+                                         unsigned int counterType, unsigned long long *eccCounts) {
+    const char *sym = "nvmlDeviceGetTotalEccErrors";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    if (rc == NVML_SUCCESS && (!eccCounts || errorType > 1 || counterType > 1))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *eccCounts = g->ecc[errorType][counterType];
+    return finish(sym, rc);
+}
+
+nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
+                                       unsigned int *uncRows, unsigned int *isPending,
+                                       unsigned int *failureOccurred) {
+    const char *sym = "nvmlDeviceGetRemappedRows";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    if (rc == NVML_SUCCESS && (!corrRows || !uncRows || !isPending || !failureOccurred))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        *corrRows = g->remap_corr;
+        *uncRows = g->remap_unc;
+        *isPending = g->remap_pending;
+        *failureOccurred = g->remap_failure;
+    }
+    return finish(sym, rc);
+}
+
+/* NVML_TEMPERATURE_THRESHOLD_SHUTDOWN 0, _SLOWDOWN 1; the other known thresholds (up to
+ * _COUNT 8) are NOT_SUPPORTED here, as on many boards; beyond that INVALID_ARGUMENT. */
+nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, unsigned int thresholdType,
+                                               unsigned int *temp) {
+    const char *sym = "nvmlDeviceGetTemperatureThreshold";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    if (rc == NVML_SUCCESS && (!temp || thresholdType >= 8))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && thresholdType > 1)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *temp = thresholdType == 0 ? g->temp_shutdown : g->temp_slowdown;
     return finish(sym, rc);
 }
 

@@ -46,6 +46,12 @@ DESIGN_ALERTS = {
     "GPUGhostMemory",
     "GPUUnattributedMemory",
     "GPUXidError",
+    "GPUHardwareSlowdown",
+    "GPUPcieLinkDegraded",
+    "GPUMemoryNotReleased",
+    "GPUUncorrectableMemoryErrors",
+    "GPURowRemapFailure",
+    "GPURowRemapPending",
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",
@@ -306,7 +312,7 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
             texts.append(rule.expr)
             if isinstance(rule, Alert):
                 texts += [rule.for_ or "", rule.keep_firing_for or ""]
-                texts += [rule.summary, rule.description]
+                texts += [rule.summary, rule.description, *rule.annotations.values()]
     used = {name for text in texts for name in PLACEHOLDER.findall(text)}
     placeholders = set(thresholds.resolve())
     assert not snippets & placeholders, "snippet names shadow thresholds"

@@ -44,6 +44,21 @@ METRICS_WITHOUT_RUN = {
     "trainguard_gpu_xid_errors_total",
     "trainguard_gpu_memory_unattributed_bytes",
     "trainguard_process_count",
+    # GPU health (exporter/gpu_health.py)
+    "trainguard_gpu_clock_event_reason",
+    "trainguard_gpu_pcie_link_generation",
+    "trainguard_gpu_pcie_link_generation_max",
+    "trainguard_gpu_pcie_link_width",
+    "trainguard_gpu_pcie_link_width_max",
+    "trainguard_gpu_utilization_ratio",
+    "trainguard_gpu_temperature_celsius",
+    "trainguard_gpu_temperature_slowdown_celsius",
+    "trainguard_gpu_power_usage_watts",
+    "trainguard_gpu_power_limit_watts",
+    "trainguard_gpu_ecc_corrected_errors_total",
+    "trainguard_gpu_ecc_uncorrected_errors_total",
+    "trainguard_gpu_row_remap_pending",
+    "trainguard_gpu_row_remap_failed",
 }
 METRICS_WITH_RUN = {
     "trainguard_gpu_process_memory_used_bytes",

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from helpers import nvml_fake
 from helpers.nvml_fake import (
     LIB_NAME,
     SOURCE_DIR,
@@ -633,6 +634,116 @@ def test_xid_lines_are_checked(lib_dir: Path, state_path: Path) -> None:
         ("xid 0 79 id=1\nxid 0 48 id=1", "id=1 listed twice"),
     ]:
         state_path.write_text(f"gpu 0\n{bad}\n")
+        proc = subprocess.run(
+            [sys.executable, "-c", PRELUDE + "out(err(n.nvmlInit))"],
+            env=fake_nvml_env(state_path, lib_dir=lib_dir),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert json.loads(proc.stdout) == "NVMLError_Unknown", bad
+        assert message in proc.stderr, (bad, proc.stderr)
+
+
+HEALTH_CHILD = """
+n.nvmlInit()
+def health(i):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    def call(fn, *args):
+        try:
+            return fn(h, *args)
+        except n.NVMLError as e:
+            return type(e).__name__
+    util = call(n.nvmlDeviceGetUtilizationRates)
+    return {
+        "reasons": call(n.nvmlDeviceGetCurrentClocksEventReasons),
+        "throttle": call(n.nvmlDeviceGetCurrentClocksThrottleReasons),
+        "pcie": [call(f) for f in (
+            n.nvmlDeviceGetCurrPcieLinkGeneration, n.nvmlDeviceGetMaxPcieLinkGeneration,
+            n.nvmlDeviceGetGpuMaxPcieLinkGeneration, n.nvmlDeviceGetCurrPcieLinkWidth,
+            n.nvmlDeviceGetMaxPcieLinkWidth)],
+        "util": util if isinstance(util, str) else [util.gpu, util.memory],
+        "power": [call(n.nvmlDeviceGetPowerUsage), call(n.nvmlDeviceGetEnforcedPowerLimit)],
+        "temp": [call(n.nvmlDeviceGetTemperature, n.NVML_TEMPERATURE_GPU),
+                 call(n.nvmlDeviceGetTemperatureThreshold, n.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                 call(n.nvmlDeviceGetTemperatureThreshold, n.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+                 call(n.nvmlDeviceGetTemperatureThreshold, n.NVML_TEMPERATURE_THRESHOLD_MEM_MAX),
+                 call(n.nvmlDeviceGetTemperatureThreshold, 99)],
+        "ecc": [call(n.nvmlDeviceGetTotalEccErrors, t, c)
+                for t in (n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+                for c in (n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC)]
+               + [call(n.nvmlDeviceGetTotalEccErrors, *bad) for bad in ((2, 0), (0, 2))],
+        "remap": call(n.nvmlDeviceGetRemappedRows),
+    }
+out([health(i) for i in range(n.nvmlDeviceGetCount())])
+"""
+
+
+def test_health_calls_with_nvml_semantics(lib_dir: Path, state_path: Path) -> None:
+    """Clock event reasons (one bit mask under the new and the old name), PCIe link (current,
+    device+system max, GPU max), utilisation, power (mW), temperature and its thresholds, ECC
+    totals per error and counter type, remapped rows; NOT_SUPPORTED per device and symbol."""
+    state = two_gpus()
+    busy = state.gpus[0]
+    busy.utilization, busy.memory_utilization = 100, 40
+    busy.clock_event_reasons = 0x4 | 0x40  # SW power cap + HW thermal slowdown
+    busy.pcie_generation, busy.pcie_max_generation, busy.pcie_gpu_max_generation = 2, 4, 5
+    busy.pcie_width, busy.pcie_max_width = 8, 16
+    busy.power_mw, busy.power_limit_mw = 412_345, 700_000
+    busy.ecc_corrected, busy.ecc_uncorrected = 7, 1
+    busy.ecc_corrected_aggregate = 30
+    busy.remapped_corrected, busy.remapped_uncorrected = 2, 1
+    busy.remap_pending = True
+    busy.temperature = 83
+    # GPU 1: a GeForce: no ECC, no row remapping, no power limit reading
+    for symbol in (
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetEnforcedPowerLimit",
+    ):
+        state.fail(symbol, "not_supported", gpu=1)
+    state.write(state_path)
+    g0, g1 = run_child(HEALTH_CHILD, state.env(state_path))[0]
+    assert g0 == {
+        "reasons": 0x44,
+        "throttle": 0x44,
+        "pcie": [2, 4, 5, 8, 16],
+        "util": [100, 40],
+        "power": [412_345, 700_000],
+        "temp": [83, 87, 92, "NVMLError_NotSupported", "NVMLError_InvalidArgument"],
+        # corrected volatile, corrected aggregate, uncorrected volatile, uncorrected aggregate
+        "ecc": [7, 30, 1, 1, "NVMLError_InvalidArgument", "NVMLError_InvalidArgument"],
+        "remap": [2, 1, 1, 0],
+    }
+    assert g1["reasons"] == g1["throttle"] == 0x1  # idle: GpuIdle, NVML's own default at rest
+    assert g1["pcie"] == [5, 5, 5, 16, 16]
+    assert g1["power"] == [70_000, "NVMLError_NotSupported"]
+    assert g1["ecc"] == ["NVMLError_NotSupported"] * 6
+    assert g1["remap"] == "NVMLError_NotSupported"
+    # the bit values are nvml.h's, as the real pynvml names them
+    [names] = run_child(
+        "out({k: getattr(n, k) for k in dir(n) if k.startswith('nvmlClocksEventReason')})",
+        state.env(state_path),
+    )
+    ours = {k: v for k, v in vars(nvml_fake).items() if k.startswith("REASON_")}
+    assert len(ours) == 9
+    for name, bit in ours.items():
+        camel = "".join(w.capitalize() for w in name.removeprefix("REASON_").split("_"))
+        assert names["nvmlClocksEventReason" + camel] == bit, name
+
+
+def test_health_attributes_are_checked(lib_dir: Path, state_path: Path) -> None:
+    for bad, message in [
+        ("gpu 0 pcie_gen=5 pcie_max_gen=4", "pcie_gen <= pcie_max_gen"),
+        ("gpu 0 pcie_max_gen=5 pcie_gpu_max_gen=4", "pcie_max_gen <= pcie_gpu_max_gen"),
+        ("gpu 0 pcie_gen=0", "1 <= pcie_gen"),
+        ("gpu 0 pcie_width=32", "pcie_width <= pcie_max_width"),
+        ("gpu 0 ecc_corrected=5 ecc_corrected_aggregate=4", "aggregate ECC counts"),
+        ("gpu 0 remap_pending=2", "bad gpu attribute 'remap_pending=2'"),
+        ("gpu 0 power=-1", "bad gpu attribute 'power=-1'"),
+    ]:
+        state_path.write_text(f"{bad}\n")
         proc = subprocess.run(
             [sys.executable, "-c", PRELUDE + "out(err(n.nvmlInit))"],
             env=fake_nvml_env(state_path, lib_dir=lib_dir),

@@ -60,6 +60,16 @@ GIB = 1 << 30
 # critical Xid, clock), and the critical-Xid bit alone
 DEFAULT_EVENTS = 0x1F
 XID_EVENT = 0x8
+# nvmlClocksEventReason* bits (nvml.h; the older nvmlClocksThrottleReason* are the same values)
+REASON_GPU_IDLE = 0x1
+REASON_APPLICATIONS_CLOCKS_SETTING = 0x2
+REASON_SW_POWER_CAP = 0x4
+REASON_HW_SLOWDOWN = 0x8
+REASON_SYNC_BOOST = 0x10
+REASON_SW_THERMAL_SLOWDOWN = 0x20
+REASON_HW_THERMAL_SLOWDOWN = 0x40
+REASON_HW_POWER_BRAKE_SLOWDOWN = 0x80
+REASON_DISPLAY_CLOCK_SETTING = 0x100
 
 # Error names the state file accepts: NVML_ERROR_<NAME> in lower case.
 ERROR_NAMES = frozenset(
@@ -204,6 +214,25 @@ class FakeGpu:
     utilization: int = 0
     memory_utilization: int = 0
     xid_events: bool = True  # False: the driver offers no critical-Xid events (WDDM, vGPU)
+    # health (nvml.h semantics; set them on the FakeGpu add_gpu returns)
+    clock_event_reasons: int | None = None  # nvmlClocksEventReason* bits; None: GpuIdle iff util 0
+    pcie_generation: int = 5
+    pcie_max_generation: int = 5  # what GPU and slot allow together (nvmlDeviceGetMaxPcie...)
+    pcie_gpu_max_generation: int | None = None  # the GPU alone; None: pcie_max_generation
+    pcie_width: int = 16
+    pcie_max_width: int = 16
+    power_mw: int = 70_000
+    power_limit_mw: int = 700_000  # enforced
+    ecc_corrected: int = 0  # volatile: since the driver loaded
+    ecc_uncorrected: int = 0
+    ecc_corrected_aggregate: int | None = None  # lifetime; None: the volatile count
+    ecc_uncorrected_aggregate: int | None = None
+    remapped_corrected: int = 0
+    remapped_uncorrected: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    temperature_slowdown: int = 87
+    temperature_shutdown: int = 92
 
     def line(self, index: int) -> str:
         if not 0 <= self.reserved <= self.used <= self.total:
@@ -221,6 +250,30 @@ class FakeGpu:
             f"memutil={self.memory_utilization}",
             f"events={DEFAULT_EVENTS if self.xid_events else DEFAULT_EVENTS & ~XID_EVENT:#x}",
         ]
+        parts += [
+            f"pcie_gen={self.pcie_generation}",
+            f"pcie_max_gen={self.pcie_max_generation}",
+            f"pcie_width={self.pcie_width}",
+            f"pcie_max_width={self.pcie_max_width}",
+            f"power={self.power_mw}",
+            f"power_limit={self.power_limit_mw}",
+            f"ecc_corrected={self.ecc_corrected}",
+            f"ecc_uncorrected={self.ecc_uncorrected}",
+            f"remap_corrected={self.remapped_corrected}",
+            f"remap_uncorrected={self.remapped_uncorrected}",
+            f"remap_pending={int(self.remap_pending)}",
+            f"remap_failure={int(self.remap_failure)}",
+            f"temp_slowdown={self.temperature_slowdown}",
+            f"temp_shutdown={self.temperature_shutdown}",
+        ]
+        for key, value in (
+            ("reasons", self.clock_event_reasons),
+            ("pcie_gpu_max_gen", self.pcie_gpu_max_generation),
+            ("ecc_corrected_aggregate", self.ecc_corrected_aggregate),
+            ("ecc_uncorrected_aggregate", self.ecc_uncorrected_aggregate),
+        ):
+            if value is not None:
+                parts.append(f"{key}={value:#x}" if key == "reasons" else f"{key}={value}")
         if self.error is not None:
             parts.append(f"error={_check_error(self.error)}")
         return " ".join(parts)

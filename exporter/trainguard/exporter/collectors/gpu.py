@@ -14,6 +14,7 @@ from typing import Any
 import pynvml
 from prometheus_client.core import Metric
 
+from trainguard.exporter import gpu_health
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec, Setup
 from trainguard.exporter.gpu_processes import COMPUTE, GRAPHICS, ProcessLister
 from trainguard.exporter.scrape import Scrape
@@ -131,6 +132,7 @@ class GpuCollector(Collector):
         RUN_MEMORY,
         XID_ERRORS,
         XID_SUPPORTED,
+        *gpu_health.METRICS,  # clock event reasons, PCIe link, power, ECC...: gpu_health.py
     )
 
     @classmethod
@@ -148,6 +150,7 @@ class GpuCollector(Collector):
         self._xid_watcher: XidWatcher | None = None
         self._told_no_driver = False
         self._listers = (ProcessLister(COMPUTE), ProcessLister(GRAPHICS))
+        self._health = gpu_health.GpuHealth()
 
     def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
         """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
@@ -257,6 +260,8 @@ class GpuCollector(Collector):
             except pynvml.NVMLError as exc:
                 scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
                 failed = True
+            else:  # a GPU that failed above is reported once, not again for each health read
+                self._health.collect(dev, families, scrape)
         if failed:
             self._stop()  # start afresh next scrape: a lost GPU may come back
 

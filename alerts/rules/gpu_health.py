@@ -1,0 +1,276 @@
+"""Is the GPU the reason a run is slow, or is its memory failing? GPUHardwareSlowdown,
+GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors, GPURowRemapFailure,
+GPURowRemapPending.
+
+The slowdown and link rules judge only a GPU a training process is on (the driver's process
+list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never
+a normal state: the software power cap at full load, the idle reason, an idle GPU that lowered
+its link to Gen1, a hot GPU below its own slowdown temperature. Memory that is failing is news
+whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import Alert, Group, Record, query_bytes, query_value
+from alerts.rules.gpu import GPU_ARGS, GPU_SEL
+from alerts.rules.gpu import SNIPPETS as GPU_SNIPPETS
+
+HW_REASONS = "hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
+
+
+def _gpu_value(metric: str, fmt: str = 'printf "%.0f"', suffix: str = "") -> str:
+    return query_value(metric + "{" + GPU_SEL + "}", GPU_ARGS, fmt, suffix=suffix)
+
+
+SNIPPETS = {
+    "hw_reasons": HW_REASONS,
+    "gpu_name": GPU_SNIPPETS["gpu_name"],
+    # "hw_thermal_slowdown, sw_power_cap": the reasons the clocks are held down now
+    "reasons": (
+        "{{ range $i, $s := printf `trainguard_gpu_clock_event_reason{"
+        + GPU_SEL
+        + "}` "
+        + GPU_ARGS
+        + ' | query | sortByLabel "reason" }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }}'
+        "{{ else }}none now{{ end }}"
+    ),
+    # "llama-ft, eval-7b": the runs with a process on the GPU now
+    "runs": (
+        "{{ range $i, $s := printf `uuid_run:trainguard_gpu_training:group{${target_labels_sel},"
+        'uuid=%q}` ${target_labels_args} $labels.uuid | query | sortByLabel "run" }}'
+        "{{ if $i }}, {{ end }}{{ $s.Labels.run }}{{ else }}none{{ end }}"
+    ),
+    "gpu_used": query_bytes("trainguard_gpu_memory_used_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    # the runs that had a process on the GPU within released_lookback
+    "recent_runs_here": (
+        "{{ range $i, $s := printf `max by (${target_labels}, run) (max_over_time("
+        "uuid_run:trainguard_gpu_training:group{${target_labels_sel},uuid=%q}"
+        "[${released_lookback}]))` ${target_labels_args} $labels.uuid"
+        ' | query | sortByLabel "run" }}'
+        "{{ if $i }}, {{ end }}{{ $s.Labels.run }}{{ else }}none{{ end }}"
+    ),
+    "temperature": _gpu_value("trainguard_gpu_temperature_celsius", suffix=" °C"),
+    "slowdown_temperature": _gpu_value("trainguard_gpu_temperature_slowdown_celsius", suffix=" °C"),
+    "power": _gpu_value("trainguard_gpu_power_usage_watts", suffix=" W"),
+    "power_limit": _gpu_value("trainguard_gpu_power_limit_watts", suffix=" W"),
+    "gen": _gpu_value("trainguard_gpu_pcie_link_generation"),
+    "gen_max": _gpu_value("trainguard_gpu_pcie_link_generation_max"),
+    "width": _gpu_value("trainguard_gpu_pcie_link_width"),
+    "width_max": _gpu_value("trainguard_gpu_pcie_link_width_max"),
+    "utilization": _gpu_value("trainguard_gpu_utilization_ratio", "humanizePercentage"),
+    "ecc_uncorrected": _gpu_value("trainguard_gpu_ecc_uncorrected_errors_total"),
+    "rows_uncorrectable": query_value(
+        "trainguard_gpu_remapped_rows_total{" + GPU_SEL + ',cause="uncorrectable"}', GPU_ARGS
+    ),
+    "rows_correctable": query_value(
+        "trainguard_gpu_remapped_rows_total{" + GPU_SEL + ',cause="correctable"}', GPU_ARGS
+    ),
+}
+
+# The GPU causes on the GPUs a run trains on, one series per GPU and cause (evaluated in the
+# annotation of the run's own alert, with the run's target labels and name as printf args).
+_T = "${target_labels}"
+_SEL = "${target_labels_sel}"
+_RUN_GPUS = "uuid_run:trainguard_gpu_training:group{" + _SEL + ",run=%q}"
+_CAUSES = (
+    "max by (" + _T + ", gpu, uuid, cause) ("
+    "label_replace(trainguard_gpu_clock_event_reason{" + _SEL + ',reason=~"' + HW_REASONS + '"}'
+    ', "cause", "$1", "reason", "(.*)")'
+    " or label_replace("
+    "(trainguard_gpu_pcie_link_generation{" + _SEL + "}"
+    " < trainguard_gpu_pcie_link_generation_max"
+    " or trainguard_gpu_pcie_link_width{" + _SEL + "} < trainguard_gpu_pcie_link_width_max)"
+    " and on (" + _T + ", gpu, uuid)"
+    " avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])"
+    " >= ${pcie_busy_ratio}"
+    ', "cause", "pcie", "", "")'
+    " or label_replace("
+    "trainguard_gpu_utilization_ratio{" + _SEL + "} >= ${hang_util_ratio}"
+    " and on (" + _T + ", gpu, uuid) trainguard_gpu_power_usage_watts"
+    " < ${hang_power_ratio} * trainguard_gpu_power_limit_watts"
+    ', "cause", "busy_low_power", "", "")'
+    ") and on (" + _T + ", uuid) " + _RUN_GPUS
+)
+_CAUSE_ARGS = " ".join(["${target_labels_args}"] * _CAUSES.count(_SEL))
+_LINK_ARGS = "${target_labels_args} $s.Labels.uuid"
+
+
+def _link(metric: str) -> str:
+    return (
+        "{{ with printf `" + metric + "{" + _SEL + ",uuid=%q}` " + _LINK_ARGS + " | query }}"
+        '{{ . | first | value | printf "%.0f" }}{{ else }}?{{ end }}'
+    )
+
+
+#: the ``gpu_cause`` annotation of TrainingStalled and TrainingThroughputDropped: "GPU 3
+#: (GPU-...): hw_thermal_slowdown; GPU 3 (GPU-...): PCIe link at Gen2 x16 of Gen5 x16", or
+#: "none seen on its GPUs"
+GPU_CAUSE = (
+    "{{ range $i, $s := printf `" + _CAUSES + "` " + _CAUSE_ARGS + " $labels.run"
+    ' | query | sortByLabel "gpu" }}{{ if $i }}; {{ end }}'
+    "GPU {{ $s.Labels.gpu }} ({{ $s.Labels.uuid }}): "
+    '{{ if eq $s.Labels.cause "pcie" }}PCIe link at Gen'
+    + _link("trainguard_gpu_pcie_link_generation")
+    + " x"
+    + _link("trainguard_gpu_pcie_link_width")
+    + " of Gen"
+    + _link("trainguard_gpu_pcie_link_generation_max")
+    + " x"
+    + _link("trainguard_gpu_pcie_link_width_max")
+    + '{{ else if eq $s.Labels.cause "busy_low_power" }}busy at low power (utilisation >= '
+    "${hang_util_ratio}, power below ${hang_power_ratio}x its limit): the signature of a "
+    "collective (NCCL) waiting on a peer that never comes"
+    "{{ else }}{{ $s.Labels.cause }} (clocks held down by the hardware){{ end }}"
+    "{{ else }}none seen on its GPUs{{ end }}"
+)
+
+GROUP = Group(
+    "trainguard-gpu-health",
+    snippets=SNIPPETS,
+    rules=(
+        # The runs with a process on each GPU now: the driver's process list (Linux), or the
+        # live runs' allocator devices by UUID (WSL, where the driver lists no process).
+        Record(
+            "uuid_run:trainguard_gpu_training:group",
+            """
+            group by (${target_labels}, uuid, run) (
+              trainguard_gpu_process_memory_used_bytes{run!=""}
+            )
+            or
+            group by (${target_labels}, uuid, run) (
+              trainguard_run_allocator_device_info
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+            )
+            """,
+        ),
+        Alert(
+            "GPUHardwareSlowdown",
+            "warning",
+            expr="""
+            max by (${target_labels}, gpu, uuid) (
+              trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}
+            )
+            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${gpu_slowdown_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} is slowed down by its hardware
+            while training.
+            """,
+            description="""
+            For ${gpu_slowdown_for} the driver has held the clocks of GPU {{ $labels.gpu
+            }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} down for a hardware
+            reason (reasons now: ${reasons}) while run(s) ${runs} train on it: they step slower, 3x
+            and more is common. Temperature ${temperature} (it slows itself at
+            ${slowdown_temperature}), power ${power} (limit ${power_limit}). hw_thermal: cooling
+            (fans, airflow, a blocked inlet); hw_power_brake: the chassis or PSU asserted the brake;
+            hw_slowdown alone: either, or a failing board.
+            """,
+        ),
+        Alert(
+            "GPUPcieLinkDegraded",
+            "warning",
+            # An idle GPU lowers its link on purpose: judged only while it is busy.
+            expr="""
+            max by (${target_labels}, gpu, uuid) (
+              trainguard_gpu_pcie_link_generation < trainguard_gpu_pcie_link_generation_max
+              or
+              trainguard_gpu_pcie_link_width < trainguard_gpu_pcie_link_width_max
+            )
+            and on (${target_labels}, gpu, uuid)
+            avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])
+              >= ${pcie_busy_ratio}
+            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${pcie_degraded_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} trains on a degraded PCIe link.
+            """,
+            description="""
+            For ${pcie_degraded_for} GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on
+            {{ $labels.instance }} has been busy (utilisation now ${utilization}) on a PCIe link at
+            Gen${gen} x${width} where GPU and slot allow Gen${gen_max} x${width_max}, while run(s)
+            ${runs} train on it: every host-device copy and every collective that goes over PCIe is
+            that much slower, and nothing else reports it. Reseat the GPU or its riser, check the
+            slot's BIOS setting; a link that trains down again needs service.
+            """,
+        ),
+        # nvidia-resiliency-ext waits for exactly this before it restarts workers: memory the
+        # driver did not give back after a run's last process on the GPU died. Relative to the
+        # GPU's own unattributed level while the run trained (the driver's overhead, a few
+        # hundred MiB, is never attributed), so a normal end of a run never pages.
+        Alert(
+            "GPUMemoryNotReleased",
+            "critical",
+            expr="""
+            (
+              trainguard_gpu_memory_unattributed_bytes
+              - on (${target_labels}, gpu, uuid)
+              min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+            ) > ${released_floor}
+            and on (${target_labels}, uuid)
+            max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
+            unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${released_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} did not get its memory back after a
+            run's last process on it died.
+            """,
+            description="""
+            ${released_for} after the last training process on GPU {{ $labels.gpu }}${gpu_name},
+            uuid {{ $labels.uuid }}, on {{ $labels.instance }} died, {{ $value | humanize1024 }}B
+            more than while it trained is still in use with no live process accounting for it
+            (threshold ${released_floor_h}; used now ${gpu_used}). The next run placed on this
+            GPU will run out of memory. Runs on it in the last ${released_lookback}:
+            ${recent_runs_here}. Kill what is left of those runs (a defunct or D-state process
+            still holds the context); if nothing is left, reset the GPU or restart the driver
+            session.
+            """,
+        ),
+        Alert(
+            "GPUUncorrectableMemoryErrors",
+            "critical",
+            expr="increase(trainguard_gpu_ecc_uncorrected_errors_total[${ecc_window}]) > 0",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} had uncorrectable memory errors.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }}
+            counted uncorrectable ECC errors within the last ${ecc_window} (${ecc_uncorrected} since
+            the driver loaded). The process that read the bad memory was killed (Xid 48, 94 or 95);
+            runs on it now: ${runs}. Drain the GPU and reset it so the row is remapped; check
+            GPURowRemapFailure before putting it back.
+            """,
+        ),
+        Alert(
+            "GPURowRemapFailure",
+            "critical",
+            expr="trainguard_gpu_row_remap_failed == 1",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} failed to remap a bad memory row.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }}
+            could not remap a failing memory row (no spare row left; rows remapped so far:
+            ${rows_uncorrectable} for uncorrectable, ${rows_correctable} for correctable errors).
+            Its memory will keep failing: the GPU needs service (RMA). Runs on it now: ${runs}.
+            """,
+        ),
+        Alert(
+            "GPURowRemapPending",
+            "critical",
+            expr="trainguard_gpu_row_remap_pending == 1",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to remap a bad memory
+            row.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
+            a memory row remap waiting for a GPU reset; until then the bad row stays in use and the
+            next run on it may die the same way. Runs on it now: ${runs}. Drain it and reset it
+            (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            """,
+        ),
+    ),
+)

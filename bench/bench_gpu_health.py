@@ -1,0 +1,174 @@
+"""Cost of the GPU health reads (``trainguard/exporter/gpu_health.py``): each added NVML call per
+GPU, the NVML calls per GPU and scrape before and after, and the health reads' share of the GPU
+collector's time per scrape, at 8 and 64 GPUs.
+
+    python bench/bench_gpu_health.py [--gpus 8 64] [--procs 100 1000] [--scrapes 30]
+
+What is real and what is not: the real pynvml on the test NVML library (tests/fakenvml), which
+re-reads its state file at every call, so every call costs about the same here (a parse of a
+file that grows with the GPUs and processes) and far more than most driver calls; the share of
+the health reads therefore follows their share of the calls. On a real driver some calls cost
+more than others (utilisation and power go to the GPU's firmware); only a GPU can say how much
+(bench/bench_real_gpu.py is the place for that check). The collector is the real GpuCollector,
+gathered in-process in a child started with the fake library's environment, its health reads
+timed by wrapping ``GpuHealth.collect`` with a timer (nothing replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
+
+from helpers.exporter_proc import child_env  # noqa: E402
+from helpers.nvml_fake import FakeNvmlState  # noqa: E402
+
+CHILD = r"""
+import json, sys, time
+import pynvml
+from trainguard.exporter import gpu_health
+from trainguard.exporter.collectors.gpu import GpuCollector
+from trainguard.exporter.scrape import Scrape
+
+scrapes = int(sys.argv[1])
+collector = GpuCollector()
+spent = []
+original = collector._health.collect
+def timed(dev, families, scrape):
+    start = time.perf_counter()
+    original(dev, families, scrape)
+    spent[-1] += time.perf_counter() - start
+collector._health.collect = timed
+totals = []
+for _ in range(scrapes + 1):  # the first scrape starts NVML and reads what is fixed
+    spent.append(0.0)
+    scrape = Scrape()
+    start = time.perf_counter()
+    list(collector.gather(scrape))
+    totals.append(time.perf_counter() - start)
+    assert not scrape.errors, scrape.errors
+per_call = {}
+if sys.argv[2] == "no-per-call":
+    print(json.dumps({"totals": totals[1:], "health": spent[1:], "per_call": {}}))
+    sys.exit(0)
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+n = pynvml
+calls = {
+    "nvmlDeviceGetCurrentClocksEventReasons": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
+    "nvmlDeviceGetCurrPcieLinkGeneration": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
+    "nvmlDeviceGetCurrPcieLinkWidth": lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(h),
+    "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(h),
+    "nvmlDeviceGetPowerUsage": lambda: pynvml.nvmlDeviceGetPowerUsage(h),
+    "nvmlDeviceGetEnforcedPowerLimit": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+    "nvmlDeviceGetTemperature": lambda: pynvml.nvmlDeviceGetTemperature(h, 0),
+    "nvmlDeviceGetTotalEccErrors": lambda: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0),
+    "nvmlDeviceGetRemappedRows": lambda: pynvml.nvmlDeviceGetRemappedRows(h),
+    "nvmlDeviceGetMemoryInfo (existing)": lambda: pynvml.nvmlDeviceGetMemoryInfo(h),
+}
+for name, fn in calls.items():
+    samples = []
+    for _ in range(50):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    per_call[name] = sorted(samples)[len(samples) // 2]
+print(json.dumps({"totals": totals[1:], "health": spent[1:], "per_call": per_call}))
+"""
+
+
+def state(gpus: int, procs: int) -> FakeNvmlState:
+    st = FakeNvmlState()
+    for _ in range(gpus):
+        gpu = st.add_gpu(used=20 << 30, utilization=97)
+        gpu.clock_event_reasons = 0x4
+    for k in range(procs):
+        st.add_process(k % gpus, 100_000 + k, 1 << 30)
+    return st
+
+
+HEALTH_SYMBOLS = {
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+}
+
+
+def logged_calls(st: FakeNvmlState, path: Path, log: Path, scrapes: int) -> list[str]:
+    """The NVML calls of a child that gathers ``scrapes`` + 1 times, from the library's log."""
+    log.unlink(missing_ok=True)
+    env = st.env(path, log_path=log, base=child_env())
+    subprocess.run(
+        [sys.executable, "-c", CHILD, str(scrapes), "no-per-call"],
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    return [line.split()[0] for line in log.read_text().splitlines() if line]
+
+
+def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "nvml.state"
+        st = state(gpus, procs)
+        st.write(path)
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, str(scrapes), "per-call"],
+            env=st.env(path, base=child_env()),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        result = json.loads(proc.stdout)
+        # one steady scrape's calls: a child gathering 3 times minus one gathering twice
+        one, two = (logged_calls(st, path, Path(tmp) / "calls.log", n) for n in (1, 2))
+    steady = list(two)
+    for sym in one:
+        steady.remove(sym)
+    totals, health = result["totals"], result["health"]
+    health_calls = sum(1 for s in steady if s in HEALTH_SYMBOLS)
+    return {
+        "gpus": gpus,
+        "procs": procs,
+        "gather_ms": round(1000 * statistics.median(totals), 2),
+        "health_ms": round(1000 * statistics.median(health), 2),
+        "health_share": round(
+            statistics.median(h / t for h, t in zip(health, totals, strict=True)), 3
+        ),
+        "nvml_calls_per_gpu_and_scrape_before": (len(steady) - health_calls) / gpus,
+        "nvml_calls_per_gpu_and_scrape_added": health_calls / gpus,
+        "per_call_us": {k: round(v * 1e6, 1) for k, v in result["per_call"].items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--procs", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--scrapes", type=int, default=30)
+    args = ap.parse_args()
+    if len(args.gpus) != len(args.procs):
+        ap.error("--gpus and --procs pair up: give as many of each")
+    for gpus, procs in zip(args.gpus, args.procs, strict=True):
+        print(json.dumps(run(gpus, procs, args.scrapes), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

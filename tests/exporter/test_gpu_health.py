@@ -1,0 +1,208 @@
+"""GPU health series (clock event reasons, PCIe link, utilisation, power, temperature, ECC,
+remapped rows) from the real pynvml on the test NVML library, scraped over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from helpers.exporter_proc import Exporter, select, value
+from helpers.nvml_fake import (
+    REASON_GPU_IDLE,
+    REASON_HW_THERMAL_SLOWDOWN,
+    REASON_SW_POWER_CAP,
+    FakeNvmlState,
+)
+
+UUIDS = [f"GPU-{c * 8}-0000-0000-0000-000000000000" for c in "abc"]
+G = [{"gpu": str(i), "uuid": u} for i, u in enumerate(UUIDS)]
+NOT_ON_GEFORCE = (
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetEnforcedPowerLimit",
+)
+
+
+def three_gpus() -> FakeNvmlState:
+    """GPU 0 trains, slowed by heat, on a link trained down to Gen2; GPU 1 is a GeForce
+    (no ECC, no row remapping, no power limit reading); GPU 2 is idle."""
+    state = FakeNvmlState()
+    hot = state.add_gpu(UUIDS[0], utilization=100, temperature=88)
+    hot.clock_event_reasons = REASON_SW_POWER_CAP | REASON_HW_THERMAL_SLOWDOWN | 0x800
+    hot.pcie_generation, hot.pcie_width = 2, 8
+    hot.power_mw, hot.power_limit_mw = 689_500, 700_000
+    hot.ecc_corrected, hot.ecc_uncorrected = 12, 1
+    hot.remapped_corrected, hot.remapped_uncorrected, hot.remap_pending = 3, 1, True
+    geforce = state.add_gpu(UUIDS[1], name="NVIDIA GeForce RTX 4090", utilization=35)
+    geforce.pcie_max_generation, geforce.pcie_gpu_max_generation = 3, 4  # a Gen3 riser
+    geforce.pcie_generation = 3
+    for symbol in NOT_ON_GEFORCE:
+        state.fail(symbol, "not_supported", gpu=1)
+    state.add_gpu(UUIDS[2])
+    return state
+
+
+def reasons(s: dict[Any, float], gpu: str) -> set[str]:
+    return {dict(lbl)["reason"] for lbl in select(s, "trainguard_gpu_clock_event_reason", gpu=gpu)}
+
+
+def of_gpu(s: dict[Any, float], gpu: str) -> set[str]:
+    """Names of the health series published for one GPU."""
+    return {name for name, lbl in s if name.startswith("trainguard_gpu_") and ("gpu", gpu) in lbl}
+
+
+def test_health_of_three_gpus(tmp_path: Path) -> None:
+    state = three_gpus()
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    # one series per active reason; a bit this exporter does not know is named by its value
+    assert reasons(s, "0") == {"sw_power_cap", "hw_thermal_slowdown", "bit_0x800"}
+    assert value(s, "trainguard_gpu_clock_event_reasons", **G[0]) == 0x844
+    assert set(select(s, "trainguard_gpu_clock_event_reason", gpu="0").values()) == {1}
+    assert reasons(s, "1") == set() and value(s, "trainguard_gpu_clock_event_reasons", **G[1]) == 0
+    assert reasons(s, "2") == {"gpu_idle"}
+    assert value(s, "trainguard_gpu_clock_event_reasons", **G[2]) == REASON_GPU_IDLE
+    expected = {
+        "trainguard_gpu_pcie_link_generation": (2, 3, 5),
+        "trainguard_gpu_pcie_link_generation_max": (5, 3, 5),
+        "trainguard_gpu_pcie_link_generation_gpu_max": (5, 4, 5),
+        "trainguard_gpu_pcie_link_width": (8, 16, 16),
+        "trainguard_gpu_pcie_link_width_max": (16, 16, 16),
+        "trainguard_gpu_utilization_ratio": (1.0, 0.35, 0.0),
+        "trainguard_gpu_power_usage_watts": (689.5, 70.0, 70.0),
+        "trainguard_gpu_power_limit_watts": (700.0, None, 700.0),
+        "trainguard_gpu_temperature_celsius": (88, 40, 40),
+        "trainguard_gpu_temperature_slowdown_celsius": (87, 87, 87),
+        "trainguard_gpu_ecc_corrected_errors_total": (12, None, 0),
+        "trainguard_gpu_ecc_uncorrected_errors_total": (1, None, 0),
+        "trainguard_gpu_row_remap_pending": (1, None, 0),
+        "trainguard_gpu_row_remap_failed": (0, None, 0),
+    }
+    for name, values in expected.items():
+        assert tuple(value(s, name, **g) for g in G) == values, name
+    rows = {
+        (dict(lbl)["gpu"], dict(lbl)["cause"]): v
+        for lbl, v in select(s, "trainguard_gpu_remapped_rows_total").items()
+    }
+    assert rows == {
+        ("0", "correctable"): 3,
+        ("0", "uncorrectable"): 1,
+        ("2", "correctable"): 0,
+        ("2", "uncorrectable"): 0,
+    }
+    # NOT_SUPPORTED: no series at all (not 0), and not a failure
+    assert not any("ecc" in n or "remap" in n or "power_limit" in n for n in of_gpu(s, "1"))
+
+
+def test_a_failing_read_fails_that_part_only(tmp_path: Path) -> None:
+    """Any error but NOT_SUPPORTED is a failure of that reading: collector success 0, the
+    reason in the log, the reading left out, every other series still there."""
+    state = three_gpus()
+    state.fail("nvmlDeviceGetPowerUsage", "no_permission", gpu=0)
+    state.fail("nvmlDeviceGetRemappedRows", "unknown", gpu=2)
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        state.failures = [f for f in state.failures if f[0] in NOT_ON_GEFORCE and f[2] == 1]
+        state.write(path)
+        back = exp.scrape()
+        log = exp.stop()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 0
+    assert value(s, "trainguard_gpu_power_usage_watts", **G[0]) is None
+    assert value(s, "trainguard_gpu_power_limit_watts", **G[0]) == 700
+    assert value(s, "trainguard_gpu_power_usage_watts", **G[1]) == 70
+    assert value(s, "trainguard_gpu_row_remap_pending", **G[2]) is None
+    assert value(s, "trainguard_gpu_ecc_uncorrected_errors_total", **G[2]) == 0
+    assert value(s, "trainguard_gpu_memory_used_bytes", **G[0]) == 0
+    assert f"GPU 0 ({UUIDS[0]}): power usage: Insufficient Permissions" in log
+    assert f"GPU 2 ({UUIDS[2]}): remapped rows: Unknown Error" in log
+    assert value(back, "trainguard_collector_success", collector="gpu") == 1
+    assert value(back, "trainguard_gpu_power_usage_watts", **G[0]) == 689.5
+
+
+def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
+    """What a GPU does not support is not asked again at every scrape, and what cannot change
+    while NVML runs (the link's maximum, the slowdown temperature) is read once."""
+    state = three_gpus()
+    path = state.write(tmp_path / "nvml.state")
+    log_path = tmp_path / "calls.log"
+    with Exporter(env=state.env(path, log_path=log_path), state_dir=tmp_path / "s") as exp:
+        for _ in range(3):
+            s = exp.scrape()
+            assert value(s, "trainguard_collector_success", collector="gpu") == 1
+            assert value(s, "trainguard_gpu_pcie_link_generation_max", **G[1]) == 3
+    calls = [line.split() for line in log_path.read_text().splitlines()]
+    count = lambda sym, rc=None: sum(  # noqa: E731
+        1 for c in calls if c[0] == sym and (rc is None or c[1] == rc)
+    )
+    # ECC: two reads per GPU on the first scrape; then only GPUs 0 and 2
+    assert count("nvmlDeviceGetTotalEccErrors", "3") == 2
+    assert count("nvmlDeviceGetTotalEccErrors") == 2 * 3 + 2 * 2 * 2
+    assert count("nvmlDeviceGetRemappedRows", "3") == 1
+    for fixed in (
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetGpuMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetTemperatureThreshold",
+    ):
+        assert count(fixed) == 3, fixed
+    assert count("nvmlDeviceGetCurrPcieLinkGeneration") == 9
+
+
+def test_old_driver_falls_back_to_throttle_reasons(tmp_path: Path) -> None:
+    """A driver before nvmlDeviceGetCurrentClocksEventReasons (FUNCTION_NOT_FOUND, as pynvml
+    says for a missing symbol): the older call gives the same bit mask."""
+    state = three_gpus()
+    state.fail("nvmlDeviceGetCurrentClocksEventReasons", "function_not_found")
+    path = state.write(tmp_path / "nvml.state")
+    log_path = tmp_path / "calls.log"
+    with Exporter(env=state.env(path, log_path=log_path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        s2 = exp.scrape()
+    for scrape in (s, s2):
+        assert value(scrape, "trainguard_collector_success", collector="gpu") == 1
+        assert reasons(scrape, "0") == {"sw_power_cap", "hw_thermal_slowdown", "bit_0x800"}
+        assert reasons(scrape, "2") == {"gpu_idle"}
+    calls = log_path.read_text().split()
+    assert calls.count("nvmlDeviceGetCurrentClocksEventReasons") == 1  # tried once
+    assert calls.count("nvmlDeviceGetCurrentClocksThrottleReasons") == 6
+
+
+def test_mig_gpu_is_read_once_as_the_parent(tmp_path: Path) -> None:
+    """A GPU in MIG mode with processes in two GPU instances: its health series come once, for
+    the physical GPU (MIG instances are never enumerated); utilisation, which NVML does not
+    give for a MIG-enabled GPU, is left out, not 0 and not a failure."""
+    state = FakeNvmlState()
+    mig = state.add_gpu(UUIDS[0], used=30 << 30)
+    mig.ecc_corrected = 5
+    for gi, pid in ((1, 4001), (2, 4002)):
+        state.add_process(0, pid, 10 << 30, gpu_instance_id=gi, compute_instance_id=0)
+    state.fail("nvmlDeviceGetUtilizationRates", "not_supported", gpu=0)
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    assert select(s, "trainguard_gpu_ecc_corrected_errors_total") == {
+        frozenset({("gpu", "0"), ("uuid", UUIDS[0])}): 5
+    }
+    assert select(s, "trainguard_gpu_utilization_ratio") == {}
+    assert len(select(s, "trainguard_gpu_power_usage_watts")) == 1
+
+
+def test_reason_bits_are_nvml_h_as_pynvml_names_them() -> None:
+    """The exporter's literal bits (kept literal for older nvidia-ml-py releases) are the
+    installed pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason* constants."""
+    import pynvml
+
+    from trainguard.exporter.gpu_health import REASONS, reason_labels
+
+    for bit, name in REASONS:
+        camel = "".join(word.capitalize() for word in name.split("_"))
+        constant = getattr(pynvml, "nvmlClocksEventReason" + camel, None)
+        if constant is None:
+            constant = getattr(pynvml, "nvmlClocksThrottleReason" + camel)
+        assert constant == bit, name
+    assert reason_labels(0) == []
+    assert reason_labels(0x1 | 0x40 | 0x1000) == ["gpu_idle", "hw_thermal_slowdown", "bit_0x1000"]
