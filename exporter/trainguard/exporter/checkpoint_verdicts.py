@@ -1,7 +1,9 @@
-"""A checkpoint location's judged series, and what they were judged from: the part of the
-checkpoints collector that turns a location's listing, records and verifier answers into its
-samples (:class:`LocationJudge`), and the inputs that let a later scrape publish the same
-samples again while none of them changed (:class:`Inputs`, :class:`Verdict`).
+"""A checkpoint location's judged series, and what they were judged from.
+
+This is the part of the checkpoints collector that turns a location's listing, records and
+verifier answers into its samples (:class:`LocationJudge`), and the inputs that let a later
+scrape publish the same samples again while none of them changed (:class:`Inputs`,
+:class:`Verdict`).
 
 Kept apart from the collector (``collectors/checkpoints.py``), which reads the locations,
 decides when a verdict still holds and publishes it.
@@ -122,9 +124,10 @@ def signature(listing: Listing) -> Signature:
 
 
 class Inputs(NamedTuple):
-    """Everything a location's verdict is judged from but the clock. Compared as one tuple,
-    whose comparison takes an element identical to its counterpart (the records mapping a
-    RecordCache returns again while unchanged) as equal at once."""
+    """Everything a location's verdict is judged from but the clock.
+
+    Compared as one tuple, whose comparison takes an element identical to its counterpart (the
+    records mapping a RecordCache returns again while unchanged) as equal at once."""
 
     signature: Signature
     records: Mapping[str, Record]
@@ -135,8 +138,10 @@ class Inputs(NamedTuple):
 
 
 class Verdict(NamedTuple):
-    """A location's judged series and everything they were judged from: while none of it has
-    changed, the next scrape publishes the same samples instead of judging every file again."""
+    """A location's judged series and everything they were judged from.
+
+    While none of it has changed, the next scrape publishes the same samples instead of judging
+    every file again."""
 
     inputs: Inputs
     valid_until_ns: int  # the first time a file of the location (or its primary) settles
@@ -147,8 +152,9 @@ class Verdict(NamedTuple):
 
 
 class LocationJudge:
-    """Judges a location's files and step directories into its series, asking the verifier
-    about settled files (and queueing the ones it does not know yet)."""
+    """Judges a location's files and step directories into its series.
+
+    It asks the verifier about settled files (and queues the ones it does not know yet)."""
 
     def __init__(
         self, verifier: Verifier, size_series: int, monotonic: Callable[[], float]
@@ -166,10 +172,12 @@ class LocationJudge:
         now_ns: int,
         cache: StepCache | None = None,
     ) -> Verdict:
-        """The location's verdict now: its series (``labels``: run, location), the errors met
-        verifying its files, and until when it holds. ``primary`` is the run's primary
-        location (listing, signature, valid until) when this is a mirror; ``cache`` keeps the
-        verdicts of settled step directories between scrapes."""
+        """The location's verdict now.
+
+        That is its series (``labels``: run, location), the errors met verifying its files,
+        and until when it holds. ``primary`` is the run's primary location (listing, signature,
+        valid until) when this is a mirror; ``cache`` keeps the verdicts of settled step
+        directories between scrapes."""
         grace_ns = inputs.grace_ns
         plisting = None if primary is None else primary[0]
         judged = judge(
@@ -226,8 +234,10 @@ class LocationJudge:
         steps: list[StepVerdict],
         errors: list[str],
     ) -> int:
-        """The location's series that depend on its files and committed step directories, into
-        ``rows``; returns the number of files whose mtime is unknown."""
+        """Add the series that depend on the location's files and step directories to ``rows``.
+
+        Only committed step directories count. Returns the number of files whose mtime is
+        unknown."""
 
         def put(spec: MetricSpec, value: float) -> None:
             rows[spec.name].add_metric(labels, value)
@@ -318,10 +328,11 @@ class LocationJudge:
         judged: list[Judged],
         steps: list[StepVerdict],
     ) -> None:
-        """Per-step series for the newest N steps only, so a directory of thousands of
-        checkpoints does not become thousands of series. Several files of one step (the files
-        of a step directory) add up; a step directory's expected size counts the files it
-        lacks."""
+        """Per-step series for the newest N steps only.
+
+        Limited so that a directory of thousands of checkpoints does not become thousands of
+        series. Several files of one step (the files of a step directory) add up; a step
+        directory's expected size counts the files it lacks."""
         by_step: dict[int, list[Judged]] = {}
         for j in judged:
             by_step.setdefault(j.entry.step, []).append(j)

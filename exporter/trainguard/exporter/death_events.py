@@ -1,6 +1,8 @@
-"""A run's deaths as the exporter publishes them: the records of all its ranks' restarts
-folded into one last death (which event, which cause, when), and ages on this host's clock.
-Used by the runs collector and by ``trainguard status``."""
+"""A run's deaths as the exporter publishes them.
+
+The records of all its ranks' restarts are folded into one last death (which event, which
+cause, when), and ages are on this host's clock. Used by the runs collector and by
+``trainguard status``."""
 
 from __future__ import annotations
 
@@ -15,16 +17,20 @@ _SAME_EVENT_SECONDS = 60.0
 
 
 def age(now: float, then: float) -> float:
-    """Seconds from ``then`` to ``now``, both of this host's clock; a timestamp a little ahead
-    (a heartbeat written while the scrape ran, a clock stepped back) is an age of 0."""
+    """Seconds from ``then`` to ``now``, both of this host's clock.
+
+    A timestamp a little ahead (a heartbeat written while the scrape ran, a clock stepped back)
+    is an age of 0."""
     return max(0.0, now - then)
 
 
 def last_death(records: list[Death]) -> Death | None:
-    """The run's last death from all its ranks' records: the records of the latest restart
-    (noticed within a minute of each other) are one event; the most specific cause among
-    them names it (the rank the OOM killer chose says ``oom_killer``, the ranks torchrun then
-    stopped say ``unknown``), and its earliest last-heartbeat is when it died."""
+    """The run's last death from all its ranks' records.
+
+    The records of the latest restart (noticed within a minute of each other) are one event;
+    the most specific cause among them names it (the rank the OOM killer chose says
+    ``oom_killer``, the ranks torchrun then stopped say ``unknown``), and its earliest
+    last-heartbeat is when it died."""
     if not records:
         return None
     latest = max(d.detected for d in records)

@@ -1,5 +1,6 @@
-"""The Prometheus text format (0.0.4) of a scrape, byte for byte what prometheus_client's
-``generate_latest`` writes, at a fraction of its cost.
+"""The Prometheus text format (0.0.4) of a scrape, at a fraction of prometheus_client's cost.
+
+It writes byte for byte what prometheus_client's ``generate_latest`` writes.
 
 Why: prometheus_client renders every sample from scratch at every scrape (it checks each
 metric and label name against its regular expressions, sorts and escapes each label set and
@@ -68,9 +69,10 @@ def _prefix(sample: Sample) -> str:
 
 
 class TextWriter:
-    """Renders families in the text format, reusing what the last render rendered. Safe to
-    call from several threads at once (each render reads the last one's caches and builds
-    its own; the last to finish is kept)."""
+    """Renders families in the text format, reusing what the last render rendered.
+
+    Safe to call from several threads at once (each render reads the last one's caches and
+    builds its own; the last to finish is kept)."""
 
     def __init__(self) -> None:
         self._headers: dict[tuple[str, str, str], str] = {}

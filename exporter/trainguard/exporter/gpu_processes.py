@@ -28,23 +28,28 @@ _NOT_AVAILABLE = ctypes.c_ulonglong(-1).value
 
 
 class _ProcessInfo(ctypes.Structure):
-    """``nvmlProcessInfo_v2_t`` (which the ``_v3`` functions fill), pynvml's own fields, as a
-    plain ctypes structure: pynvml's class intercepts every attribute read."""
+    """``nvmlProcessInfo_v2_t`` (which the ``_v3`` functions fill) as a plain ctypes structure.
+
+    It has pynvml's own fields, but is not pynvml's class, which intercepts every attribute
+    read."""
 
     _fields_ = pynvml.c_nvmlProcessInfo_v3_t._fields_
 
 
 class ProcessLister:
-    """One NVML process list (compute or graphics) of every device, with the buffers kept
-    between scrapes. Not thread-safe: the GPU collector calls it under its lock."""
+    """One NVML process list (compute or graphics) of every device.
+
+    The buffers are kept between scrapes. Not thread-safe: the GPU collector calls it under its
+    lock."""
 
     def __init__(self, symbol: str) -> None:
         self._symbol = symbol
         self._buffers: dict[str, Any] = {}  # device index -> the ctypes array of last time
 
     def list(self, device: str, handle: Any) -> list[tuple[int, int | None]]:
-        """(pid, used bytes or None when the driver does not know) per process, in NVML's
-        order. Raises ``pynvml.NVMLError`` as pynvml's functions do."""
+        """(pid, used bytes or None when the driver does not know) per process, in NVML's order.
+
+        Raises ``pynvml.NVMLError`` as pynvml's functions do."""
         # pynvml's own look-up: the symbol resolved once from the library it loaded
         fn = pynvml._nvmlGetFunctionPointer(self._symbol)
         buffer = self._buffers.get(device)

@@ -1,5 +1,6 @@
-"""The HTTP side: landing page, health endpoint and the metrics, served by a threaded server
-so that a slow client never holds up another scrape."""
+"""The HTTP side: landing page, health endpoint and the metrics.
+
+They are served by a threaded server so that a slow client never holds up another scrape."""
 
 from __future__ import annotations
 
@@ -71,9 +72,11 @@ truncated checkpoint.</p>
 
 
 def client_timeout(header: str | None) -> float | None:
-    """The seconds a client gives a scrape, from its X-Prometheus-Scrape-Timeout-Seconds header
-    less :data:`SCRAPE_TIMEOUT_OFFSET` (but at least half of it); None without a usable header
-    (then the exporter's own ``--collector.timeout`` applies, as it caps this one)."""
+    """The seconds a client gives a scrape, from its X-Prometheus-Scrape-Timeout-Seconds header.
+
+    That header less :data:`SCRAPE_TIMEOUT_OFFSET` (but at least half of it); None without a
+    usable header (then the exporter's own ``--collector.timeout`` applies, as it caps this
+    one)."""
     try:
         seconds = float(header) if header else math.nan
     except ValueError:
@@ -84,10 +87,12 @@ def client_timeout(header: str | None) -> float | None:
 
 
 def metrics_app(registry: ExporterRegistry) -> WSGIApp:
-    """The metrics, each request collected within its own deadline: the registry seen
-    through :meth:`~trainguard.exporter.collector.ExporterRegistry.within`, so that nothing
-    is shared between two concurrent scrapes but the collectors themselves (and the text
-    writer's caches of the last page, which it keeps safe across threads)."""
+    """The metrics app: each request is collected within its own deadline.
+
+    It sees the registry through
+    :meth:`~trainguard.exporter.collector.ExporterRegistry.within`, so that nothing is shared
+    between two concurrent scrapes but the collectors themselves (and the text writer's caches
+    of the last page, which it keeps safe across threads)."""
     writer = TextWriter()
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:

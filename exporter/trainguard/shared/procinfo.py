@@ -1,7 +1,8 @@
-"""What this host says about processes, shared by the reporter (recording itself) and the
-exporter (checking a recorded process): boot identity, pid namespaces, "is this the same
-process", and where a process of another pid namespace is. (What the kernel log says about a
-death is :mod:`trainguard.shared.kernlog`.)
+"""What this host says about processes, shared by the reporter and the exporter.
+
+The reporter records itself with it and the exporter checks a recorded process: boot identity,
+pid namespaces, "is this the same process", and where a process of another pid namespace is.
+(What the kernel log says about a death is :mod:`trainguard.shared.kernlog`.)
 
 A process is identified by its pid and when it started. On Linux the start is exact: field 22
 of ``/proc/PID/stat``, clock ticks since boot, the same number in every pid namespace, and
@@ -53,8 +54,10 @@ def boot_time() -> float | None:
 
 
 def pid_namespace() -> int | None:
-    """Inode of this process's pid namespace (Linux): a pid recorded in another namespace (a
-    container without the host's pid namespace) cannot be checked here."""
+    """Inode of this process's pid namespace (Linux).
+
+    A pid recorded in another namespace (a container without the host's pid namespace) cannot
+    be checked here."""
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -77,6 +80,7 @@ def same_boot(
 
 def read_stat(pid: int | str) -> tuple[str, int]:
     """(state, start ticks) of ``pid`` from ``/proc/PID/stat`` (``"self"`` for this process).
+
     The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
     so the fields are split after the *last* ')'. Raises OSError (FileNotFoundError or
     ProcessLookupError: no such process) or ValueError (not the expected format)."""
@@ -91,7 +95,9 @@ def read_stat(pid: int | str) -> tuple[str, int]:
 
 
 def read_nspid(pid: int | str) -> list[int] | None:
-    """The ``NSpid:`` line of ``/proc/PID/status``: the pid in each pid namespace from the one
+    """The pids of a process in each pid namespace, from the ``NSpid:`` line of its status.
+
+    That is the line of ``/proc/PID/status`` listing its pid in each pid namespace from the one
     of this /proc down to the process's own (first: as seen here, last: in its innermost
     namespace). None where the kernel has no such line (before 4.1). Raises OSError."""
     with open(f"/proc/{pid}/status", "rb") as fh:
@@ -106,8 +112,10 @@ def read_nspid(pid: int | str) -> list[int] | None:
 
 
 def _boottime_offset_zero() -> bool | None:
-    """Whether this process's time namespace leaves CLOCK_BOOTTIME alone (it then shifts the
-    start ticks this process reads in /proc by its offset). True without time namespaces."""
+    """Whether this process's time namespace leaves CLOCK_BOOTTIME alone.
+
+    A boot time offset shifts the start ticks this process reads in /proc by that offset.
+    True without time namespaces."""
     try:
         with open("/proc/self/timens_offsets", encoding="ascii") as fh:
             text = fh.read(1024)
@@ -123,8 +131,10 @@ def _boottime_offset_zero() -> bool | None:
 
 
 def own_start_ticks() -> int | None:
-    """This process's start in clock ticks since boot (Linux), None where it cannot be read
-    or would not compare (another platform, a time namespace with a boot time offset)."""
+    """This process's start in clock ticks since boot (Linux).
+
+    None where it cannot be read or would not compare (another platform, a time namespace with
+    a boot time offset)."""
     if _boottime_offset_zero() is not True:
         return None
     try:
@@ -134,23 +144,28 @@ def own_start_ticks() -> int | None:
 
 
 def ticks_comparable() -> bool:
-    """Whether start ticks this process reads in /proc compare with ones recorded by other
-    processes of this boot: Linux, and no time namespace offset of its own."""
+    """Whether start ticks read here compare with ones other processes of this boot recorded.
+
+    They do on Linux, when this process has no time namespace offset of its own."""
     return _boottime_offset_zero() is True and os.path.exists("/proc/self/stat")
 
 
 def own_create_time() -> float:
-    """This process's create time, read afresh (psutil caches it per Process object, and a
-    clock adjustment since start changes the value the exporter computes)."""
+    """This process's create time, read afresh.
+
+    psutil caches it per Process object, and a clock adjustment since start changes the value
+    the exporter computes."""
     return float(psutil.Process(os.getpid()).create_time())
 
 
 def process_exists(pid: int) -> bool:
-    """Whether a process (not a thread of another) has this pid: ``psutil.pid_exists``'s
-    answer, zombies included, without reading ``/proc/PID/status``. ``pidfd_open`` (Linux
-    5.3+) answers in one system call: it refuses a pid that does not exist (ESRCH) and one
-    that is a thread, not a thread-group leader (EINVAL), and needs no permission on the
-    process. The GPU collector asks it for every process NVML lists, at every scrape."""
+    """Whether a process (not a thread of another) has this pid, zombies included.
+
+    This is ``psutil.pid_exists``'s answer without reading ``/proc/PID/status``.
+    ``pidfd_open`` (Linux 5.3+) answers in one system call: it refuses a pid that does not exist
+    (ESRCH) and one that is a thread, not a thread-group leader (EINVAL), and needs no
+    permission on the process. The GPU collector asks it for every process NVML lists, at every
+    scrape."""
     if pid <= 0:
         return bool(psutil.pid_exists(pid))
     try:
@@ -164,8 +179,10 @@ def process_exists(pid: int) -> bool:
 
 
 def process_alive(pid: int, create_time: float, start_ticks: int | None = None) -> bool | None:
-    """Is ``pid`` the same process that recorded ``create_time`` (and ``start_ticks``), and
-    not a zombie? False when gone or reused, None when the OS will not say (access denied).
+    """Whether ``pid`` is still the live process that recorded ``create_time``.
+
+    That is, the same process (by ``create_time`` and ``start_ticks``) and not a zombie. False
+    when gone or reused, None when the OS will not say (access denied).
 
     ``start_ticks`` is compared exactly; pass it only when it was recorded in this boot (same
     boot id) and this process's reads compare (:func:`ticks_comparable`). Without it, or where
@@ -220,8 +237,9 @@ class NsLookup:
 
 
 def find_in_namespaces(wanted: Collection[NsProcess]) -> dict[NsProcess, NsLookup]:
-    """Find processes recorded in other pid namespaces among the processes of this /proc
-    (the host's, for an exporter with the host's pid namespace), in one pass.
+    """Find processes recorded in other pid namespaces among those of this /proc, in one pass.
+
+    This /proc is the host's for an exporter with the host's pid namespace.
 
     A candidate has the recorded pid as the last field of its ``NSpid`` (its pid in its
     innermost namespace) and the recorded start: exact start ticks (the same number in every
@@ -302,9 +320,11 @@ def find_in_namespaces(wanted: Collection[NsProcess]) -> dict[NsProcess, NsLooku
 
 
 def still_there(host_pid: int, ns_pid: int, start_ticks: int) -> bool | None:
-    """Is the process found earlier at ``host_pid`` still running: the same start ticks (a
-    pid and a start tick name one process for the whole boot) and still ``ns_pid`` in its
-    namespace? False when gone, None when /proc will not say."""
+    """Whether the process found earlier at ``host_pid`` is still running.
+
+    It is when it has the same start ticks (a pid and a start tick name one process for the
+    whole boot) and is still ``ns_pid`` in its namespace. False when gone, None when /proc will
+    not say."""
     try:
         state, ticks = read_stat(host_pid)
         if ticks != start_ticks or state in _DEAD_STATES:
@@ -330,9 +350,11 @@ def _clock_ticks() -> int | None:
 def iter_matching(
     pattern: re.Pattern[str], exclude: int, *, cmdline: bool = False
 ) -> Iterator[tuple[int, float]]:
-    """(pid, create time) of live processes whose name (with ``cmdline``: whole command line,
-    its arguments joined by spaces) matches ``pattern``. A process whose command line cannot
-    be read (another user's, under ``hidepid``) or is empty (a kernel thread) never matches."""
+    """(pid, create time) of live processes whose name matches ``pattern``.
+
+    With ``cmdline`` the whole command line, its arguments joined by spaces, is matched instead.
+    A process whose command line cannot be read (another user's, under ``hidepid``) or is empty
+    (a kernel thread) never matches."""
     field = "cmdline" if cmdline else "name"
     for proc in psutil.process_iter([field, "create_time", "status"]):
         info = proc.info

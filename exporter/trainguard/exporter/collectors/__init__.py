@@ -1,7 +1,9 @@
-"""One module per collector; each is a :class:`trainguard.exporter.collector.Collector` that
-declares its name, help and whether it is on by default. :data:`COLLECTORS` is the list the
-exporter's ``--[no-]collector.NAME`` flags and its collectors are built from, in the order
-their series are served."""
+"""The collectors, one module each, and the list the exporter builds them from.
+
+Each is a :class:`trainguard.exporter.collector.Collector` that declares its name, help and
+whether it is on by default. :data:`COLLECTORS` is the list the exporter's
+``--[no-]collector.NAME`` flags and its collectors are built from, in the order their series
+are served."""
 
 from __future__ import annotations
 

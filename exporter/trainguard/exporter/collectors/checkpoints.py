@@ -1,7 +1,9 @@
-"""Checkpoint directories, judged at scrape time against the sizes and hashes recorded when the
-files were written: the newest complete step per location, truncated copies, hash mismatches,
-orphaned ``.part`` files and free space. One location that cannot be read fails visibly
-(``trainguard_checkpoint_location_up 0`` and a reason) while every other location answers."""
+"""Checkpoint directories, judged at scrape time against what was recorded when written.
+
+What was recorded is the files' sizes and hashes. Judged are: the newest complete step per
+location, truncated copies, hash mismatches, orphaned ``.part`` files and free space. One
+location that cannot be read fails visibly (``trainguard_checkpoint_location_up 0`` and a
+reason) while every other location answers."""
 
 from __future__ import annotations
 
@@ -91,8 +93,9 @@ _Key = tuple[str, str, Path, str, str]
 
 @dataclass
 class _Watched:
-    """Everything remembered of one location between scrapes: its records, its listing, and
-    the verdict last judged from them."""
+    """Everything remembered of one location between scrapes.
+
+    That is its records, its listing, and the verdict last judged from them."""
 
     records: RecordCache
     directory: CheckpointDirectory
@@ -101,8 +104,9 @@ class _Watched:
 
 
 def _owner_check(t: CheckpointTarget) -> Callable[[os.stat_result], None]:
-    """Refuse, on the stat of the directory actually read, a location announced in a
-    heartbeat whose owner does not own it."""
+    """Refuse a location announced in a heartbeat whose owner does not own it.
+
+    Checked on the stat of the directory actually read."""
 
     def check(st: os.stat_result) -> None:
         problem = ownership_problem(st, t.owner, "directory")
@@ -113,12 +117,13 @@ def _owner_check(t: CheckpointTarget) -> Callable[[os.stat_result], None]:
 
 
 class CheckpointsCollector(Collector):
-    """Reads each location's directory (one listing, an lstat of matching names only) and its
-    manifest (re-read only when the manifest directory changed) at every scrape. A location
-    whose files, records, primary and verifier answers are exactly as at the last scrape, and
-    in which no file has settled since, publishes the same verdict without judging every file
-    again. Hashes are checked by a background :class:`~trainguard.exporter.verifier.Verifier`, never
-    inside a scrape."""
+    """Reads each location's directory and its manifest at every scrape.
+
+    The directory in one listing and an lstat of matching names only; the manifest is re-read
+    only when the manifest directory changed. A location whose files, records, primary and
+    verifier answers are exactly as at the last scrape, and in which no file has settled since,
+    publishes the same verdict without judging every file again. Hashes are checked by a
+    background :class:`~trainguard.exporter.verifier.Verifier`, never inside a scrape."""
 
     name = "checkpoints"
     help = "checkpoint locations: newest complete step, truncation, free space"
@@ -243,8 +248,9 @@ class CheckpointsCollector(Collector):
         unknown_files: int,
         now_ns: int,
     ) -> None:
-        """The ``.part`` series, with step directories not committed counted as ``.part`` files:
-        judged afresh at every scrape (there are few, and their age moves with the clock)."""
+        """The ``.part`` series, with step directories not committed counted as ``.part`` files.
+
+        Judged afresh at every scrape (there are few, and their age moves with the clock)."""
         partial_touched = [touched_ns(p.stat) for p in listing.partials]
         partial_touched += [d.touched_ns for d in listing.inflight]
         families[UNKNOWN_MTIME.name].add_metric(labels, unknown_files + partial_touched.count(None))

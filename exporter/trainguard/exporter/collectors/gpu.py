@@ -1,6 +1,8 @@
-"""GPU memory as the driver sees it (NVML through pynvml): per device, per process, and the
-part of device memory that no live process accounts for (ghost memory); and the critical Xid
-errors the driver reported per GPU (read on a thread of their own, see ``exporter/xid.py``)."""
+"""GPU memory and critical Xid errors as the driver reports them (NVML through pynvml).
+
+Memory per device, per process, and the part of device memory that no live process accounts
+for (ghost memory); and the critical Xid errors the driver reported per GPU (read on a thread
+of their own, see ``exporter/xid.py``)."""
 
 from __future__ import annotations
 
@@ -114,8 +116,9 @@ def _text(value: Any) -> str:
 
 
 class GpuCollector(Collector):
-    """Keeps NVML initialised between scrapes (device handles and names are cached); any
-    device-level failure makes the next scrape start NVML afresh, which is how a GPU that
+    """Keeps NVML initialised between scrapes (device handles and names are cached).
+
+    Any device-level failure makes the next scrape start NVML afresh, which is how a GPU that
     was lost and came back, or a driver that was reloaded, is picked up again."""
 
     name = "gpu"
@@ -153,8 +156,9 @@ class GpuCollector(Collector):
         self._health = gpu_health.GpuHealth()
 
     def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
-        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver. None
-        when no NVIDIA driver is installed at all."""
+        """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver.
+
+        None when no NVIDIA driver is installed at all."""
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound:
@@ -266,9 +270,11 @@ class GpuCollector(Collector):
             self._stop()  # start afresh next scrape: a lost GPU may come back
 
     def _watch_xids(self, devices: tuple[_Device, ...], scrape: Scrape) -> bool:
-        """Keep a watcher on these GPUs' Xid events: a new one when a GPU appears that the
-        current one does not watch, or when its wait failed (reported, and replaced at once,
-        so that a wait that keeps failing fails every scrape). False when anything failed."""
+        """Keep a watcher on these GPUs' Xid events.
+
+        A new one is started when a GPU appears that the current one does not watch, or when
+        its wait failed (reported, and replaced at once, so that a wait that keeps failing fails
+        every scrape). False when anything failed."""
         ok = True
         watcher = self._xid_watcher
         if watcher is not None and not watcher.alive:

@@ -1,5 +1,7 @@
-"""Counts of host processes by name pattern: two instances of a VM host process (``vmmem``)
-where there should be one is a session that was never released and still holds GPU memory."""
+"""Counts of host processes by name pattern.
+
+Two instances of a VM host process (``vmmem``) where there should be one is a session that was
+never released and still holds GPU memory."""
 
 from __future__ import annotations
 

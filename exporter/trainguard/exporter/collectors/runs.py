@@ -1,7 +1,8 @@
-"""Training runs: alive or gone, finished or not, progress, the allocator's view of memory and
-the deaths a restarted run recorded. Everything comes from the shared run table (heartbeat
-files and the config file) at scrape time; see docs/metrics.md for what each series means and
-when it is absent."""
+"""Training runs: alive or gone, finished or not, progress, memory and recorded deaths.
+
+The memory is the allocator's view; the deaths are those a restarted run recorded. Everything
+comes from the shared run table (heartbeat files and the config file) at scrape time; see
+docs/metrics.md for what each series means and when it is absent."""
 
 from __future__ import annotations
 

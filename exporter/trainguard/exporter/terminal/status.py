@@ -1,5 +1,7 @@
-"""``trainguard status``: the runs this host knows, read with the exporter's own run table,
-checkpoint verdict and GPU collector (no judgement of its own), as a table, plain text or JSON.
+"""``trainguard status``: the runs this host knows, as a table, plain text or JSON.
+
+The runs are read with the exporter's own run table, checkpoint verdict and GPU collector: this
+command makes no judgement of its own.
 
 Stalled: alive, and no new step for longer than ``--stall`` (default 10m, the least stall the
 TrainingStalled alert pages on). The alert is adaptive (``stall_factor`` times the run's longest
@@ -364,9 +366,10 @@ def watch(status: Status, every: float, render: Callable[[Snapshot], Any]) -> No
 
 
 def watch_plain(status: Status, every: float, out: TextIO) -> None:
-    """Into a pipe or a file: every refresh appended, a blank line apart, as ``kubectl get
-    -w`` does, so that ``--watch | tee status.log`` keeps the history (a pipe has no place to
-    redraw in)."""
+    """Watch into a pipe or a file: every refresh appended, a blank line apart.
+
+    As ``kubectl get -w`` does, so that ``--watch | tee status.log`` keeps the history (a pipe
+    has no place to redraw in)."""
     print(plain(status.read()), end="", file=out, flush=True)
     while True:
         time.sleep(every)
@@ -381,8 +384,9 @@ def watch_json(status: Status, every: float, out: TextIO) -> None:
 
 
 def state_dir_problem(path: Path, explicit: bool) -> str | None:
-    """Why ``path`` cannot be read as a state dir (None if it can, or if it does not exist and
-    was not named: no run has started yet)."""
+    """Why ``path`` cannot be read as a state dir.
+
+    None if it can, or if it does not exist and was not named: no run has started yet."""
     if not path.exists():
         return f"state dir {path}: does not exist" if explicit else None
     if not path.is_dir():
