@@ -130,7 +130,8 @@ def test_both_generators_take_the_same_options(
     for main in (build.main, generate.main):
         assert main(["--set", "stall=soon", "-o", str(site_output / "bad")]) == 2
         err = capsys.readouterr().err
-        assert "threshold stall (duration): not a duration: 'soon'" in err, err
+        assert "threshold stall (duration): expected a duration such as" in err, err
+        assert "got 'soon'" in err, err
     assert not (site_output / "bad").exists()
 
 
