@@ -96,7 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pattern",
         default="step_{step}",
         metavar="P",
-        help="checkpoint file name pattern (default: %(default)s)",
+        help="checkpoint name pattern: {step} the step, {name} any other value, * any text, e.g. "
+        "'epoch={epoch}-step={step}.ckpt' (docs/checkpoints.md#checkpoint-names; "
+        "default: %(default)s)",
     )
     v.add_argument(
         "--grace",
