@@ -5,6 +5,7 @@ park it at a known step, so that a scrape or a SIGKILL lands mid-training withou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -314,6 +315,73 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
         assert (t.gate / "resumed").read_text().split() == [str(found.path), str(SAVE_STEPS)]
         s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
         assert last_step(s, t) == MAX_STEPS
+
+
+def test_an_hf_checkpoint_is_complete_at_once_and_a_truncated_file_in_it_is_caught(
+    tmp_path: Path, framework_zygote: Zygote
+) -> None:
+    """The callback records each ``checkpoint-N`` at the Trainer's ``on_save``: with an hour's
+    grace period, the first scrape after the save already has it complete. A
+    ``model.safetensors`` cut short afterwards is truncated for the exporter and ``verify``,
+    and ``latest`` goes back to the checkpoint before it."""
+    t = training(tmp_path, "hf", framework_zygote)
+    t.state.mkdir(parents=True)
+    config = t.state.parent / "trainguard.yml"
+    config.write_text("checkpoints: {grace_period: 1h}\n")  # nothing waits to settle
+    pattern = "checkpoint-{step}"
+    with Exporter([f"--config.file={config}"], state_dir=t.state) as exp:
+        proc = t.start(11, None, "--save-steps=5")  # saved at 5 and 10, parked at 11
+        try:
+            t.wait_parked(proc)
+            s = exp.scrape()  # the first scrape after step 10's on_save
+            assert last_step(s, t) == 10, tail(t.log)
+            records = read_all_records(t.out)
+            assert sorted(records) == ["checkpoint-10", "checkpoint-5"]
+            on_disk = sorted(
+                str(p.relative_to(t.out / "checkpoint-10"))
+                for p in (t.out / "checkpoint-10").rglob("*")
+                if p.is_file()
+            )
+            assert [f[0] for f in records["checkpoint-10"].files or ()] == on_disk
+            assert "model.safetensors" in on_disk and "trainer_state.json" in on_disk
+
+            model = t.out / "checkpoint-10" / "model.safetensors"
+            size = model.stat().st_size
+            with open(model, "r+b") as fh:
+                fh.truncate(size // 2)
+            then = time.time() - 7200  # cut short a while ago, as when it is noticed
+            os.utime(model, (then, then))
+            s = exp.scrape()
+            where = {"run": t.name, "location": "primary"}
+            assert value(s, "trainguard_checkpoint_truncated_files", **where) == 1
+            assert last_step(s, t) == 5
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainguard.exporter.terminal",
+                    "verify",
+                    str(t.out),
+                    f"--pattern={pattern}",
+                    "--json",
+                ],
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 1, r.stdout + r.stderr
+            doc = json.loads(r.stdout)
+            verdicts = {i["name"]: i["verdict"] for i in doc["items"]}
+            assert verdicts["checkpoint-10/"] == "truncated", verdicts
+            assert verdicts["checkpoint-5/"] == "complete", verdicts
+            assert doc["resume_step"] == 5
+            found = checkpoint.latest(t.out, pattern=pattern)
+            assert found is not None and found.step == 5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
