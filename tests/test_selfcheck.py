@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainguard import checkpoint
-from trainguard.shared.selfcheck import expected_size
+from trainguard.shared.selfcheck import expected_size, indented_json_closed
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -116,3 +116,34 @@ def test_a_file_without_its_own_length_waits_for_the_grace_period(tmp_path: Path
     assert checkpoint.latest(tmp_path, pattern="checkpoint-{step}", grace=HOUR) is None
     found = checkpoint.latest(tmp_path, pattern="checkpoint-{step}", grace=0)
     assert found is not None and found.step == 5
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.text(max_size=5), _JSON, min_size=1, max_size=4), st.data())
+def test_an_indented_json_object_is_whole_only_at_its_last_byte(
+    doc: dict[str, object], data: st.DataObject
+) -> None:
+    """As the Trainer writes trainer_state.json (``json.dumps(indent=2) + "\\n"``): the whole
+    document is closed, no shorter prefix of it is."""
+    raw = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tg-selfcheck-{os.getpid()}.json"
+    try:
+        path.write_bytes(raw)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert indented_json_closed(fd, len(raw))
+            cut = data.draw(st.integers(0, len(raw) - 2))  # dropping the last newline is whole
+            assert not indented_json_closed(fd, cut), raw[:cut]
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)

@@ -75,6 +75,18 @@ def expected_size(path: Path, st: os.stat_result) -> int | None:
     return got
 
 
+def indented_json_closed(fd: int, size: int) -> bool:
+    """Whether a JSON object written with ``indent`` (the Hugging Face Trainer's
+    ``trainer_state.json``: ``json.dumps(..., indent=2) + "\\n"``) is whole, from two small
+    reads: only the top-level object closes at the start of a line, so a copy cut short
+    anywhere does not end with ``\\n}``. The whole document (megabytes of log history) is
+    not parsed at every look."""
+    if size < 3 or _read(fd, 0, 1) != b"{":
+        return False
+    end = _read(fd, max(0, size - 3), 3)
+    return end.endswith(b"\n}") or end.endswith(b"\n}\n")
+
+
 def _read(fd: int, offset: int, n: int) -> bytes:
     out = b""
     while len(out) < n:
@@ -149,5 +161,7 @@ def _eocd_consistent(fd: int, tail: bytes, at: int, pos: int, size: int) -> bool
 
 
 def _json(fd: int, size: int) -> int | None:
+    if indented_json_closed(fd, size):
+        return size
     json.loads(_read(fd, 0, size))  # ValueError when cut short: no claim either way
     return size

@@ -18,6 +18,7 @@ from typing import NamedTuple, Protocol
 from trainguard.shared.fileio import DIR_FD, FILE_FLAGS, O_CLOEXEC, O_DIRECTORY, O_NONBLOCK
 from trainguard.shared.manifest import ManifestError, Record
 from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.selfcheck import indented_json_closed
 
 #: how a location's step directories are committed; ``auto`` picks one from what is there
 LAYOUTS = (
@@ -321,20 +322,34 @@ def tracker_step(
 
 def _hf_state_ok(dfd: int, where: Path, st: os.stat_result, memo: TreeMemo | None) -> bool:
     """trainer_state.json is written with a plain open/write, so a save killed while writing it
-    leaves a partial document: it marks the step only once it parses."""
+    leaves a partial document: it marks the step only once it is whole (as the Trainer writes
+    it, indented, its last line the top-level ``}``: two small reads; else once it parses)."""
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if memo is not None:
         cached = memo.marker(key)
         if cached is not None:
             return cached
     try:
-        data = read_small(HF_MARKER, dfd, where, MAX_HF_STATE_BYTES)
-        ok = data is None or isinstance(json.loads(data), dict)  # too large to check: present
+        ok = _hf_state_closed(dfd, where)
+        if not ok:  # not as the Trainer writes it (indented): parse it
+            data = read_small(HF_MARKER, dfd, where, MAX_HF_STATE_BYTES)
+            ok = data is None or isinstance(json.loads(data), dict)  # too large: present
     except (OSError, ValueError, ManifestError):
         ok = False
     if memo is not None:
         memo.store_marker(key, ok)
     return ok
+
+
+def _hf_state_closed(dfd: int, where: Path) -> bool:
+    """trainer_state.json as the Trainer writes it, whole, by two small reads (selfcheck)."""
+    flags = os.O_RDONLY | FILE_FLAGS | O_NONBLOCK
+    fd = os.open(HF_MARKER, flags, dir_fd=dfd) if DIR_FD else os.open(where / HF_MARKER, flags)
+    try:
+        st = os.fstat(fd)
+        return stat.S_ISREG(st.st_mode) and indented_json_closed(fd, st.st_size)
+    finally:
+        os.close(fd)
 
 
 def _kinds(top: Mapping[str, os.stat_result], temp: bool) -> set[str]:
