@@ -532,7 +532,12 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
     ("script", "dir_flag", "first", "resumed"),
     [
         ("train_hf.py", "--output-dir", "checkpoint-10", "checkpoint-20"),
-        ("train_lightning.py", "--root", "checkpoints/step=10.ckpt", "checkpoints/step=20.ckpt"),
+        (
+            "train_lightning.py",
+            "--root",
+            "checkpoints/epoch=0-step=10.ckpt",
+            "checkpoints/epoch=0-step=20.ckpt",
+        ),
     ],
 )
 def test_the_examples_train_report_and_resume(
