@@ -27,6 +27,7 @@ from helpers.zygote import Forked, Zygote
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.manifest import read_all_records
+from trainguard.shared.pattern import CheckpointPattern
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,8 @@ Proc = subprocess.Popen[str] | Forked
 #: generous: importing a framework on a loaded 2-core machine takes tens of seconds
 DEADLINE = 600.0
 MAX_STEPS, SAVE_STEPS = 20, 10
+#: Lightning's default ModelCheckpoint names (epoch=0-step=10.ckpt), as the child keeps them
+LIGHTNING_PATTERN = "epoch={epoch}-step={step}"
 ENV = {
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
@@ -256,7 +259,7 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
             assert value(dead, "trainguard_run_process_up", **key) == 0
             assert value(dead, "trainguard_run_finished", **key) == 0
             assert value(dead, "trainguard_run_step", **key) == 15
-            # what a restart resumes from: step 10's directory (hf), step=10.ckpt (lightning)
+            # what a restart resumes from: step 10's directory (hf), epoch=0-step=10.ckpt
             settled = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
             assert last_step(settled, t) == 10
         finally:
@@ -283,9 +286,9 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
 def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resumes_from_latest(
     tmp_path: Path, framework_zygote: Zygote
 ) -> None:
-    """SIGKILL while TrainguardCheckpointIO saves step=20.ckpt: the exporter and ``latest``
-    stay on step=10.ckpt, and the restart's ``fit(ckpt_path=...)`` starts from what
-    ``latest`` returned."""
+    """SIGKILL while TrainguardCheckpointIO saves ``epoch=1-step=20.ckpt`` (Lightning's default
+    names): the exporter and ``latest`` stay on step 10, and the restart's
+    ``fit(ckpt_path=...)`` starts from what ``latest`` returned."""
     t = training(tmp_path, "lightning", framework_zygote)
     t.state.mkdir(parents=True)
     ckpt = t.out / "checkpoints"
@@ -293,16 +296,16 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
         first = t.start(-1, None, f"--park-in-save-step={MAX_STEPS}")
         try:
             (pid,) = t.wait_parked(first)
-            assert (ckpt / f"step={MAX_STEPS}.ckpt.part").exists()  # mid-save, for real
+            assert list(ckpt.glob(f"epoch=*-step={MAX_STEPS}.ckpt.part"))  # mid-save, for real
             sigkill(pid)
         finally:
             if first.poll() is None:
                 first.kill()
             first.wait()
-        assert not (ckpt / f"step={MAX_STEPS}.ckpt").exists()
+        assert not list(ckpt.glob(f"epoch=*-step={MAX_STEPS}.ckpt"))
         s = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
         assert last_step(s, t) == SAVE_STEPS
-        found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+        found = checkpoint.latest(ckpt, pattern=LIGHTNING_PATTERN, verify_hash=True)
         assert found is not None and found.step == SAVE_STEPS
         assert (t.gate / "resumed").read_text().split() == ["none", "0"]
         second = t.start()
@@ -472,9 +475,11 @@ def test_lightning_under_torchrun_reports_each_rank(tmp_path: Path) -> None:
             stop_torchrun(proc)
     # DDP: rank 0 alone saved, each checkpoint through TrainguardCheckpointIO, recorded
     ckpt = t.out / "checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == [".trainguard", "step=10.ckpt", "step=20.ckpt"]
-    assert sorted(read_all_records(ckpt)) == ["step=10.ckpt", "step=20.ckpt"]
-    found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+    names = sorted(p.name for p in ckpt.iterdir() if p.name != ".trainguard")
+    pattern = CheckpointPattern(LIGHTNING_PATTERN)  # Lightning's default names, whatever epoch
+    assert [pattern.step(n) for n in names] == [SAVE_STEPS, MAX_STEPS], names
+    assert sorted(read_all_records(ckpt)) == names
+    found = checkpoint.latest(ckpt, pattern=LIGHTNING_PATTERN, verify_hash=True)
     assert found is not None and found.step == MAX_STEPS
 
 
