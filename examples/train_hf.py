@@ -4,9 +4,11 @@ a config (nothing downloaded) on random tokens, on CPU.
     python examples/train_hf.py --output-dir /tmp/hf-run --max-steps 200 --save-steps 50
     python examples/train_hf.py --output-dir /tmp/hf-run --max-steps 400 --resume
 
-``--resume`` continues from the newest checkpoint the Trainer finished writing
-(``trainer_state.json`` is its last file). Under torchrun nothing changes:
-``torchrun --nproc-per-node 2 examples/train_hf.py ...`` reports each rank.
+The Trainer keeps the newest ``--save-total-limit`` checkpoints (3), so the disk use stays
+bounded however long it runs. ``--resume`` continues from the newest complete checkpoint
+(``trainguard.checkpoint.latest``: recorded by the callback when the Trainer saved it).
+Under torchrun nothing changes: ``torchrun --nproc-per-node 2 examples/train_hf.py ...``
+reports each rank.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from trainguard.integrations.transformers import TrainguardCallback
+from trainguard import checkpoint
+from trainguard.integrations.transformers import CHECKPOINT_PATTERN, TrainguardCallback
 
 
 def newest_complete_checkpoint(output_dir: str) -> str | None:
-    """The Trainer writes ``trainer_state.json`` last: a directory without it is unfinished."""
-    done = [p for p in Path(output_dir).glob("checkpoint-*") if (p / "trainer_state.json").exists()]
-    return str(max(done, key=lambda p: int(p.name.split("-")[1]))) if done else None
+    """What trainguard calls the newest complete ``checkpoint-N`` (the exporter agrees)."""
+    if not Path(output_dir).is_dir():
+        return None
+    found = checkpoint.latest(output_dir, pattern=CHECKPOINT_PATTERN)
+    return str(found.path) if found else None
 
 
 def main() -> None:
@@ -32,6 +37,7 @@ def main() -> None:
     ap.add_argument("--output-dir", required=True)
     ap.add_argument("--max-steps", type=int, default=200)
     ap.add_argument("--save-steps", type=int, default=50)
+    ap.add_argument("--save-total-limit", type=int, default=3, help="checkpoints kept")
     ap.add_argument("--resume", action="store_true", help="from the newest complete checkpoint")
     ap.add_argument("--name", default=None, help="run name (default: the output dir's name)")
     ap.add_argument("--state-dir", default=None, help="trainguard state dir (default: per user)")
@@ -46,6 +52,7 @@ def main() -> None:
         output_dir=opts.output_dir,
         max_steps=opts.max_steps,
         save_steps=opts.save_steps,
+        save_total_limit=opts.save_total_limit,
         logging_steps=10,
         per_device_train_batch_size=8,
         learning_rate=1e-3,

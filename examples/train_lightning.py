@@ -4,10 +4,11 @@ on CPU.
     python examples/train_lightning.py --root /tmp/pl-run --max-steps 200 --save-steps 50
     python examples/train_lightning.py --root /tmp/pl-run --max-steps 400 --resume
 
-Checkpoints go to ``<root>/checkpoints/step=<N>.ckpt`` (``ModelCheckpoint(filename="{step}")``,
-which the callback announces with that pattern and writes through ``trainguard.checkpoint.save``).
-``--resume`` continues from the newest complete one, as ``trainguard.checkpoint.latest`` finds
-it (a checkpoint killed mid-save never is).
+Checkpoints go to ``<root>/checkpoints/epoch=<E>-step=<N>.ckpt``, Lightning's default names,
+which the callback announces (pattern ``epoch={epoch}-step={step}``) and writes through
+``trainguard.checkpoint.save``; the default ``save_top_k=1`` keeps only the newest, so the
+disk use stays bounded. ``--resume`` continues from the newest complete one, as
+``trainguard.checkpoint.latest`` finds it (a checkpoint killed mid-save never is).
 """
 
 from __future__ import annotations
@@ -56,9 +57,7 @@ def main() -> None:
     x = torch.randn(512, 8)
     data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=16, shuffle=True)
     ckpt_dir = Path(opts.root) / "checkpoints"
-    checkpoints = ModelCheckpoint(
-        dirpath=ckpt_dir, filename="{step}", every_n_train_steps=opts.save_steps, save_top_k=-1
-    )
+    checkpoints = ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=opts.save_steps)
     trainer = L.Trainer(
         default_root_dir=opts.root,
         max_steps=opts.max_steps,
@@ -70,7 +69,8 @@ def main() -> None:
         enable_model_summary=False,
         callbacks=[checkpoints, TrainguardCallback(name=opts.name, state_dir=opts.state_dir)],
     )
-    found = checkpoint.latest(ckpt_dir, pattern="step={step}") if ckpt_dir.is_dir() else None
+    pattern = "epoch={epoch}-step={step}"  # Lightning's default names
+    found = checkpoint.latest(ckpt_dir, pattern=pattern) if ckpt_dir.is_dir() else None
     resume = str(found.path) if opts.resume and found else None
     trainer.fit(Regression(), data, ckpt_path=resume)
     print(f"trained to step {trainer.global_step} (resumed from {resume}) pid {os.getpid()}")

@@ -356,6 +356,21 @@ def test_verify_step_directories(tmp_path: Path) -> None:
     assert r.returncode == 0 and "committed by its framework's marker" in r.stdout
 
 
+def test_verify_hints_at_the_pattern_of_a_frameworks_checkpoints(tmp_path: Path) -> None:
+    """Nothing matches the default pattern, but the Trainer's directories are there: the hint
+    names the --pattern that finds them, in the text and the JSON; with it, none."""
+    for step in (50, 100):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    r = tg("verify", str(tmp_path))
+    assert r.returncode == 1 and "(no checkpoints)" in r.stdout
+    assert "2 match 'checkpoint-{step}' (Hugging Face Trainer)" in r.stdout
+    assert "try --pattern 'checkpoint-{step}'" in r.stdout
+    doc = json.loads(tg("verify", str(tmp_path), "--json").stdout)
+    assert "checkpoint-{step}" in doc["hint"]
+    doc = json.loads(tg("verify", str(tmp_path), "--pattern=checkpoint-{step}", "--json").stdout)
+    assert doc["hint"] is None and len(doc["items"]) == 2
+
+
 def test_verify_bad_input(tmp_path: Path) -> None:
     r = tg("verify", str(tmp_path / "nope"))
     assert r.returncode == 2 and "does not exist" in r.stderr and r.stderr.count("\n") == 1

@@ -137,17 +137,15 @@ def train_lightning(opts: argparse.Namespace) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
         callbacks=[
-            ModelCheckpoint(
-                dirpath=ckpt_dir,
-                filename="{step}",
-                every_n_train_steps=opts.save_steps,
-                save_top_k=-1,
+            ModelCheckpoint(  # Lightning's default names: epoch=0-step=10.ckpt
+                dirpath=ckpt_dir, every_n_train_steps=opts.save_steps, save_top_k=-1
             ),
             TrainguardCallback(state_dir=opts.state_dir, interval=0.05),
             Gate(),
         ],
     )
-    found = checkpoint.latest(ckpt_dir, pattern="step={step}") if ckpt_dir.is_dir() else None
+    pattern = "epoch={epoch}-step={step}"
+    found = checkpoint.latest(ckpt_dir, pattern=pattern) if ckpt_dir.is_dir() else None
     resume = str(found.path) if found else None
     data = DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=4)
     trainer.fit(Module(), data, ckpt_path=resume)

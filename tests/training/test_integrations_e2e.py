@@ -5,6 +5,7 @@ park it at a known step, so that a scrape or a SIGKILL lands mid-training withou
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from helpers.zygote import Forked, Zygote
 from trainguard import checkpoint
 from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.manifest import read_all_records
+from trainguard.shared.pattern import CheckpointPattern
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +38,8 @@ Proc = subprocess.Popen[str] | Forked
 #: generous: importing a framework on a loaded 2-core machine takes tens of seconds
 DEADLINE = 600.0
 MAX_STEPS, SAVE_STEPS = 20, 10
+#: Lightning's default ModelCheckpoint names (epoch=0-step=10.ckpt), as the child keeps them
+LIGHTNING_PATTERN = "epoch={epoch}-step={step}"
 ENV = {
     "OMP_NUM_THREADS": "1",
     "HF_HUB_OFFLINE": "1",
@@ -263,7 +267,7 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
             assert value(dead, "trainguard_run_process_up", **key) == 0
             assert value(dead, "trainguard_run_finished", **key) == 0
             assert value(dead, "trainguard_run_step", **key) == 15
-            # what a restart resumes from: step 10's directory (hf), step=10.ckpt (lightning)
+            # what a restart resumes from: step 10's directory (hf), epoch=0-step=10.ckpt
             settled = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
             assert last_step(settled, t) == 10
         finally:
@@ -290,9 +294,9 @@ def test_sigkill_mid_training_is_a_death_and_the_restart_counts_it(
 def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resumes_from_latest(
     tmp_path: Path, framework_zygote: Zygote
 ) -> None:
-    """SIGKILL while TrainguardCheckpointIO saves step=20.ckpt: the exporter and ``latest``
-    stay on step=10.ckpt, and the restart's ``fit(ckpt_path=...)`` starts from what
-    ``latest`` returned."""
+    """SIGKILL while TrainguardCheckpointIO saves ``epoch=1-step=20.ckpt`` (Lightning's default
+    names): the exporter and ``latest`` stay on step 10, and the restart's
+    ``fit(ckpt_path=...)`` starts from what ``latest`` returned."""
     t = training(tmp_path, "lightning", framework_zygote)
     t.state.mkdir(parents=True)
     ckpt = t.out / "checkpoints"
@@ -300,16 +304,16 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
         first = t.start(-1, None, f"--park-in-save-step={MAX_STEPS}")
         try:
             (pid,) = t.wait_parked(first)
-            assert (ckpt / f"step={MAX_STEPS}.ckpt.part").exists()  # mid-save, for real
+            assert list(ckpt.glob(f"epoch=*-step={MAX_STEPS}.ckpt.part"))  # mid-save, for real
             sigkill(pid)
         finally:
             if first.poll() is None:
                 first.kill()
             first.wait()
-        assert not (ckpt / f"step={MAX_STEPS}.ckpt").exists()
+        assert not list(ckpt.glob(f"epoch=*-step={MAX_STEPS}.ckpt"))
         s = poll(exp, lambda s: last_step(s, t) is not None, DEADLINE)
         assert last_step(s, t) == SAVE_STEPS
-        found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+        found = checkpoint.latest(ckpt, pattern=LIGHTNING_PATTERN, verify_hash=True)
         assert found is not None and found.step == SAVE_STEPS
         assert (t.gate / "resumed").read_text().split() == ["none", "0"]
         second = t.start()
@@ -322,6 +326,73 @@ def test_a_lightning_checkpoint_killed_mid_save_is_never_complete_and_fit_resume
         assert (t.gate / "resumed").read_text().split() == [str(found.path), str(SAVE_STEPS)]
         s = poll(exp, lambda s: last_step(s, t) == MAX_STEPS, DEADLINE)
         assert last_step(s, t) == MAX_STEPS
+
+
+def test_an_hf_checkpoint_is_complete_at_once_and_a_truncated_file_in_it_is_caught(
+    tmp_path: Path, framework_zygote: Zygote
+) -> None:
+    """The callback records each ``checkpoint-N`` at the Trainer's ``on_save``: with an hour's
+    grace period, the first scrape after the save already has it complete. A
+    ``model.safetensors`` cut short afterwards is truncated for the exporter and ``verify``,
+    and ``latest`` goes back to the checkpoint before it."""
+    t = training(tmp_path, "hf", framework_zygote)
+    t.state.mkdir(parents=True)
+    config = t.state.parent / "trainguard.yml"
+    config.write_text("checkpoints: {grace_period: 1h}\n")  # nothing waits to settle
+    pattern = "checkpoint-{step}"
+    with Exporter([f"--config.file={config}"], state_dir=t.state) as exp:
+        proc = t.start(11, None, "--save-steps=5")  # saved at 5 and 10, parked at 11
+        try:
+            t.wait_parked(proc)
+            s = exp.scrape()  # the first scrape after step 10's on_save
+            assert last_step(s, t) == 10, tail(t.log)
+            records = read_all_records(t.out)
+            assert sorted(records) == ["checkpoint-10", "checkpoint-5"]
+            on_disk = sorted(
+                str(p.relative_to(t.out / "checkpoint-10"))
+                for p in (t.out / "checkpoint-10").rglob("*")
+                if p.is_file()
+            )
+            assert [f[0] for f in records["checkpoint-10"].files or ()] == on_disk
+            assert "model.safetensors" in on_disk and "trainer_state.json" in on_disk
+
+            model = t.out / "checkpoint-10" / "model.safetensors"
+            size = model.stat().st_size
+            with open(model, "r+b") as fh:
+                fh.truncate(size // 2)
+            then = time.time() - 7200  # cut short a while ago, as when it is noticed
+            os.utime(model, (then, then))
+            s = exp.scrape()
+            where = {"run": t.name, "location": "primary"}
+            assert value(s, "trainguard_checkpoint_truncated_files", **where) == 1
+            assert last_step(s, t) == 5
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "trainguard.exporter.terminal",
+                    "verify",
+                    str(t.out),
+                    f"--pattern={pattern}",
+                    "--json",
+                ],
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert r.returncode == 1, r.stdout + r.stderr
+            doc = json.loads(r.stdout)
+            verdicts = {i["name"]: i["verdict"] for i in doc["items"]}
+            assert verdicts["checkpoint-10/"] == "truncated", verdicts
+            assert verdicts["checkpoint-5/"] == "complete", verdicts
+            assert doc["resume_step"] == 5
+            found = checkpoint.latest(t.out, pattern=pattern)
+            assert found is not None and found.step == 5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("framework", ["hf", "lightning"])
@@ -412,9 +483,11 @@ def test_lightning_under_torchrun_reports_each_rank(tmp_path: Path) -> None:
             stop_torchrun(proc)
     # DDP: rank 0 alone saved, each checkpoint through TrainguardCheckpointIO, recorded
     ckpt = t.out / "checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == [".trainguard", "step=10.ckpt", "step=20.ckpt"]
-    assert sorted(read_all_records(ckpt)) == ["step=10.ckpt", "step=20.ckpt"]
-    found = checkpoint.latest(ckpt, pattern="step={step}", verify_hash=True)
+    names = sorted(p.name for p in ckpt.iterdir() if p.name != ".trainguard")
+    pattern = CheckpointPattern(LIGHTNING_PATTERN)  # Lightning's default names, whatever epoch
+    assert [pattern.step(n) for n in names] == [SAVE_STEPS, MAX_STEPS], names
+    assert sorted(read_all_records(ckpt)) == names
+    found = checkpoint.latest(ckpt, pattern=LIGHTNING_PATTERN, verify_hash=True)
     assert found is not None and found.step == MAX_STEPS
 
 
@@ -472,7 +545,12 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
     ("script", "dir_flag", "first", "resumed"),
     [
         ("train_hf.py", "--output-dir", "checkpoint-10", "checkpoint-20"),
-        ("train_lightning.py", "--root", "checkpoints/step=10.ckpt", "checkpoints/step=20.ckpt"),
+        (
+            "train_lightning.py",
+            "--root",
+            "checkpoints/epoch=0-step=10.ckpt",
+            "checkpoints/epoch=0-step=20.ckpt",
+        ),
     ],
 )
 def test_the_examples_train_report_and_resume(

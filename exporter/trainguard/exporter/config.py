@@ -77,7 +77,7 @@ class CheckpointLocations:
         default=DEFAULT_CHECKPOINT_PATTERN,
         metadata=key(
             schema.checked(schema.string, checkpoint_pattern_problem),
-            "checkpoint file name, {step} the integer step",
+            "checkpoint name pattern: {step} the integer step, {name} any other value, * any text",
         ),
     )
     #: a settled file with no record (its writer is not trainguard.checkpoint) counts as

@@ -11,7 +11,7 @@ what it rendered in the last scrape, keyed by what it was rendered from, and ren
 what is new; what the last scrape did not use is dropped, so the memory is one scrape's.
 Families with anything this writer does not handle itself (timestamps, OpenMetrics-only
 samples such as ``_created``) are handed to prometheus_client whole.
-``tests/test_exposition.py`` checks the output against ``generate_latest`` byte for byte.
+``tests/exporter/test_exposition.py`` checks the output against ``generate_latest`` byte for byte.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ Every optimizer step is reported (``trainer.global_step``); every ``log_every_n_
 loss (what ``training_step`` returned), the learning rate and what the module logged under a
 known name (``loss``, ``train/loss``, ``lr``, ``*samples_per_sec``...) come with it, read when
 Lightning itself reads its logged values, so a GPU is not synchronised at every step. The
-``ModelCheckpoint``'s ``dirpath`` is announced with its file pattern when its file name holds
-no value other than the step (``ModelCheckpoint(filename="{step}")`` writes
-``step=500.ckpt``); ``fit()`` ending is a clean finish, an exception (``on_exception``) a
-failure. The run is named ``name``, else ``$TRAINGUARD_RUN``, else the last component of the
-trainer's ``default_root_dir``; each process reports as ``trainer.global_rank``.
+``ModelCheckpoint``'s ``dirpath`` is announced with the pattern of its file names, Lightning's
+default ``epoch=0-step=500.ckpt`` (``epoch={epoch}-step={step}``) or any ``filename=`` holding
+``{step}`` (metric values too: only the step orders checkpoints); ``fit()`` ending is a clean
+finish, an exception (``on_exception``) a failure. The run is named ``name``, else
+``$TRAINGUARD_RUN``, else the last component of the trainer's ``default_root_dir``; each
+process reports as ``trainer.global_rank``.
 
 Checkpoints: in ``setup()`` the callback puts :class:`TrainguardCheckpointIO` in place of
 Lightning's default ``TorchCheckpointIO`` (single device and DDP, where only rank 0 saves), so
@@ -48,32 +49,72 @@ except ImportError as exc:  # lightning missing, or broken by its own dependenci
 
 __all__ = ["TrainguardCallback", "TrainguardCheckpointIO", "checkpoint_pattern"]
 
-#: what ``ModelCheckpoint(filename="{step}")`` names its files (``step=500.ckpt``)
-DEFAULT_PATTERN = "step={step}"
+#: Lightning's default names (``epoch=0-step=500.ckpt``) and ``filename="{step}"``'s
+#: (``step=500.ckpt``)
+DEFAULT_PATTERN = "*step={step}"
 
 log = logging.getLogger("trainguard.reporter")
 
-#: a step no real run reaches, formatted through the ModelCheckpoint to find the step's place
-_PROBE_STEP = 918273645
+#: a field's name the pattern grammar takes as ``{name}``; any other becomes ``*``
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+#: marks a field's value in a probed name (no file name holds a NUL)
+_MARK = re.compile("\x00([0-9]+)\x00")
+
+
+class _Probe:
+    """A metric value that formats as a mark whatever its format spec (``{val_loss:.2f}``), so
+    that the name Lightning builds shows where each field's value goes."""
+
+    def __init__(self, index: int) -> None:
+        self.mark = f"\x00{index}\x00"
+
+    def __format__(self, spec: str) -> str:
+        return self.mark
 
 
 def checkpoint_pattern(mc: Any) -> tuple[str | None, str | None]:
-    """(trainguard's pattern for ``mc``'s files, None) or (None, why there is none): the
-    pattern must tell a checkpoint's step from its name and nothing else may vary in it."""
-    filename = mc.filename or "{epoch}" + mc.CHECKPOINT_JOIN_CHAR + "{step}"
-    fields = {name.strip("{") for name in re.findall(r"(\{.*?)[:\}]", filename)}
-    if fields != {"step"}:
-        other = sorted(fields - {"step"}) or ["no {step}"]
+    """(trainguard's pattern for ``mc``'s files, None) or (None, why there is none).
+
+    Lightning builds each name from its ``filename`` template (default ``{epoch}-{step}``,
+    with ``auto_insert_metric_name`` giving ``epoch=0-step=3.ckpt``). The template is run
+    through the ModelCheckpoint's own ``format_checkpoint_name`` with a mark for each field, so
+    the pattern follows whatever this Lightning version does (the ``=``, the extension): the
+    step's mark becomes ``{step}``, every other field's ``{name}`` (any value; only the step
+    orders checkpoints), the ``.ckpt`` left to the pattern's implied extension:
+    ``epoch={epoch}-step={step}``, ``step={step}`` for ``filename="{step}"``."""
+    template = mc.filename or "{epoch}" + mc.CHECKPOINT_JOIN_CHAR + "{step}"
+    fields = sorted({g[1:] for g in re.findall(r"(\{.*?)[:\}]", template)})
+    if "step" not in fields:
         return None, (
-            f"its file name {filename!r} holds {', '.join(other)} besides the step: "
-            "use ModelCheckpoint(filename='{step}') so that each checkpoint is named by its step"
+            f"its file name {template!r} holds no {{step}}: add it, e.g. "
+            "ModelCheckpoint(filename='{epoch}-{step}') (Lightning's default), so that "
+            "checkpoints can be ordered by step"
         )
-    name = os.path.basename(mc.format_checkpoint_name({"step": _PROBE_STEP}))
-    if name.count(str(_PROBE_STEP)) != 1:
-        return None, f"cannot tell the step's place in its file name {name!r}"
-    pattern = name.replace(str(_PROBE_STEP), "{step}")
+    probes = {name: _Probe(i) for i, name in enumerate(fields)}
+    try:
+        full = os.fspath(mc.format_checkpoint_name(dict(probes)))
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        return None, f"cannot read its file name {template!r}: {exc}"
+    prefix = os.path.join(os.fspath(mc.dirpath), "") if mc.dirpath else ""
+    name = full[len(prefix) :] if full.startswith(prefix) else os.path.basename(full)
+    if "/" in name or os.sep in name:
+        return None, f"its file name {template!r} puts checkpoints in subdirectories"
+    extension = getattr(mc, "FILE_EXTENSION", "")
+    if extension and name.endswith(extension):  # a file's extension is implied by the pattern
+        name = name[: -len(extension)]
+    pieces = []
+    for i, piece in enumerate(_MARK.split(name)):
+        if i % 2 == 0:
+            pieces.append(piece.replace("{", "{{").replace("}", "}}"))
+            continue
+        field = fields[int(piece)]
+        if field == "step":
+            pieces.append("{step}")
+        else:
+            pieces.append(f"{{{field}}}" if _FIELD_NAME.fullmatch(field) else "*")
+    pattern = "".join(pieces)
     problem = checkpoint_pattern_problem(pattern)
-    return (None, problem) if problem else (pattern, None)
+    return (None, f"its file name {template!r}: {problem}") if problem else (pattern, None)
 
 
 class TrainguardCheckpointIO(TorchCheckpointIO):
@@ -163,18 +204,19 @@ class TrainguardCallback(Callback):
     checkpoints and the end of ``fit()``. ``name`` overrides the run's name (else
     ``$TRAINGUARD_RUN``, else the last component of ``default_root_dir``); the other keyword
     arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
-    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started. With
-    ``ModelCheckpoint(filename="{step}")`` each ``step=N.ckpt`` is written through
-    ``TrainguardCheckpointIO`` and its location announced (docs/integrations.md).
+    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started. Each
+    checkpoint the ``ModelCheckpoint`` names by step (its default ``epoch=0-step=500.ckpt``)
+    is written through ``TrainguardCheckpointIO`` and its location announced
+    (docs/integrations.md).
 
     Example::
 
         from trainguard import checkpoint
         from trainguard.integrations.lightning import TrainguardCallback
 
-        ckpt = ModelCheckpoint(dirpath="ckpt/", filename="{step}")
+        ckpt = ModelCheckpoint(dirpath="ckpt/", every_n_train_steps=500)
         trainer = L.Trainer(max_steps=10_000, callbacks=[ckpt, TrainguardCallback()])
-        found = checkpoint.latest("ckpt/", pattern="step={step}")
+        found = checkpoint.latest("ckpt/", pattern="epoch={epoch}-step={step}")
         trainer.fit(model, data, ckpt_path=str(found.path) if found else None)
     """
 

@@ -6,21 +6,26 @@
 
 Every optimizer step is reported (``state.global_step``) with the last logged loss, learning
 rate, grad norm and throughput; ``args.output_dir`` is announced as the checkpoint location
-with the Trainer's ``checkpoint-{step}`` directories (layout ``huggingface``: complete once
-``trainer_state.json`` is written); the end of ``train()`` is a clean
-finish; a ``train()`` that raises (nothing tells a callback: seen at exit, or by the next
-``train()``) a failure. The run is named ``name``, else ``$TRAINGUARD_RUN``, else
-``args.run_name``, else the last component of ``args.output_dir``; under ``torchrun`` or
-``accelerate launch`` each process reports as its global rank (``args.process_index``).
+with the Trainer's ``checkpoint-{step}`` directories, each recorded (every file's size and
+SHA-256, :func:`trainguard.checkpoint.adopt.record_dir`) by rank 0 at the Trainer's
+``on_save``, once every rank has finished its part, so that it is complete at once and a file
+of it cut short later is caught; the end of ``train()`` is a clean finish; a ``train()`` that
+raises (nothing tells a callback: seen at exit, or by the next ``train()``) a failure. The run
+is named ``name``, else ``$TRAINGUARD_RUN``, else ``args.run_name``, else the last component of
+``args.output_dir``; under ``torchrun`` or ``accelerate launch`` each process reports as its
+global rank (``args.process_index``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
+from trainguard.checkpoint.adopt import forget_removed, record_dir
 from trainguard.integrations._common import RunLife, missing_framework, run_name
 from trainguard.run.reporter import Run
+from trainguard.shared.manifest import ManifestError
 
 try:
     from transformers import TrainerCallback
@@ -31,8 +36,21 @@ __all__ = ["CHECKPOINT_LAYOUT", "CHECKPOINT_PATTERN", "TrainguardCallback"]
 
 #: the Trainer's checkpoint directories, ``<output_dir>/checkpoint-<global step>``
 CHECKPOINT_PATTERN = "checkpoint-{step}"
-#: a step directory is complete once ``trainer_state.json``, written last, is in it
+#: a step directory is complete once ``trainer_state.json``, written last, is in it (when
+#: the callback did not record it)
 CHECKPOINT_LAYOUT = "huggingface"
+
+log = logging.getLogger("trainguard.reporter")
+
+
+def _barrier() -> None:
+    """Wait for every rank (each saves its own ``rng_state_<rank>.pth``), when several run."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - transformers' Trainer needs torch
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 class TrainguardCallback(TrainerCallback):
@@ -44,7 +62,11 @@ class TrainguardCallback(TrainerCallback):
     other keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``,
     ``state_dir``, ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once training
     started. The ``output_dir``'s ``checkpoint-{step}`` directories are announced to the
-    exporter (docs/integrations.md).
+    exporter, and each is recorded when the Trainer has saved it (``on_save``: every rank
+    waits for the others, rank 0 fsyncs, hashes and records every file;
+    ``checkpoint_hashes=False`` records sizes only, for models too large to hash at each
+    save); records of directories the Trainer rotated away (``save_total_limit``) are
+    removed (docs/integrations.md).
 
     Example::
 
@@ -56,7 +78,9 @@ class TrainguardCallback(TrainerCallback):
         trainer.train(resume_from_checkpoint=str(found.path) if found else None)
     """
 
-    def __init__(self, name: str | None = None, **run_kwargs: Any) -> None:
+    def __init__(
+        self, name: str | None = None, *, checkpoint_hashes: bool = True, **run_kwargs: Any
+    ) -> None:
         for key in ("checkpoint_dir", "checkpoint_pattern", "checkpoint_layout", "rank"):
             if key in run_kwargs:
                 raise TypeError(
@@ -64,6 +88,7 @@ class TrainguardCallback(TrainerCallback):
                     "the callback"
                 )
         self._name = name
+        self._hashes = checkpoint_hashes
         self._life = RunLife(run_kwargs)
 
     @property
@@ -88,6 +113,23 @@ class TrainguardCallback(TrainerCallback):
         if logs:
             self._life.log(logs)
             self._life.step(state.global_step)  # with the scalars just logged
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # after the Trainer's _save_checkpoint (model, optimizer, RNG, trainer_state.json and
+        # the rotation); each rank saved its own RNG state, so all wait for all
+        _barrier()
+        if not state.is_world_process_zero or not args.output_dir:
+            return
+        output_dir = os.fspath(args.output_dir)
+        step_dir = os.path.join(output_dir, f"checkpoint-{state.global_step}")
+        try:
+            if os.path.isdir(step_dir):  # not under a hyperparameter search's run directory
+                record_dir(step_dir, pattern=CHECKPOINT_PATTERN, hashing=self._hashes)
+            forget_removed(output_dir, pattern=CHECKPOINT_PATTERN)
+        except (OSError, ValueError, ManifestError) as exc:  # training goes on, unrecorded
+            log.warning(
+                "trainguard: %s not recorded (complete only once settled): %s", step_dir, exc
+            )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._life.finish()

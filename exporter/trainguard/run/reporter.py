@@ -95,7 +95,9 @@ class Run:
         config: a mapping, an ``argparse.Namespace`` or a dataclass (at most 64 KiB as JSON),
             written into each snapshot's metadata, with its ``batch_size`` if it has one.
         checkpoint_pattern: the checkpoints' names, default ``step_{step}``;
-            ``checkpoint-{step}`` for the Hugging Face Trainer's directories.
+            ``checkpoint-{step}`` for the Hugging Face Trainer's directories,
+            ``epoch={epoch}-step={step}.ckpt`` for Lightning's default names (the grammar:
+            docs/checkpoints.md#checkpoint-names).
         checkpoint_layout: how a step directory is committed, default ``auto``
             (docs/checkpoints.md).
 

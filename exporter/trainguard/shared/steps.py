@@ -17,10 +17,12 @@ from typing import NamedTuple
 from trainguard.shared.fileio import (
     UntrustedFileError,
     is_not_a_dir_error,
+    open_untrusted,
     read_untrusted,
 )
 from trainguard.shared.manifest import ManifestError, Record
 from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.selfcheck import indented_json_closed
 from trainguard.shared.stepdir import Entry, InFlight, StepDir, Tree, TreeMemo, open_dir, walk
 
 #: how a location's step directories are committed; ``auto`` picks one from what is there
@@ -104,20 +106,35 @@ def tracker_step(
 
 def _hf_state_ok(dfd: int, where: Path, st: os.stat_result, memo: TreeMemo | None) -> bool:
     """trainer_state.json is written with a plain open/write, so a save killed while writing it
-    leaves a partial document: it marks the step only once it parses."""
+    leaves a partial document: it marks the step only once it is whole (as the Trainer writes
+    it, indented, its last line the top-level ``}``: two small reads; else once it parses)."""
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if memo is not None:
         cached = memo.marker(key)
         if cached is not None:
             return cached
     try:
-        data = _read_marker(HF_MARKER, dfd, where, MAX_HF_STATE_BYTES)
-        ok = data is None or isinstance(json.loads(data), dict)  # too large to check: present
-    except (OSError, ValueError, ManifestError):
+        ok = _hf_state_closed(dfd, where)
+        if not ok:  # not as the Trainer writes it (indented): parse it
+            data = _read_marker(HF_MARKER, dfd, where, MAX_HF_STATE_BYTES)
+            ok = data is None or isinstance(json.loads(data), dict)  # too large: present
+    except (OSError, ValueError, ManifestError, UntrustedFileError):
         ok = False
     if memo is not None:
         memo.store_marker(key, ok)
     return ok
+
+
+def _hf_state_closed(dfd: int, where: Path) -> bool:
+    """trainer_state.json as the Trainer writes it, whole, by two small reads (selfcheck).
+
+    Opened as every file anyone may have written is (:func:`open_untrusted`): a link or
+    anything but a regular file raises, and the caller counts that as not whole."""
+    fd, st = open_untrusted(where / HF_MARKER, dir_fd=dfd)
+    try:
+        return indented_json_closed(fd, st.st_size)
+    finally:
+        os.close(fd)
 
 
 def _kinds(top: Mapping[str, os.stat_result], temp: bool) -> set[str]:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from trainguard.shared.fileio import settled
 from trainguard.shared.listing import Entry, Listing
+from trainguard.shared.selfcheck import expected_size
 from trainguard.shared.stepdir import StepDir
 
 
@@ -123,9 +124,12 @@ def judge_dirs(
     """Judge every committed step directory of a location. A directory committed by a
     trainguard record is complete once every file it lists is there with its recorded size (as
     a recorded file is); one committed by its framework's marker once nothing under it has been
-    touched for the grace period. A mirror's directory is compared file by file with the
-    primary's directory of the same step (its record, else its files once settled): a missing
-    or smaller file is truncation, and the step is not complete.
+    touched for the grace period, or at once when every file in it carries its own length
+    (:mod:`trainguard.shared.selfcheck`: safetensors, torch zips, JSON) and has it; a file
+    shorter than its own header says is never complete, and truncated once settled. A mirror's
+    directory is compared file by file with the primary's directory of the same step (its
+    record, else its files once settled): a missing or smaller file is truncation, and the step
+    is not complete.
 
     ``cache`` (the same dict for every judgement of one location) keeps the verdict of each
     settled directory: judged again only when it, or the primary's directory of its step, is
@@ -162,6 +166,9 @@ def judge_dirs(
                 cut = len(pd.name) + 1
                 ref = {e.name[cut:]: (e.stat.st_size, None) for e in pd.files}
         vouched = d.commit == "marker" and is_settled
+        # nobody recorded it: files whose format carries their length are checked by it
+        own = ref is None and d.commit == "marker"
+        self_checked = own
         cut = len(d.name) + 1
         judged: list[Judged] = []
         present: set[str] = set()
@@ -171,6 +178,9 @@ def judge_dirs(
             expected = ref.get(rel) if ref is not None else None
             size, sha = expected if expected is not None else (None, None)
             st = e.stat
+            if own:
+                size = expected_size(listing.directory / e.name, st)
+                self_checked = self_checked and size is not None
             mtime = st.st_mtime_ns
             f_known = mtime > 0
             f_settled = f_known and now_ns - mtime >= grace_ns
@@ -198,7 +208,7 @@ def judge_dirs(
             and bool(judged)
             and not missing
             and all(j.complete for j in judged)
-            and (d.commit == "record" or is_settled)
+            and (d.commit == "record" or is_settled or self_checked)
         )
         verdict = StepVerdict(
             d,

@@ -25,9 +25,12 @@ EPILOG_VERIFY = (
     "--pattern, e.g. 'checkpoint-{step}') are one item each, shown as 'checkpoint-500/' and "
     "judged as a whole: committed by their trainguard record or by their framework's marker "
     "(the layout is detected from the location, as the exporter's layout: auto does), "
-    "complete once every file has its recorded size (committed by a marker only: once "
+    "complete once every file has its recorded size (committed by a marker only: once every "
+    "file has the length its own format gives, safetensors, torch zips and JSON, else once "
     "nothing under it was touched for --grace); --hash checks every file. An uncommitted one "
-    "is in flight, or an orphaned .part after --grace. PATH may also be one step directory."
+    "is in flight, or an orphaned .part after --grace. PATH may also be one step directory. "
+    "When nothing matches --pattern but a framework's names are there, a hint names the "
+    "pattern that finds them."
 )
 
 
@@ -98,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--pattern",
         default="step_{step}",
         metavar="P",
-        help="checkpoint file name pattern (default: %(default)s)",
+        help="checkpoint name pattern: {step} the step, {name} any other value, * any text, e.g. "
+        "'epoch={epoch}-step={step}.ckpt' (docs/checkpoints.md#checkpoint-names; "
+        "default: %(default)s)",
     )
     v.add_argument(
         "--grace",

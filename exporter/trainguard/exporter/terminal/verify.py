@@ -43,6 +43,7 @@ class Report:
     resume_step: int | None
     newest: str | None  # the newest finished checkpoint (not .part)
     ok: bool  # the newest checkpoint is complete
+    hint: str | None = None  # no checkpoint under the pattern, but a framework's names here
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,7 +159,40 @@ def verify(
         resume_step=found.step if found else None,
         newest=newest.name if newest else None,
         ok=newest is not None and newest.verdict == "complete",
+        hint=None if items or only is not None else pattern_hint(path, pattern),
     )
+
+
+#: the names frameworks give their checkpoints, for the hint when --pattern matches nothing
+FRAMEWORK_PATTERNS = (
+    ("checkpoint-{step}", "Hugging Face Trainer"),
+    ("epoch={epoch}-step={step}", "Lightning's default ModelCheckpoint"),
+    ("*step={step}", "Lightning's ModelCheckpoint"),
+    ("global_step{step}", "DeepSpeed"),
+    ("iter_{step}", "Megatron-LM"),
+    ("{step}", "Orbax"),
+    ("step_{step}", "trainguard's default"),
+)
+
+
+def pattern_hint(path: Path, pattern: str) -> str | None:
+    """When no name in ``path`` matches ``pattern`` but a framework's names are there: the
+    ``--pattern`` that would find them (one listing of the directory)."""
+    try:
+        names = [e.name for e in os.scandir(path)]
+    except OSError:
+        return None
+    for candidate, who in FRAMEWORK_PATTERNS:
+        if candidate == pattern:
+            continue
+        pat = CheckpointPattern(candidate)
+        found = sum(1 for n in names if pat.step(n) is not None or pat.dir_step(n) is not None)
+        if found:
+            return (
+                f"no name matches --pattern {pattern!r}, but {found} match {candidate!r} "
+                f"({who}): try --pattern '{candidate}'"
+            )
+    return None
 
 
 def _dir_item(sv: StepVerdict, path: Path, check_hash: bool, progress: HashProgress | None) -> Item:
@@ -229,6 +263,8 @@ def plain(report: Report) -> str:
         lines.append(f"  {i.name.ljust(width)}  {i.verdict.ljust(vwidth)}  {i.detail}")
     if not report.items:
         lines.append("  (no checkpoints)")
+    if report.hint:
+        lines.append(f"hint: {report.hint}")
     lines.append(
         f"resume from: {report.resume_from} (step {report.resume_step})"
         if report.resume_from

@@ -1,0 +1,97 @@
+"""``record_dir``: record a step directory a framework has finished writing in place (the
+Hugging Face Trainer's ``checkpoint-500/``), so that it is complete at once and any later
+truncation of a file in it is caught.
+
+A framework that renames nothing and writes no checksum leaves a directory that can only be
+called complete once nothing in it has changed for the grace period, and that stays "complete"
+when a file in it is cut short afterwards. Once the framework says it is done (its own event,
+after its own save), every file is fsynced and hashed and one record lists each with its size
+and SHA-256, as :func:`trainguard.checkpoint.save_dir` would have written it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from trainguard.shared.fileio import FILE_FLAGS, O_CLOEXEC, O_DIRECTORY, fsync_dir, sha256_fd
+from trainguard.shared.manifest import Record, read_all_records, remove_record, write_record
+from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.steps import walk
+
+__all__ = ["forget_removed", "record_dir"]
+
+_DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
+
+
+def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = True) -> Record:
+    """Fsync, hash and record the finished step directory ``path`` (its name the pattern
+    exactly, e.g. ``checkpoint-500`` for ``checkpoint-{step}``); the record replaces any record
+    of that name. Call it only once the framework has finished writing the directory: a file
+    written after it no longer matches the record, and the step is not complete (a file
+    changing size while it is hashed is an error). ``hashing=False`` records sizes only.
+
+    Raises ValueError for a name the pattern does not give a step, FileNotFoundError for a
+    missing directory, ManifestError for a link in it, and ``OSError`` from the disk."""
+    final = Path(path)
+    step = CheckpointPattern(pattern).dir_step(final.name)
+    if step is None:
+        raise ValueError(
+            f"{final.name!r} is not a step directory name of the pattern {pattern!r} (the "
+            "pattern exactly, e.g. 'checkpoint-{step}' -> checkpoint-500)"
+        )
+    fd = os.open(final, _DIR_FLAGS)
+    try:
+        tree = walk(fd, final, final.name, None)
+    finally:
+        os.close(fd)
+    files: list[tuple[str, int, str | None]] = []
+    for rel, st in sorted(tree.files):
+        size, sha = _fsync_and_hash(final / rel, hashing)
+        if size != st.st_size:
+            raise OSError(f"{final / rel} changed size while it was recorded: still being written")
+        files.append((rel, size, sha))
+    if not files:
+        raise ValueError(f"{final} holds no file to record")
+    for d in sorted({(final / rel).parent for rel, _ in tree.files}, key=lambda p: -len(p.parts)):
+        fsync_dir(d)
+    fsync_dir(final.parent)
+    record = Record(
+        name=final.name,
+        step=step,
+        size=sum(size for _, size, _ in files),
+        sha256=None,
+        written=time.time(),
+        files=tuple(files),
+    )
+    write_record(final.parent, record)
+    return record
+
+
+def forget_removed(directory: str | os.PathLike[str], *, pattern: str) -> list[str]:
+    """Remove the records of step directories of ``pattern`` that no longer exist (deleted by
+    their framework's own rotation, e.g. ``save_total_limit``); the names removed."""
+    where = Path(directory)
+    pat = CheckpointPattern(pattern)
+    gone = []
+    for name, rec in read_all_records(where).items():
+        if (
+            rec.files is not None
+            and pat.dir_step(name) is not None
+            and not os.path.lexists(where / name)
+            and remove_record(where, name)
+        ):
+            gone.append(name)
+    return gone
+
+
+def _fsync_and_hash(path: Path, hashing: bool) -> tuple[int, str | None]:
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    try:
+        os.fsync(fd)
+        if not hashing:
+            return os.fstat(fd).st_size, None
+        sha, size = sha256_fd(fd)
+        return size, sha
+    finally:
+        os.close(fd)
