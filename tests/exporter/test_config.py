@@ -191,6 +191,6 @@ def test_home_of_an_unknown_user_is_a_config_error() -> None:
 
 def test_readme_states_the_loader_limits() -> None:
     """The cap and the error form the configuration page promises are the loader's."""
-    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    doc = (paths.REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert f"a file over {MAX_BYTES // 2**20} MiB" in doc
     assert "`tg.yml:8:17: runs[1].checkpoints.mirrors.backup: expected an absolute path" in doc
