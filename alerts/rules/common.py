@@ -51,6 +51,9 @@ class Alert:
     keep_firing_for: str | None = None
     """Prometheus' ``keep_firing_for``: how long the alert stays firing after its expression
     stops returning it (a missed scrape must not resolve it and page again)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels besides ``severity`` (templates allowed): a label whose value changes makes a new
+    alert, hence a new notification, where the same firing alert would send none."""
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ GROUP = Group(
             ) > ${ghost_ratio}
             """,
             for_="${ghost_for}",
+            keep_firing_for="${keep_firing_for}",
+            labels={"scope": "rank"},
             summary="""
             GPU driver holds far more VRAM for run {{ $labels.run }} than its allocator reserved.
             """,
@@ -106,6 +108,8 @@ GROUP = Group(
             instance:trainguard_run_allocator_devices_unplaced:count > 0
             """,
             for_="${ghost_for}",
+            keep_firing_for="${keep_firing_for}",
+            labels={"scope": "gpu"},
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} has far more VRAM in use than the
             live runs on it reserved.
@@ -145,6 +149,7 @@ GROUP = Group(
             )
             """,
             for_="${unattributed_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} has VRAM in use that no live
             process accounts for.

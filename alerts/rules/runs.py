@@ -8,6 +8,7 @@ trainer clock off by an hour must not page a healthy run."""
 from __future__ import annotations
 
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.deaths import DIED_LABELS
 
 SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
@@ -77,6 +78,7 @@ GROUP = Group(
             )
             """,
             keep_firing_for="${keep_firing_for}",
+            labels=DIED_LABELS,
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
             description="""
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
@@ -171,9 +173,17 @@ GROUP = Group(
             "TrainingLogStale",
             "warning",
             expr="""
-            changes(trainguard_run_log_modified_timestamp_seconds[${log_stale}]) == 0
-            and trainguard_run_log_modified_timestamp_seconds > 0
-            and trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
+            max by (${target_labels}, run) (
+              max_over_time(trainguard_run_log_modified_timestamp_seconds[${log_stale}])
+            )
+            == max by (${target_labels}, run) (
+              min_over_time(trainguard_run_log_modified_timestamp_seconds[${log_stale}])
+            )
+            and max by (${target_labels}, run) (trainguard_run_log_modified_timestamp_seconds) > 0
+            and on (${target_labels}, run)
+              max by (${target_labels}, run) (
+                trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
+              )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count offset ${log_stale}
             """,
