@@ -20,10 +20,12 @@ SNIPPETS = {
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
     ),
     "last_step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
-    "checkpoint_step": query_value(
+    # "newest complete primary checkpoint at step 400", or that there is none
+    "checkpoint_at": query_value(
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
         RUN_ARGS,
-        unknown="none known",
+        fmt='printf "newest complete primary checkpoint at step %.0f"',
+        unknown="no complete primary checkpoint known",
     ),
     "stall_threshold": query_value(
         "max(run_rank:trainguard_run_stall_threshold_seconds:clamp{" + RUN_SEL + "})",
@@ -83,8 +85,8 @@ GROUP = Group(
             description="""
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
             are gone without a clean exit (no live process with the recorded PID and create
-            time): rank(s) ${dead_ranks}. Last step ${last_step}; newest complete primary
-            checkpoint at step ${checkpoint_step}. ${dead_vram}
+            time): rank(s) ${dead_ranks}. Last step ${last_step}; ${checkpoint_at}.
+            ${dead_vram}
             """,
         ),
         Alert(
