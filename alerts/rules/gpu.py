@@ -134,6 +134,9 @@ GROUP = Group(
             # listed while live runs report allocator memory on this GPU or on one of this
             # host's that cannot be placed (WSL lists none): "unattributed" is then just
             # "used", and GPUGhostMemory judges the GPU against the runs' allocators instead.
+            # With no process listed on a GPU whose driver gives no Xid events (WDDM/WSL: the
+            # Windows desktop's 2-2.5 GiB are "used" there, with no run live or none ever),
+            # only more than GPUGhostMemory's per-GPU allowance (ghost_device_floor) counts.
             expr="""
             trainguard_gpu_memory_unattributed_bytes > ${unattributed_floor}
             unless on (${target_labels}, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
@@ -146,6 +149,13 @@ GROUP = Group(
             (
               trainguard_gpu_processes == 0
               and on (${target_labels}) instance:trainguard_run_allocator_devices_unplaced:count > 0
+            )
+            unless on (${target_labels}, gpu, uuid)
+            (
+              trainguard_gpu_processes == 0
+              and on (${target_labels}, gpu, uuid) trainguard_gpu_xid_events_supported == 0
+              and on (${target_labels}, gpu, uuid)
+                trainguard_gpu_memory_unattributed_bytes <= ${ghost_device_floor}
             )
             """,
             for_="${unattributed_for}",
