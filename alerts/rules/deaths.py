@@ -65,12 +65,23 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
+        # A death recorded less than restart_window ago (its age is from the dead process's
+        # last heartbeat: known when Prometheus first sees the run), or one Prometheus saw the
+        # run count within restart_window (a process hung for longer, then killed and
+        # restarted: its last heartbeat is older than the window, its death is news).
         Alert(
             "TrainingProcessRestarted",
             "warning",
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_last_death_age_seconds < ${restart_window_s}
+            )
+            or
+            (
+              max by (${target_labels}, run) (trainguard_run_deaths_total)
+              > max by (${target_labels}, run) (
+                trainguard_run_deaths_total offset ${restart_window}
+              )
             )
             """,
             keep_firing_for="${keep_firing_for}",
