@@ -83,6 +83,7 @@ def _rule(
     if rule.keep_firing_for is not None:
         out["keep_firing_for"] = fill(rule.keep_firing_for, table)
     out["labels"] = {"severity": rule.severity}
+    out["labels"].update({key: fill(value, table) for key, value in rule.labels.items()})
     out["annotations"] = {
         "summary": Folded(fill(para(rule.summary), table)),
         "description": Folded(fill(para(rule.description), table)),

@@ -23,6 +23,16 @@ FLOOR = "run_rank_device:trainguard_run_allocator_allocated_bytes:floor"
 #: the device's size: as the process reported it, else its GPU's as NVML reports it
 TOTAL = "run_rank_device:trainguard_run_allocator_device_total_bytes:max"
 
+
+def _avg(metric: str) -> str:
+    """A rank's device's allocator figure averaged over frag_window, one series per device
+    whatever labels of the scrape (a Kubernetes pod) changed within the window."""
+    return (
+        "max by (${target_labels}, run, rank, device) "
+        "(avg_over_time(trainguard_run_allocator_" + metric + "[${frag_window}]))"
+    )
+
+
 SNIPPETS = {
     # A whole sentence on the rank's allocator, for both alerts.
     "stats": (
@@ -52,19 +62,19 @@ SNIPPETS = {
         + DEV_SEL
         + "} offset ${leak_window})"
         + " / on (${target_labels}, run, rank)"
-        + " (trainguard_run_step{"
+        + " (max by (${target_labels}, run, rank) (trainguard_run_step{"
         + RANK_SEL
-        + "} - trainguard_run_step{"
+        + "}) - max by (${target_labels}, run, rank) (trainguard_run_step{"
         + RANK_SEL
-        + "} offset ${leak_window})",
+        + "} offset ${leak_window}))",
         DEV_ARGS + " " + DEV_ARGS + " " + RANK_ARGS + " " + RANK_ARGS,
     ),
     "leak_steps": query_value(
-        "trainguard_run_step{"
+        "max(trainguard_run_step{"
         + RANK_SEL
-        + "} - trainguard_run_step{"
+        + "}) - max(trainguard_run_step{"
         + RANK_SEL
-        + "} offset ${leak_window}",
+        + "} offset ${leak_window})",
         RANK_ARGS + " " + RANK_ARGS,
     ),
     "leak_floor": query_bytes(FLOOR + "{" + DEV_SEL + "}", DEV_ARGS),
@@ -72,30 +82,30 @@ SNIPPETS = {
     "frag_stats": (
         "Averages over ${frag_window}: reserved "
         + query_bytes(
-            "avg_over_time(trainguard_run_allocator_reserved_bytes{"
+            "max(avg_over_time(trainguard_run_allocator_reserved_bytes{"
             + DEV_SEL
-            + "}[${frag_window}])",
+            + "}[${frag_window}]))",
             DEV_ARGS,
         )
         + ", allocated "
         + query_bytes(
-            "avg_over_time(trainguard_run_allocator_allocated_bytes{"
+            "max(avg_over_time(trainguard_run_allocator_allocated_bytes{"
             + DEV_SEL
-            + "}[${frag_window}])",
+            + "}[${frag_window}]))",
             DEV_ARGS,
         )
         + ", inactive split "
         + query_bytes(
-            "avg_over_time(trainguard_run_allocator_inactive_split_bytes{"
+            "max(avg_over_time(trainguard_run_allocator_inactive_split_bytes{"
             + DEV_SEL
-            + "}[${frag_window}])",
+            + "}[${frag_window}]))",
             DEV_ARGS,
         )
         + "; cudaMalloc retries in the last ${frag_window}: "
         + query_value(
-            "increase(trainguard_run_allocator_alloc_retries_total{"
+            "max(increase(trainguard_run_allocator_alloc_retries_total{"
             + DEV_SEL
-            + "}[${frag_window}])",
+            + "}[${frag_window}]))",
             DEV_ARGS,
         )
         + "."
@@ -114,7 +124,9 @@ GROUP = Group(
         Record(
             FLOOR,
             """
-            min_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+            min by (${target_labels}, run, rank, device) (
+              min_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+            )
             """,
         ),
         # The process's own figure (torch's total_memory: right for a MIG slice too), else its
@@ -140,6 +152,7 @@ GROUP = Group(
             increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
             """,
             for_="${alloc_retry_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="The CUDA allocator of run {{ $labels.run }} keeps retrying allocations.",
             description="""
             The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }}
@@ -156,9 +169,11 @@ GROUP = Group(
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
             unless on (${target_labels}, run, rank) (
-              trainguard_run_process_up == 1
+              last_over_time(trainguard_run_process_up[${oom_window}]) == 1
               and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
+            unless on (${target_labels}, run, rank)
+              last_over_time(trainguard_run_finished[${oom_window}]) == 1
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
             description="""
@@ -176,9 +191,11 @@ GROUP = Group(
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
             and on (${target_labels}, run, rank) (
-              trainguard_run_process_up == 1
+              last_over_time(trainguard_run_process_up[${oom_window}]) == 1
               and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
             )
+            unless on (${target_labels}, run, rank)
+              last_over_time(trainguard_run_finished[${oom_window}]) == 1
             """,
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory and carried on.
@@ -203,7 +220,9 @@ GROUP = Group(
               (
                 TOTAL
                 - on (${target_labels}, run, rank, device)
-                max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+                max by (${target_labels}, run, rank, device) (
+                  max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+                )
               )
               / on (${target_labels}, run, rank, device)
               (deriv(FLOOR[${leak_window}]) > 0)
@@ -212,7 +231,11 @@ GROUP = Group(
             and on (${target_labels}, run, rank, device)
             (FLOOR > FLOOR offset ${leak_rise_window})
             and on (${target_labels}, run, rank)
-            (trainguard_run_step - trainguard_run_step offset ${leak_window} > 0)
+            (
+              max by (${target_labels}, run, rank) (trainguard_run_step)
+              - max by (${target_labels}, run, rank) (trainguard_run_step offset ${leak_window})
+              > 0
+            )
             and on (${target_labels}, run, rank)
             trainguard_run_process_up == 1
             and on (${target_labels}, run, rank)
@@ -241,36 +264,40 @@ GROUP = Group(
             # the value: the free cache (reserved - allocated) averaged over the window
             expr="""
             (
-              avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+              AVG_RESERVED
               - on (${target_labels}, run, rank, device)
-              avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+              AVG_ALLOCATED
               > ${frag_free_floor}
             )
             and on (${target_labels}, run, rank, device)
             (
               (
-                avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+                AVG_RESERVED
                 - on (${target_labels}, run, rank, device)
-                avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+                AVG_ALLOCATED
               )
               / on (${target_labels}, run, rank, device)
-              avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+              AVG_RESERVED
               > ${frag_free_ratio}
             )
             and on (${target_labels}, run, rank, device)
             (
-              avg_over_time(trainguard_run_allocator_inactive_split_bytes[${frag_window}])
+              AVG_SPLIT
               / on (${target_labels}, run, rank, device)
               (
-                avg_over_time(trainguard_run_allocator_reserved_bytes[${frag_window}])
+                AVG_RESERVED
                 - on (${target_labels}, run, rank, device)
-                avg_over_time(trainguard_run_allocator_allocated_bytes[${frag_window}])
+                AVG_ALLOCATED
               )
               > ${frag_split_share}
             )
             and on (${target_labels}, run, rank, device)
-            increase(trainguard_run_allocator_alloc_retries_total[${frag_window}]) > 0
-            """,
+            max by (${target_labels}, run, rank, device) (
+              increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
+            ) > 0
+            """.replace("AVG_RESERVED", _avg("reserved_bytes"))
+            .replace("AVG_ALLOCATED", _avg("allocated_bytes"))
+            .replace("AVG_SPLIT", _avg("inactive_split_bytes")),
             for_="${frag_for}",
             summary="""
             The GPU memory of run {{ $labels.run }} rank {{ $labels.rank }} is fragmented.

@@ -78,6 +78,7 @@ def _damage_alerts(
         "critical",
         expr=condition + "unless on (${target_labels}, run, location) (" + covered + ")",
         for_="${checkpoint_damage_for}",
+        keep_firing_for="${keep_firing_for}",
         summary=summary + ".",
         description=described
         + """
@@ -92,6 +93,7 @@ def _damage_alerts(
         "warning",
         expr=condition + "and on (${target_labels}, run, location) (" + covered + ")",
         for_="${checkpoint_damage_for}",
+        keep_firing_for="${keep_firing_for}",
         summary=summary + "; an intact copy remains.",
         description=described.rstrip().removesuffix(".")
         + """, the newest damaged one of step """
@@ -113,14 +115,25 @@ GROUP = Group(
             "CheckpointStale",
             "warning",
             expr="""
-            changes(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}]) == 0
-            and trainguard_checkpoint_last_timestamp_seconds > 0
-            and trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
+            max by (${target_labels}, run, location) (
+              max_over_time(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}])
+            )
+            == max by (${target_labels}, run, location) (
+              min_over_time(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}])
+            )
+            and max by (${target_labels}, run, location) (
+              trainguard_checkpoint_last_timestamp_seconds
+            ) > 0
+            and on (${target_labels}, run, location)
+              max by (${target_labels}, run, location) (
+                trainguard_checkpoint_last_timestamp_seconds offset ${checkpoint_stale}
+              )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             and on (${target_labels}, run)
               run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
             """,
             for_="5m",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             No new checkpoint of run {{ $labels.run }} at {{ $labels.location }} for
             ${checkpoint_stale}.
@@ -137,8 +150,10 @@ GROUP = Group(
             "critical",
             expr="""
             (
-              min_over_time(
-                trainguard_checkpoint_location_up{location="primary"}[${checkpoint_stale}]
+              min by (${target_labels}, run, location) (
+                min_over_time(
+                  trainguard_checkpoint_location_up{location="primary"}[${checkpoint_stale}]
+                )
               ) == 1
               unless on (${target_labels}, run, location)
                 last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
@@ -296,6 +311,7 @@ GROUP = Group(
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="${steps_at_risk_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             Run {{ $labels.run }} is {{ $value }} steps past its newest complete checkpoint.
             """,

@@ -53,6 +53,9 @@ class Alert:
     stops returning it (a missed scrape must not resolve it and page again)."""
     annotations: Mapping[str, str] = field(default_factory=dict)
     """Further annotations (name: template), one line each like the description."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels besides ``severity`` (templates allowed): a label whose value changes makes a new
+    alert, hence a new notification, where the same firing alert would send none."""
 
 
 @dataclass(frozen=True)
@@ -99,16 +102,30 @@ def query_bytes(query: str, args: str) -> str:
     return query_value(query, args, "humanize1024", suffix="B")
 
 
+#: the step annotation of a run that reports none (a restarted run before its first step)
+NO_STEP = "none reported yet"
+#: steps at risk of a run that has steps and no complete primary checkpoint
+NO_CHECKPOINT = "no complete checkpoint: everything since the start is at risk"
+
 #: annotations of every alert about a run (Group.run_context): what on-call needs in the
 #: notification whatever the alert (deploy/trainguard.tmpl prints them)
 RUN_CONTEXT = {
-    "step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
+    "step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS, unknown=NO_STEP),
     "checkpoint_step": query_value(
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
         RUN_ARGS,
         unknown="none",
     ),
+    # no complete primary checkpoint while the run has steps: everything is at risk, say so
     "steps_at_risk": query_value(
-        "run:trainguard_run_steps_since_checkpoint:max{" + RUN_SEL + "}", RUN_ARGS
+        "run:trainguard_run_steps_since_checkpoint:max{" + RUN_SEL + "}",
+        RUN_ARGS,
+        unknown="{{ with printf `max(trainguard_run_step{"
+        + RUN_SEL
+        + "})` "
+        + RUN_ARGS
+        + " | query }}"
+        + NO_CHECKPOINT
+        + "{{ else }}unknown{{ end }}",
     ),
 }

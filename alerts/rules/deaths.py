@@ -3,9 +3,38 @@ restarting the run at once), RepeatedDeathNearSameStep (does it keep dying at th
 
 from __future__ import annotations
 
-from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+#: steps between a newly recorded death and the one before it (see the rule)
+DISTANCE = "run:trainguard_run_death_step_distance:new"
+
+
+def _death_number(plus: str) -> dict[str, str]:
+    """The ``death`` label: which of the run's deaths this is (1 for the first). Each death is
+    its own alert, so a run that dies again while the page of its previous death still fires
+    (keep_firing_for) is notified again. The count is the exporter's (recorded by the next
+    process at its start), over keep_firing_for so a missed scrape does not change it."""
+    return {
+        "death": (
+            "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"
+            + RUN_SEL
+            + "}[${keep_firing_for}]))"
+            + plus
+            + "` "
+            + RUN_ARGS
+            + ' | query }}{{ . | first | value | printf "%.0f" }}{{ else }}1{{ end }}'
+        )
+    }
+
+
+#: TrainingProcessDied: the death not yet counted (the count goes up when the run restarts)
+DIED_LABELS = _death_number(" + 1")
+#: TrainingProcessRestarted: the death the restarted run counted
+RESTARTED_LABELS = _death_number("")
 
 SNIPPETS = {
+    # a new death shows within this lookback: the death count is above its value this long ago
+    "death_lookback": "1m",
     "last_death": query_value("trainguard_run_last_death_step{" + RUN_SEL + "}", RUN_ARGS),
     "deaths": query_value("trainguard_run_deaths_total{" + RUN_SEL + "}", RUN_ARGS),
     "death_checkpoint": query_value(
@@ -36,6 +65,10 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
+        # A death recorded less than restart_window ago (its age is from the dead process's
+        # last heartbeat: known when Prometheus first sees the run), or one Prometheus saw the
+        # run count within restart_window (a process hung for longer, then killed and
+        # restarted: its last heartbeat is older than the window, its death is news).
         Alert(
             "TrainingProcessRestarted",
             "warning",
@@ -43,8 +76,16 @@ GROUP = Group(
             max by (${target_labels}, run) (
               trainguard_run_last_death_age_seconds < ${restart_window_s}
             )
+            or
+            (
+              max by (${target_labels}, run) (trainguard_run_deaths_total)
+              > max by (${target_labels}, run) (
+                trainguard_run_deaths_total offset ${restart_window}
+              )
+            )
             """,
             keep_firing_for="${keep_firing_for}",
+            labels=RESTARTED_LABELS,
             summary="""
             Training run {{ $labels.run }} on {{ $labels.instance }} died and was restarted.
             """,
@@ -57,26 +98,54 @@ GROUP = Group(
             ${steps_lost}. Deaths recorded so far: ${deaths}.
             """,
         ),
+        # At a newly recorded death (the run's death count went up within the last minute),
+        # how many steps lie between it and the death recorded before it, unless that one is
+        # known to be older than repeated_death_window (both dates are the dead processes'
+        # last heartbeats, on the same clock). Recorded once per death, read over the window by
+        # the alert: each pair of consecutive deaths is judged on its own, whatever other
+        # deaths the window holds. By run (max by): labels of the scrape, such as a
+        # Kubernetes pod that a rollout changes, are not part of a run's identity.
+        Record(
+            DISTANCE,
+            """
+            abs(
+              max by (${target_labels}, run) (trainguard_run_last_death_step)
+              - max by (${target_labels}, run) (
+                trainguard_run_last_death_step offset ${death_lookback}
+              )
+            )
+            and on (${target_labels}, run)
+            (
+              max by (${target_labels}, run) (trainguard_run_deaths_total)
+              > (
+                max by (${target_labels}, run) (
+                  trainguard_run_deaths_total offset ${death_lookback}
+                ) > 0
+              )
+            )
+            unless on (${target_labels}, run)
+            (
+              max by (${target_labels}, run) (trainguard_run_last_death_timestamp_seconds)
+              - max by (${target_labels}, run) (
+                trainguard_run_last_death_timestamp_seconds offset ${death_lookback}
+              )
+              >= ${repeated_death_window_s}
+            )
+            """,
+        ),
         Alert(
             "RepeatedDeathNearSameStep",
             "warning",
             expr="""
-            (
-              max_over_time(trainguard_run_last_death_step[${repeated_death_window}])
-              - min_over_time(trainguard_run_last_death_step[${repeated_death_window}])
-            ) <= ${repeated_death_steps}
-            and on (${target_labels}, run)
-              increase(trainguard_run_deaths_total[${repeated_death_window}]) > 0
-            and on (${target_labels}, run)
-              max_over_time(trainguard_run_deaths_total[${repeated_death_window}]) >= 2
-            """,
+            min_over_time(DISTANCE[${repeated_death_window}]) <= ${repeated_death_steps}
+            """.replace("DISTANCE", DISTANCE),
             summary="Run {{ $labels.run }} died again near the same step.",
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} died again in the last
-            ${repeated_death_window}, at step ${last_death} (cause: ${cause}), within
-            {{ $value | printf "%.0f" }} steps of its previous recorded death (threshold
-            ${repeated_death_steps} steps). Once is bad luck, twice at the same place is a
-            pattern: look at what that region of training does.
+            Run {{ $labels.run }} on {{ $labels.instance }} died within
+            {{ $value | printf "%.0f" }} steps of the death recorded before it, both in the
+            last ${repeated_death_window} (threshold ${repeated_death_steps} steps); its last
+            recorded death was at step ${last_death} (cause: ${cause}). Once is bad luck,
+            twice at the same place is a pattern: look at what that region of training does.
             """,
         ),
     ),

@@ -71,6 +71,8 @@ GROUP = Group(
             ) > ${ghost_ratio}
             """,
             for_="${ghost_for}",
+            keep_firing_for="${keep_firing_for}",
+            labels={"scope": "rank"},
             summary="""
             GPU driver holds far more VRAM for run {{ $labels.run }} than its allocator reserved.
             """,
@@ -106,6 +108,8 @@ GROUP = Group(
             instance:trainguard_run_allocator_devices_unplaced:count > 0
             """,
             for_="${ghost_for}",
+            keep_firing_for="${keep_firing_for}",
+            labels={"scope": "gpu"},
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} has far more VRAM in use than the
             live runs on it reserved.
@@ -130,6 +134,9 @@ GROUP = Group(
             # listed while live runs report allocator memory on this GPU or on one of this
             # host's that cannot be placed (WSL lists none): "unattributed" is then just
             # "used", and GPUGhostMemory judges the GPU against the runs' allocators instead.
+            # With no process listed on a GPU whose driver gives no Xid events (WDDM/WSL: the
+            # Windows desktop's 2-2.5 GiB are "used" there, with no run live or none ever),
+            # only more than GPUGhostMemory's per-GPU allowance (ghost_device_floor) counts.
             expr="""
             trainguard_gpu_memory_unattributed_bytes > ${unattributed_floor}
             unless on (${target_labels}, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
@@ -143,8 +150,16 @@ GROUP = Group(
               trainguard_gpu_processes == 0
               and on (${target_labels}) instance:trainguard_run_allocator_devices_unplaced:count > 0
             )
+            unless on (${target_labels}, gpu, uuid)
+            (
+              trainguard_gpu_processes == 0
+              and on (${target_labels}, gpu, uuid) trainguard_gpu_xid_events_supported == 0
+              and on (${target_labels}, gpu, uuid)
+                trainguard_gpu_memory_unattributed_bytes <= ${ghost_device_floor}
+            )
             """,
             for_="${unattributed_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} has VRAM in use that no live
             process accounts for.

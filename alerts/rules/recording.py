@@ -185,9 +185,13 @@ GROUP = Group(
             """,
         ),
         # OOMs (or OOM memory snapshots) of a rank within oom_recent. increase() needs two
-        # samples, so a counter whose first sample is already above 0 (the run OOMed in its
-        # first batch) counts too when it did not exist oom_recent ago while Prometheus was
-        # scraping the exporter then (not an old count seen by a Prometheus just started).
+        # samples, so an OOM counter above 0 in a process younger than oom_recent counts too
+        # (the counter resets with each process: a relaunch that OOMs in its first batch shows
+        # 1 at its first sample, as the dead process's series did), and so does a counter that
+        # did not exist oom_recent ago while Prometheus was scraping the exporter then (not an
+        # old count seen by a Prometheus just started). Comparisons with the past match on the
+        # series' identity only (on/by), never on labels of the scrape such as a Kubernetes
+        # `pod`, which a rollout of the exporter changes.
         Record(
             "run_rank:trainguard_run_allocator_ooms:recent",
             """
@@ -195,16 +199,26 @@ GROUP = Group(
               increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
               or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
               or (
+                max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
+                  > 0
+                and on (${target_labels}, run, rank)
+                  max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
+                  < ${oom_recent_s}
+              )
+              or (
                 (
-                  trainguard_run_allocator_ooms_total > 0
-                  unless trainguard_run_allocator_ooms_total offset ${oom_recent}
+                  max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
+                    > 0
+                  unless on (${target_labels}, run, rank, device)
+                    trainguard_run_allocator_ooms_total offset ${oom_recent}
                 )
                 and on (${target_labels}) (up offset ${oom_recent} == 1)
               )
               or (
                 (
-                  trainguard_run_memory_snapshots_total > 0
-                  unless trainguard_run_memory_snapshots_total offset ${oom_recent}
+                  max by (${target_labels}, run, rank) (trainguard_run_memory_snapshots_total) > 0
+                  unless on (${target_labels}, run, rank)
+                    trainguard_run_memory_snapshots_total offset ${oom_recent}
                 )
                 and on (${target_labels}) (up offset ${oom_recent} == 1)
               )
@@ -219,12 +233,13 @@ GROUP = Group(
         Record(
             "gpu:trainguard_gpu_xid_errors:recent",
             """
-            increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
-            or
-            (
+            max by (${target_labels}, gpu, uuid, xid) (
+              increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
+              or
               (
-                trainguard_gpu_xid_errors_total
-                unless trainguard_gpu_xid_errors_total offset ${xid_window}
+                max by (${target_labels}, gpu, uuid, xid) (trainguard_gpu_xid_errors_total)
+                unless on (${target_labels}, gpu, uuid, xid)
+                  trainguard_gpu_xid_errors_total offset ${xid_window}
               )
               and on (${target_labels}) (up offset ${xid_window} == 1)
             )

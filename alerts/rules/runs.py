@@ -8,6 +8,7 @@ trainer clock off by an hour must not page a healthy run."""
 from __future__ import annotations
 
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
 
 SNIPPETS = {
@@ -20,10 +21,12 @@ SNIPPETS = {
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
     ),
     "last_step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
-    "checkpoint_step": query_value(
+    # "newest complete primary checkpoint at step 400", or that there is none
+    "checkpoint_at": query_value(
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
         RUN_ARGS,
-        unknown="none known",
+        fmt='printf "newest complete primary checkpoint at step %.0f"',
+        unknown="no complete primary checkpoint known",
     ),
     "stall_threshold": query_value(
         "max(run_rank:trainguard_run_stall_threshold_seconds:clamp{" + RUN_SEL + "})",
@@ -78,12 +81,13 @@ GROUP = Group(
             )
             """,
             keep_firing_for="${keep_firing_for}",
+            labels=DIED_LABELS,
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
             description="""
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
             are gone without a clean exit (no live process with the recorded PID and create
-            time): rank(s) ${dead_ranks}. Last step ${last_step}; newest complete primary
-            checkpoint at step ${checkpoint_step}. ${dead_vram}
+            time): rank(s) ${dead_ranks}. Last step ${last_step}; ${checkpoint_at}.
+            ${dead_vram}
             """,
         ),
         Alert(
@@ -174,9 +178,17 @@ GROUP = Group(
             "TrainingLogStale",
             "warning",
             expr="""
-            changes(trainguard_run_log_modified_timestamp_seconds[${log_stale}]) == 0
-            and trainguard_run_log_modified_timestamp_seconds > 0
-            and trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
+            max by (${target_labels}, run) (
+              max_over_time(trainguard_run_log_modified_timestamp_seconds[${log_stale}])
+            )
+            == max by (${target_labels}, run) (
+              min_over_time(trainguard_run_log_modified_timestamp_seconds[${log_stale}])
+            )
+            and max by (${target_labels}, run) (trainguard_run_log_modified_timestamp_seconds) > 0
+            and on (${target_labels}, run)
+              max by (${target_labels}, run) (
+                trainguard_run_log_modified_timestamp_seconds offset ${log_stale}
+              )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count offset ${log_stale}
             """,

@@ -191,7 +191,10 @@ class Prometheus(_Server):
         alertmanager: str | None = None,
         scrape_interval: str = "1s",
         evaluation_interval: str = "1s",
+        scrape_configs: Sequence[dict[str, Any]] | None = None,
     ) -> None:
+        """``scrape_configs``: Prometheus' own, in place of one static job "trainguard" of
+        ``targets`` (e.g. file_sd with a relabelling under test)."""
         assert PROMETHEUS, "prometheus is not installed"
         workdir.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
@@ -199,9 +202,9 @@ class Prometheus(_Server):
                 "scrape_interval": scrape_interval,
                 "evaluation_interval": evaluation_interval,
             },
-            "scrape_configs": [
-                {"job_name": "trainguard", "static_configs": [{"targets": list(targets)}]}
-            ],
+            "scrape_configs": list(scrape_configs)
+            if scrape_configs is not None
+            else [{"job_name": "trainguard", "static_configs": [{"targets": list(targets)}]}],
             "rule_files": [str(p) for p in rule_files],
         }
         if alertmanager:
