@@ -1,7 +1,9 @@
-"""GPU health panels of the GPU dashboard: why a GPU holds its clocks down, its PCIe link
-against what it could be, utilisation, power, temperature, ECC errors and row remapping per GPU
-(the series of ``trainguard/exporter/gpu_health.py``), to see at a glance which GPU slows a run
-and why (GPUHardwareSlowdown, GPUPcieLinkDegraded and the memory alerts judge the same)."""
+"""GPU health panels of the GPU dashboard: which GPU slows a run, and why, at a glance.
+
+Per GPU: why it holds its clocks down, its PCIe link against what it could be, utilisation,
+power, temperature, ECC errors and row remapping (the series of
+``trainguard/exporter/gpu_health.py``); GPUHardwareSlowdown, GPUPcieLinkDegraded and the memory
+alerts judge the same."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""GPU memory: the driver's view (NVML) against the allocator's view (torch) of GPU memory, to
-see ghost memory, unattributed memory, fragmentation, retries and OOMs; and the GPUs' Xid
+"""GPU memory panels: the driver's view (NVML) against the allocator's view (torch).
+
+They show ghost memory, unattributed memory, fragmentation, retries and OOMs; and the GPUs' Xid
 errors."""
 
 from __future__ import annotations

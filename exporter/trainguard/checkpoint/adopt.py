@@ -1,6 +1,7 @@
-"""``record_dir``: record a step directory a framework has finished writing in place (the
-Hugging Face Trainer's ``checkpoint-500/``), so that it is complete at once and any later
-truncation of a file in it is caught.
+"""``record_dir``: record a step directory a framework has finished writing in place.
+
+The directory is, e.g., the Hugging Face Trainer's ``checkpoint-500/``; once recorded it is
+complete at once and any later truncation of a file in it is caught.
 
 A framework that renames nothing and writes no checksum leaves a directory that can only be
 called complete once nothing in it has changed for the grace period, and that stays "complete"
@@ -25,11 +26,12 @@ _DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 
 def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = True) -> Record:
-    """Fsync, hash and record the finished step directory ``path`` (its name the pattern
-    exactly, e.g. ``checkpoint-500`` for ``checkpoint-{step}``); the record replaces any record
-    of that name. Call it only once the framework has finished writing the directory: a file
-    written after it no longer matches the record, and the step is not complete (a file
-    changing size while it is hashed is an error). ``hashing=False`` records sizes only.
+    """Fsync, hash and record the finished step directory ``path``.
+
+    Its name is the pattern exactly (e.g. ``checkpoint-500`` for ``checkpoint-{step}``); the record
+    replaces any record of that name. Call it only once the framework has finished writing the
+    directory: a file written after it no longer matches the record, and the step is not complete (a
+    file changing size while it is hashed is an error). ``hashing=False`` records sizes only.
 
     Raises ValueError for a name the pattern does not give a step, FileNotFoundError for a
     missing directory, ManifestError for a link in it, and ``OSError`` from the disk."""
@@ -69,8 +71,10 @@ def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = Tr
 
 
 def forget_removed(directory: str | os.PathLike[str], *, pattern: str) -> list[str]:
-    """Remove the records of step directories of ``pattern`` that no longer exist (deleted by
-    their framework's own rotation, e.g. ``save_total_limit``); the names removed."""
+    """Remove the records of step directories of ``pattern`` that no longer exist.
+
+    They were deleted by their framework's own rotation (e.g. ``save_total_limit``). Returns
+    the names removed."""
     where = Path(directory)
     pat = CheckpointPattern(pattern)
     gone = []

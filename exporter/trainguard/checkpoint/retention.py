@@ -1,6 +1,8 @@
-"""``prune`` and ``latest``: act only on what the shared verdict calls complete, and never
-delete what is being written, copied, or of unknown age, whether a checkpoint is one file or a
-directory per step (:mod:`trainguard.shared.steps`)."""
+"""Checkpoint retention: ``prune`` old checkpoints and find the ``latest`` complete one.
+
+Both act only on what the shared verdict calls complete, and never delete what is being written,
+copied, or of unknown age, whether a checkpoint is one file or a directory per step
+(:mod:`trainguard.shared.steps`)."""
 
 from __future__ import annotations
 
@@ -37,8 +39,9 @@ DELETING = ".trainguard-deleting-"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A complete checkpoint as :func:`latest` finds it; usable wherever a path is
-    (``torch.load(latest(d))``)."""
+    """A complete checkpoint as :func:`latest` finds it.
+
+    Usable wherever a path is (``torch.load(latest(d))``)."""
 
     path: Path
     step: int
@@ -51,8 +54,9 @@ class Checkpoint:
 
 
 def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
-    """Delete ``path`` only if it is still the file that was judged and nobody holds a lock on
-    it (a mirror copying from it). False, and nothing deleted, otherwise."""
+    """Delete ``path`` only if it is still the file that was judged and nobody has it locked.
+
+    The lock is a mirror's, copying from it. False, and nothing deleted, otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | FILE_FLAGS | O_NONBLOCK)
     except OSError:
@@ -74,8 +78,9 @@ def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
 
 
 def _remove_stale_records(listing: Listing, now_ns: int, grace_ns: int) -> None:
-    """Records whose checkpoint file no longer exists, and temporaries of killed writers, once
-    settled. A record whose file exists is never touched, whatever its name's pattern."""
+    """Remove records of deleted checkpoint files, and killed writers' temporaries, once settled.
+
+    A record whose file exists is never touched, whatever its name's pattern."""
     mdir = listing.directory / MANIFEST_DIR
     try:
         with os.scandir(mdir) as it:
@@ -98,10 +103,12 @@ def _remove_stale_records(listing: Listing, now_ns: int, grace_ns: int) -> None:
 
 
 def _delete_dir(directory: Path, d: StepDir) -> bool:
-    """Delete a step directory only if it is still the tree that was judged (same directory,
-    no file added, removed or touched since) and nobody holds a lock on it (a ``mirror``
-    copying it). It is first renamed to a hidden name, so that a prune killed half-way never
-    leaves a partial directory under a checkpoint's name. False, nothing deleted, otherwise."""
+    """Delete a step directory only if it is still the tree judged and nobody has it locked.
+
+    Still the tree judged: same directory, no file added, removed or touched since; the lock is
+    a ``mirror``'s, copying it. It is first renamed to a hidden name, so that a prune killed
+    half-way never leaves a partial directory under a checkpoint's name. False, nothing deleted,
+    otherwise."""
     path = directory / d.name
     try:
         fd = os.open(path, DIR_FLAGS)
@@ -159,8 +166,10 @@ def prune(
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
     layout: str = DEFAULT_LAYOUT,
 ) -> list[Path]:
-    """Keep the newest ``keep`` complete checkpoints of ``directory`` and delete older ones,
-    in the mirrors too (aligned on the same steps). Returns what was deleted.
+    """Keep the newest ``keep`` complete checkpoints of ``directory``, delete older ones.
+
+    Older ones are deleted in the mirrors too (aligned on the same steps). Returns what was
+    deleted.
 
     A checkpoint is a file or a step directory (committed by a trainguard record or its
     framework's marker, ``layout`` as in the exporter's config). Never deleted: a ``.part`` or
@@ -231,10 +240,12 @@ def latest(
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
     layout: str = DEFAULT_LAYOUT,
 ) -> Checkpoint | None:
-    """The newest complete checkpoint: its size matches its record (for a mirror without a
-    record, the ``primary`` directory's record, or the primary file once ``grace`` has passed),
-    its mtime is known, and with ``verify_hash`` its content hashes to the recorded SHA-256
-    (a file without a recorded hash then does not qualify). None when there is none.
+    """The newest complete checkpoint of ``directory``, or None when there is none.
+
+    Complete: its size matches its record (for a mirror without a record, the ``primary``
+    directory's record, or the primary file once ``grace`` has passed), its mtime is known, and
+    with ``verify_hash`` its content hashes to the recorded SHA-256 (a file without a recorded
+    hash then does not qualify).
 
     A step directory qualifies when committed (its trainguard record, or its framework's
     marker: ``layout`` as in the exporter's config, ``auto`` by default) with every file its

@@ -1,5 +1,6 @@
-"""One line in the frameworks people train with: callbacks that report a run through
-:class:`trainguard.Run` without touching the training loop.
+"""Framework callbacks that report a run in one line, without touching the training loop.
+
+One line in the frameworks people train with reports the run through :class:`trainguard.Run`.
 
 - :mod:`trainguard.integrations.transformers`: ``TrainguardCallback`` for the Hugging Face
   ``Trainer`` (``pip install 'trainguard[transformers]'``);

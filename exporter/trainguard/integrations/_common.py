@@ -1,7 +1,9 @@
-"""What the framework callbacks share: the run's name, the scalars taken from a framework's
-logs, and the life of one :class:`trainguard.Run` (start, steps, clean end, failure). The
-callbacks only translate a framework's events into these calls; everything else (heartbeat,
-deaths across restarts, allocator stats, OOM snapshots) is ``Run``'s."""
+"""What the framework callbacks share.
+
+The run's name, the scalars taken from a framework's logs, and the life of one
+:class:`trainguard.Run` (start, steps, clean end, failure). The callbacks only translate a
+framework's events into these calls; everything else (heartbeat, deaths across restarts, allocator
+stats, OOM snapshots) is ``Run``'s."""
 
 from __future__ import annotations
 
@@ -47,9 +49,11 @@ def missing_framework(module: str, extra: str, exc: ImportError) -> ImportError:
 
 
 def run_name(explicit: str | None, *fallbacks: str | os.PathLike[str] | None) -> str:
-    """``explicit``, else ``$TRAINGUARD_RUN`` (set by ``trainguard launch --name``), else the
-    first fallback given: a framework's run name as is, a directory by its last component
-    (the name must stay the same across restarts, so that deaths are counted)."""
+    """The run's name: ``explicit``, else ``$TRAINGUARD_RUN``, else the first fallback given.
+
+    ``$TRAINGUARD_RUN`` is set by ``trainguard launch --name``; a fallback is taken as: a
+    framework's run name as is, a directory by its last component (the name must stay the same
+    across restarts, so that deaths are counted)."""
     if explicit:
         return explicit
     env = os.environ.get(RUN_ENV, "").strip()
@@ -98,9 +102,11 @@ def as_float(value: Any) -> float | None:
 
 
 class RunLife:
-    """One ``Run`` driven by a framework's events. A process that ends after training began
-    but before the framework said it ended (an exception caught by the script, an uncaught
-    one) records a failure, with the exception's type when the interpreter saw one."""
+    """One ``Run`` driven by a framework's events.
+
+    A process that ends after training began but before the framework said it ended (an exception
+    caught by the script, an uncaught one) records a failure, with the exception's type when the
+    interpreter saw one."""
 
     def __init__(self, run_kwargs: Mapping[str, Any]) -> None:
         self._run_kwargs = dict(run_kwargs)
@@ -119,8 +125,9 @@ class RunLife:
         checkpoint_pattern: str | None,
         checkpoint_layout: str | None = None,
     ) -> Run:
-        """The open ``Run``, created at the first start (or after an end: a second
-        ``train()`` is a new process life of the same run and rank)."""
+        """The open ``Run``, created at the first start (or after an end).
+
+        After an end, a second ``train()`` is a new process life of the same run and rank."""
         with self._lock:
             if self.run is not None and not self.ended:
                 return self.run
@@ -166,8 +173,9 @@ class RunLife:
             run.close()
 
     def fail(self, exc: BaseException | None) -> None:
-        """Training raised ``exc`` (None: unknown): an OOM snapshot if it is a CUDA OOM and
-        ``oom_snapshots=True``, and the run recorded failed."""
+        """Record the run failed: training raised ``exc`` (None: unknown).
+
+        First an OOM snapshot if it is a CUDA OOM and ``oom_snapshots=True``."""
         with self._lock:
             run, ended, self.ended = self.run, self.ended, True
         if run is None or ended:

@@ -1,4 +1,6 @@
-"""Report a Lightning run to the trainguard exporter in one line::
+"""Report a Lightning run to the trainguard exporter in one line.
+
+Add the callback::
 
     import lightning as L
     from trainguard.integrations.lightning import TrainguardCallback
@@ -62,8 +64,9 @@ _MARK = re.compile("\x00([0-9]+)\x00")
 
 
 class _Probe:
-    """A metric value that formats as a mark whatever its format spec (``{val_loss:.2f}``), so
-    that the name Lightning builds shows where each field's value goes."""
+    """A metric value that formats as a mark whatever its format spec (``{val_loss:.2f}``).
+
+    Then the name Lightning builds shows where each field's value goes."""
 
     def __init__(self, index: int) -> None:
         self.mark = f"\x00{index}\x00"
@@ -118,15 +121,15 @@ def checkpoint_pattern(mc: Any) -> tuple[str | None, str | None]:
 
 
 class TrainguardCheckpointIO(TorchCheckpointIO):
-    """Lightning's ``CheckpointIO`` writing through :func:`trainguard.checkpoint.save`: a file
-    whose name ``pattern`` gives a step (``step=500.ckpt``) is written to ``<name>.part``,
-    fsynced, renamed and recorded (size, SHA-256), so that the exporter, ``latest`` and
-    ``prune`` can call it complete; a save killed midway leaves a ``.part`` and nothing
-    complete under its name. Other names (``last.ckpt``) and remote paths (``s3://``) are
-    written by Lightning as before, unrecorded. Loading is Lightning's; removing a checkpoint
-    (``save_top_k``) removes its record too. ``TrainguardCallback`` installs it by itself;
-    pass it yourself as ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the
-    callback."""
+    """Lightning's ``CheckpointIO`` writing through :func:`trainguard.checkpoint.save`.
+
+    A file whose name ``pattern`` gives a step (``step=500.ckpt``) is written to ``<name>.part``,
+    fsynced, renamed and recorded (size, SHA-256), so that the exporter, ``latest`` and ``prune``
+    can call it complete; a save killed midway leaves a ``.part`` and nothing complete under its
+    name. Other names (``last.ckpt``) and remote paths (``s3://``) are written by Lightning as
+    before, unrecorded. Loading is Lightning's; removing a checkpoint (``save_top_k``) removes its
+    record too. ``TrainguardCallback`` installs it by itself; pass it yourself as
+    ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the callback."""
 
     def __init__(self, pattern: str = DEFAULT_PATTERN) -> None:
         super().__init__()
@@ -157,8 +160,10 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
         save(checkpoint, os.fspath(path), pattern=self.pattern)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """The file first, then its record, as ``prune`` does: killed in between, a record
-        without its file is ignored by the exporter and removed by the next ``prune``."""
+        """Remove the file first, then its record, as ``prune`` does.
+
+        Killed in between, a record without its file is ignored by the exporter and removed by
+        the next ``prune``."""
         super().remove_checkpoint(path)
         if self._recorded(path):
             text = os.path.abspath(os.fspath(path))
@@ -166,10 +171,11 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
 
 
 def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
-    """Put a :class:`TrainguardCheckpointIO` for ``pattern`` in ``strategy``: in place of
-    Lightning's default ``TorchCheckpointIO``, or as the base of a wrapper around it
-    (``AsyncCheckpointIO``); a ``TrainguardCheckpointIO`` already there gets ``pattern``.
-    None when done, else why not (a custom ``CheckpointIO`` is left alone)."""
+    """Put a :class:`TrainguardCheckpointIO` for ``pattern`` in ``strategy``.
+
+    In place of Lightning's default ``TorchCheckpointIO``, or as the base of a wrapper around it
+    (``AsyncCheckpointIO``); a ``TrainguardCheckpointIO`` already there gets ``pattern``. None when
+    done, else why not (a custom ``CheckpointIO`` is left alone)."""
     if isinstance(strategy, DeepSpeedStrategy) or not isinstance(
         strategy, (SingleDeviceStrategy, DDPStrategy)
     ):

@@ -1,4 +1,6 @@
-"""Report a Hugging Face ``Trainer`` run to the trainguard exporter in one line::
+"""Report a Hugging Face ``Trainer`` run to the trainguard exporter in one line.
+
+Add the callback::
 
     from trainguard.integrations.transformers import TrainguardCallback
 

@@ -1,6 +1,8 @@
-"""``trainguard.Run``: the in-process side. A training script creates one per process (rank)
-and calls ``run.step(step, loss=...)`` in its loop; a background thread turns the latest
-values into a heartbeat file that the exporter reads at scrape time.
+"""``trainguard.Run``: the in-process side, reporting a training run to the exporter.
+
+A training script creates one per process (rank) and calls ``run.step(step, loss=...)`` in its loop;
+a background thread turns the latest values into a heartbeat file that the exporter reads at scrape
+time.
 
 The training loop must never pay for this: ``step()`` only stores a tuple (no lock, no I/O,
 no syscall beyond reading the clock); the daemon writer thread wakes every ``interval``
@@ -203,13 +205,16 @@ class Run:
     # -- the training loop's side -------------------------------------------------------
 
     def step(self, step: int, **scalars: float) -> None:
-        """Record the current step and numeric scalars (loss, tokens/s...). Costs well under
-        a microsecond: the values are converted and written by the background thread."""
+        """Record the current step and numeric scalars (loss, tokens/s...).
+
+        Costs well under a microsecond: the values are converted and written by the background
+        thread."""
         self._latest = (step, time.time(), scalars)
 
     def close(self, *, finished: bool = True) -> None:
-        """Write the final heartbeat (waiting at most ``close_timeout`` seconds for a slow
-        disk). ``finished=False`` records the run as failed."""
+        """Write the final heartbeat; ``finished=False`` records the run as failed.
+
+        Waits at most ``close_timeout`` seconds for a slow disk."""
         self._finish("finished" if finished else "failed", None)
 
     @property
@@ -218,10 +223,11 @@ class Run:
         return self._snapshots.last
 
     def capture_oom(self) -> OomGuard:
-        """``with run.capture_oom(): train_step()``: on ``torch.cuda.OutOfMemoryError``,
-        dump a CUDA memory snapshot next to the heartbeat
+        """Dump a CUDA memory snapshot on ``torch.cuda.OutOfMemoryError``, and re-raise.
+
+        ``with run.capture_oom(): train_step()``. The snapshot goes next to the heartbeat
         (``<name>-<hash>.rank<N>.oom-<n>.pickle``, open it at https://pytorch.org/memory_viz;
-        the newest periodic one is kept beside it as ``oom-<n>.before.pickle``) and re-raise.
+        the newest periodic one is kept beside it as ``oom-<n>.before.pickle``).
         Needs ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through."""
         return OomGuard(lambda exc: self._snapshots.on_exception(exc, self._progress))
 
@@ -365,8 +371,9 @@ class Run:
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:
-        """(step, scalars) as of the script's latest step() call, for a snapshot's metadata;
-        runs on the reporter's thread, or the training thread at an OOM."""
+        """(step, scalars) as of the script's latest step() call, for a snapshot's metadata.
+
+        Runs on the reporter's thread, or the training thread at an OOM."""
         latest = self._latest
         if latest is None:
             return self._step, self._scalars

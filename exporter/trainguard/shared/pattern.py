@@ -1,5 +1,6 @@
-"""Which names in a checkpoint directory are checkpoints, and of which step: the one rule the
-library writing them and the exporter judging them share.
+"""Which names in a checkpoint directory are checkpoints, and of which step.
+
+The one rule the library writing them and the exporter judging them share.
 
 The grammar (docs/checkpoints.md#checkpoint-names): a file name in which ``{step}`` stands
 once for the step (decimal digits), ``{name}`` for any other value (an epoch, a metric:
@@ -72,9 +73,11 @@ def _parse(pattern: str) -> _Parsed:
 
 
 def checkpoint_pattern_problem(pattern: str) -> str | None:
-    """Why a checkpoint name pattern cannot be used, or None. Hidden names are the temporaries
-    of many tools (and the ``.trainguard`` manifest directory), ``.part`` marks a file still
-    being written: a pattern matching either would call them checkpoints."""
+    """Why a checkpoint name pattern cannot be used, or None.
+
+    Hidden names are the temporaries of many tools (and the ``.trainguard`` manifest directory),
+    ``.part`` marks a file still being written: a pattern matching either would call them
+    checkpoints."""
     if "/" in pattern or "\\" in pattern:
         return f"expected a file name, not a path, got {pattern!r}"
     if pattern.startswith(".") or pattern.endswith(".part"):
@@ -83,8 +86,9 @@ def checkpoint_pattern_problem(pattern: str) -> str | None:
 
 
 def is_plain_name(name: str) -> bool:
-    """A name that can only mean a file directly inside the directory it is looked up in
-    (no separators, no parent, not hidden, no control characters)."""
+    """Whether ``name`` can only mean a file directly inside the directory it is looked up in.
+
+    No separators, no parent, not hidden, no control characters."""
     # separators, ':' (drive-relative names and NTFS streams on Windows), control characters
     return 0 < len(name) <= 255 and not name.startswith(".") and _NOT_PLAIN.search(name) is None
 
@@ -96,11 +100,12 @@ _TEMP_DIR_RE = re.compile(r"(?:tmp-)?(.+?)(?:\.part|\.orbax-checkpoint-tmp(?:-[0
 
 
 class CheckpointPattern:
-    """Which names are checkpoints: the configured pattern (``step_{step}``,
-    ``epoch={epoch}-step={step}.ckpt``) with any extension or none (``step_100.pt``,
-    ``step_0100.safetensors``, ``step_100``) for regular files, and exactly the pattern
-    (``checkpoint-500``, ``iter_0000500``) for a directory per step. ``<checkpoint>.part`` is a
-    checkpoint being written, and so is a step directory under a framework's temporary name
+    """Which names are checkpoints, and of which step, by the configured pattern.
+
+    The pattern (``step_{step}``, ``epoch={epoch}-step={step}.ckpt``) with any extension or none
+    (``step_100.pt``, ``step_0100.safetensors``, ``step_100``) for regular files, and exactly the
+    pattern (``checkpoint-500``, ``iter_0000500``) for a directory per step. ``<checkpoint>.part``
+    is a checkpoint being written, and so is a step directory under a framework's temporary name
     (:meth:`temp_dir_step`), which a wildcard never turns into a final one."""
 
     def __init__(self, pattern: str = DEFAULT_CHECKPOINT_PATTERN) -> None:
@@ -129,8 +134,9 @@ class CheckpointPattern:
         return self.step(name[: -len(PARTIAL_SUFFIX)])
 
     def dir_step(self, name: str) -> int | None:
-        """The step of a step directory's final name (the pattern exactly, no extension), else
-        None; never a temporary name (``tmp-checkpoint-500`` under ``*-{step}``)."""
+        """The step of a step directory's final name (the pattern exactly), else None.
+
+        No extension, and never a temporary name (``tmp-checkpoint-500`` under ``*-{step}``)."""
         step = self._final_dir_step(name)
         if step is None or self.temp_dir_step(name) is not None:
             return None
@@ -143,8 +149,10 @@ class CheckpointPattern:
         return int(m.group(1))
 
     def temp_dir_step(self, name: str) -> int | None:
-        """The step of a step directory under a temporary name (``step-500.part``,
-        ``500.orbax-checkpoint-tmp-1700000000``, ``tmp-checkpoint-500``), else None."""
+        """The step of a step directory under a temporary name, else None.
+
+        Such as ``step-500.part``, ``500.orbax-checkpoint-tmp-1700000000`` or
+        ``tmp-checkpoint-500``."""
         m = _TEMP_DIR_RE.fullmatch(name)
         if m is None or m.group(1) == name:
             return None

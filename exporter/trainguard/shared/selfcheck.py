@@ -1,6 +1,7 @@
-"""The size a checkpoint file says it must have, read from its own format, for files nobody
-recorded: a safetensors file (an 8-byte little-endian header length, a JSON header whose
-``data_offsets`` give the data's size), a zip (``torch.save``'s format since torch 1.6: the
+"""The size a checkpoint file says it must have, read from its own format.
+
+For files nobody recorded: a safetensors file (an 8-byte little-endian header length, a JSON header
+whose ``data_offsets`` give the data's size), a zip (``torch.save``'s format since torch 1.6: the
 end-of-central-directory record is the last thing written), a JSON document (it parses).
 
 A framework that writes a directory in place (the Hugging Face Trainer without the trainguard
@@ -32,10 +33,11 @@ _CACHE_MAX = 100_000
 
 
 def expected_size(path: Path, st: os.stat_result) -> int | None:
-    """The size ``path`` (whose lstat is ``st``) must have by its own format, or None when its
-    name or content carries none. A file shorter than its header claims gets that claim (or,
-    for a zip whose end record is missing, the least it would need: 22 bytes more), so that it
-    compares as truncated."""
+    """The size ``path`` (whose lstat is ``st``) must have by its own format, or None.
+
+    None when its name or content carries none. A file shorter than its header claims gets that
+    claim (or, for a zip whose end record is missing, the least it would need: 22 bytes more), so
+    that it compares as truncated."""
     name = path.name
     kind = (
         "safetensors"
@@ -76,11 +78,11 @@ def expected_size(path: Path, st: os.stat_result) -> int | None:
 
 
 def indented_json_closed(fd: int, size: int) -> bool:
-    """Whether a JSON object written with ``indent`` (the Hugging Face Trainer's
-    ``trainer_state.json``: ``json.dumps(..., indent=2) + "\\n"``) is whole, from two small
-    reads: only the top-level object closes at the start of a line, so a copy cut short
-    anywhere does not end with ``\\n}``. The whole document (megabytes of log history) is
-    not parsed at every look."""
+    r"""Whether a JSON object written with ``indent`` is whole, from two small reads.
+
+    Such as the Hugging Face Trainer's ``trainer_state.json``: ``json.dumps(..., indent=2) + "\n"``.
+    Only the top-level object closes at the start of a line, so a copy cut short anywhere does not
+    end with ``\n}``. The whole document (megabytes of log history) is not parsed at every look."""
     if size < 3 or _read(fd, 0, 1) != b"{":
         return False
     end = _read(fd, max(0, size - 3), 3)
@@ -140,8 +142,10 @@ def _zip(fd: int, size: int) -> int | None:
 
 
 def _eocd_consistent(fd: int, tail: bytes, at: int, pos: int, size: int) -> bool:
-    """Whether the end record at ``pos`` ends the file and the central directory ends where the
-    end records start (the zip64 one, which torch always writes, or this one)."""
+    """Whether the end record at ``pos`` ends the file and follows the central directory.
+
+    The central directory must end where the end records start (the zip64 one, which torch
+    always writes, or this one)."""
     if at + 22 > len(tail):
         return False
     cd_size, cd_offset, comment = struct.unpack("<IIH", tail[at + 12 : at + 22])

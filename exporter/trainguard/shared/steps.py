@@ -1,10 +1,11 @@
-"""Checkpoints as the frameworks write them: a directory per step (``checkpoint-500/``,
-``step-500/``, ``global_step500/``, ``iter_0000500/``), often one file per rank, committed by the
-framework's own protocol. This module says which step directories are committed (their *layout*:
-which marker the framework writes last); what each holds (every regular file under it, walked
-without following links and within bounds) is :mod:`trainguard.shared.stepdir`. The library
-(``latest``/``prune``) and the exporter share both, so that they never disagree on what is
-complete."""
+"""Step directories: checkpoints as the frameworks write them, and which are committed.
+
+A directory per step (``checkpoint-500/``, ``step-500/``, ``global_step500/``, ``iter_0000500/``),
+often one file per rank, committed by the framework's own protocol. This module says which step
+directories are committed (their *layout*: which marker the framework writes last); what each holds
+(every regular file under it, walked without following links and within bounds) is
+:mod:`trainguard.shared.stepdir`. The library (``latest``/``prune``) and the exporter share both, so
+that they never disagree on what is complete."""
 
 from __future__ import annotations
 
@@ -50,8 +51,9 @@ MAX_HF_STATE_BYTES = 32 * 1024 * 1024
 
 
 class LayoutError(ManifestError):
-    """A location whose layout cannot be told (ambiguous markers, a tracker file naming
-    something that is not a step): it fails visibly rather than guessing."""
+    """A location whose layout cannot be told: it fails visibly rather than guessing.
+
+    Ambiguous markers, or a tracker file naming something that is not a step."""
 
 
 def layout_problem(layout: str) -> str | None:
@@ -62,8 +64,9 @@ def layout_problem(layout: str) -> str | None:
 
 
 def _read_marker(name: str, dir_fd: int | None, directory: Path, cap: int) -> bytes | None:
-    """A marker or tracker file's content, None when it is larger than ``cap``; read as every
-    untrusted file is (:func:`~trainguard.shared.fileio.read_untrusted`)."""
+    """A marker or tracker file's content, None when it is larger than ``cap``.
+
+    Read as every untrusted file is (:func:`~trainguard.shared.fileio.read_untrusted`)."""
     try:
         return read_untrusted(directory / name, cap, dir_fd=dir_fd)[0]
     except UntrustedFileError as exc:
@@ -75,10 +78,11 @@ def _read_marker(name: str, dir_fd: int | None, directory: Path, cap: int) -> by
 def tracker_step(
     layout: str, dir_fd: int | None, directory: Path, pattern: CheckpointPattern
 ) -> int | None:
-    """The newest committed step named by the DeepSpeed ``latest`` or Megatron
-    ``latest_checkpointed_iteration.txt`` file beside the step directories; None when there is
-    none yet (or Megatron's ``release``). A tracker naming something that is not a step is a
-    LayoutError."""
+    """The newest committed step named by a tracker file beside the step directories.
+
+    The tracker is DeepSpeed's ``latest`` or Megatron's ``latest_checkpointed_iteration.txt``.
+    None when there is none yet (or Megatron's ``release``). A tracker naming something that is
+    not a step is a LayoutError."""
     name = DEEPSPEED_LATEST if layout == "deepspeed" else MEGATRON_LATEST
     try:
         data = _read_marker(name, dir_fd, directory, MAX_TRACKER_BYTES)
@@ -105,9 +109,11 @@ def tracker_step(
 
 
 def _hf_state_ok(dfd: int, where: Path, st: os.stat_result, memo: TreeMemo | None) -> bool:
-    """trainer_state.json is written with a plain open/write, so a save killed while writing it
-    leaves a partial document: it marks the step only once it is whole (as the Trainer writes
-    it, indented, its last line the top-level ``}``: two small reads; else once it parses)."""
+    """Whether ``trainer_state.json`` is whole, so that it marks its step committed.
+
+    It is written with a plain open/write, so a save killed while writing it leaves a partial
+    document: it marks the step only once it is whole (as the Trainer writes it, indented, its
+    last line the top-level ``}``: two small reads; else once it parses)."""
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if memo is not None:
         cached = memo.marker(key)
@@ -169,10 +175,11 @@ def step_directories(
     memo: TreeMemo | None = None,
     fallback: str | None = None,
 ) -> tuple[tuple[StepDir, ...], tuple[InFlight, ...], str]:
-    """The committed and in-flight step directories of a location: ``candidates`` are the
-    (name, step, temporary name) of its directories that the pattern matched, ``trackers`` the
-    tracker files beside them. Returns them with the layout they were judged by (``auto``
-    resolved: ``fallback`` when nothing here tells, which for a mirror is its primary's
+    """The committed and in-flight step directories of a location.
+
+    ``candidates`` are the (name, step, temporary name) of its directories that the pattern matched,
+    ``trackers`` the tracker files beside them. Returns them with the layout they were judged by
+    (``auto`` resolved: ``fallback`` when nothing here tells, which for a mirror is its primary's
     layout, else ``none``, so that only trainguard records commit)."""
     seen: list[_Seen] = []
     for name, step, temp in candidates:

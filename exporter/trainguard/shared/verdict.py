@@ -1,6 +1,7 @@
-"""Which checkpoint files and step directories are complete: the one verdict that
-``trainguard.checkpoint.latest`` and ``prune`` act on and the exporter publishes, so that the
-two never disagree."""
+"""Which checkpoint files and step directories are complete.
+
+The one verdict that ``trainguard.checkpoint.latest`` and ``prune`` act on and the exporter
+publishes, so that the two never disagree."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from trainguard.shared.stepdir import StepDir
 
 
 class Judged(NamedTuple):
-    """One checkpoint file judged against what its writer recorded (a named tuple, like
-    :class:`Entry`)."""
+    """One checkpoint file judged against what its writer recorded.
+
+    A named tuple, like :class:`Entry`."""
 
     entry: Entry
     expected_size: int | None  # None: no record here nor on the primary
@@ -34,10 +36,12 @@ def judge(
     primary: Listing | None = None,
     trust_unrecorded: bool = False,
 ) -> list[Judged]:
-    """Judge every file of a location. Its own record gives the expected size and hash; a
-    mirror's file without a record falls back on the primary's record of the same name, or on
-    the primary file's size once that has settled. With ``trust_unrecorded``, a settled file
-    for which none of these gives a size is complete (its writer recorded nothing to check).
+    """Judge every file of a location.
+
+    Its own record gives the expected size and hash; a mirror's file without a record falls back on
+    the primary's record of the same name, or on the primary file's size once that has settled. With
+    ``trust_unrecorded``, a settled file for which none of these gives a size is complete (its
+    writer recorded nothing to check).
 
     Whatever the records and the trust setting, a mirror's file smaller than the settled primary
     file of the same name (itself not smaller nor larger than its own record) is judged against
@@ -100,9 +104,11 @@ StepCache = dict[str, tuple[StepDir, "StepDir | None", tuple[bool, int, bool], "
 
 
 class StepVerdict(NamedTuple):
-    """A committed step directory judged as a whole: its files one by one (against its own
-    record, or for a mirror the primary's record or directory of the same step), the files
-    expected but absent, and whether the step is a complete checkpoint."""
+    """A committed step directory judged as a whole.
+
+    Its files one by one (against its own record, or for a mirror the primary's record or
+    directory of the same step), the files expected but absent, and whether the step is a
+    complete checkpoint."""
 
     dir: StepDir
     files: list[Judged]
@@ -121,15 +127,16 @@ def judge_dirs(
     trust_unrecorded: bool = False,
     cache: StepCache | None = None,
 ) -> list[StepVerdict]:
-    """Judge every committed step directory of a location. A directory committed by a
-    trainguard record is complete once every file it lists is there with its recorded size (as
-    a recorded file is); one committed by its framework's marker once nothing under it has been
-    touched for the grace period, or at once when every file in it carries its own length
-    (:mod:`trainguard.shared.selfcheck`: safetensors, torch zips, JSON) and has it; a file
+    """Judge every committed step directory of a location.
+
+    A directory committed by a trainguard record is complete once every file it lists is there with
+    its recorded size (as a recorded file is); one committed by its framework's marker once nothing
+    under it has been touched for the grace period, or at once when every file in it carries its own
+    length (:mod:`trainguard.shared.selfcheck`: safetensors, torch zips, JSON) and has it; a file
     shorter than its own header says is never complete, and truncated once settled. A mirror's
-    directory is compared file by file with the primary's directory of the same step (its
-    record, else its files once settled): a missing or smaller file is truncation, and the step
-    is not complete.
+    directory is compared file by file with the primary's directory of the same step (its record,
+    else its files once settled): a missing or smaller file is truncation, and the step is not
+    complete.
 
     ``cache`` (the same dict for every judgement of one location) keeps the verdict of each
     settled directory: judged again only when it, or the primary's directory of its step, is

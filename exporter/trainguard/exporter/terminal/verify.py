@@ -1,7 +1,9 @@
-"""``trainguard verify``: every checkpoint of a location with the verdict the exporter and
-``trainguard.checkpoint.latest`` share (``trainguard.shared.verdict.judge``), and the one
-``latest()`` would resume from. A step directory (a framework's or ``save_dir``'s) is one
-item, named ``<dir>/``, judged as a whole (``judge_dirs``)."""
+"""``trainguard verify``: every checkpoint of a location with its verdict.
+
+The verdict is the one the exporter and ``trainguard.checkpoint.latest`` share
+(``trainguard.shared.verdict.judge``), and the one ``latest()`` would resume from. A step directory
+(a framework's or ``save_dir``'s) is one item, named ``<dir>/``, judged as a whole
+(``judge_dirs``)."""
 
 from __future__ import annotations
 
@@ -176,8 +178,10 @@ FRAMEWORK_PATTERNS = (
 
 
 def pattern_hint(path: Path, pattern: str) -> str | None:
-    """When no name in ``path`` matches ``pattern`` but a framework's names are there: the
-    ``--pattern`` that would find them (one listing of the directory)."""
+    """The ``--pattern`` that would find a framework's names in ``path``, else None.
+
+    Only when no name in ``path`` matches ``pattern`` but a framework's names are there (one
+    listing of the directory)."""
     try:
         names = [e.name for e in os.scandir(path)]
     except OSError:
