@@ -1,4 +1,6 @@
-"""Can the run be resumed, and from where? CheckpointStale, CheckpointNeverCompleted,
+"""Can the run be resumed, and from where? The checkpoint alerts.
+
+CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
 CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk."""
 
@@ -47,7 +49,9 @@ SNIPPETS = {
 
 
 def _covered(damage: str) -> str:
-    """PromQL (an indented block) for the locations whose newest file with ``damage`` is of a
+    """PromQL for the damaged locations whose damage a newer intact step covers.
+
+    An indented block for the locations whose newest file with ``damage`` is of a
     step the run still holds intact, at any location, or a newer one, while that newest intact
     step is no more than steps_at_risk_factor x the usual cadence behind the run: then the
     damage is a warning (fix the copy), otherwise it pages."""
@@ -68,8 +72,9 @@ def _covered(damage: str) -> str:
 def _damage_alerts(
     name: str, series: str, damage: str, what: str, summary: str, described: str
 ) -> tuple[Alert, Alert]:
-    """The critical and the warning rule of one kind of damage; exactly one of them holds for
-    a damaged location."""
+    """The critical and the warning rule of one kind of damage.
+
+    Exactly one of them holds for a damaged location."""
     condition = series + " > 0\n"
     covered = _covered(damage)
     newest = "${damaged_step_" + damage + "}"

@@ -1,5 +1,7 @@
-"""What every rule module uses: the rule types, the placeholder syntax, and Go-template snippets
-that print a query's value inside an annotation.
+"""What every rule module uses.
+
+The rule types, the placeholder syntax, and Go-template snippets that print a query's value
+inside an annotation.
 
 Placeholders are ``${name}``: a threshold (``alerts/thresholds/``) or a snippet of the
 rule's group. The syntax cannot meet Prometheus' own templates (``{{ $labels.run }}``: a ``$``
@@ -17,8 +19,9 @@ PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 
 def fill(template: str, table: Mapping[str, str]) -> str:
-    """Replace ``${name}`` placeholders in one pass (inserted text is not scanned again); an
-    unknown name is an error, not a silent blank."""
+    """Replace ``${name}`` placeholders in one pass.
+
+    Inserted text is not scanned again; an unknown name is an error, not a silent blank."""
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -39,8 +42,10 @@ class Record:
 
 @dataclass(frozen=True)
 class Alert:
-    """An alerting rule. ``summary`` and ``description`` may span lines here: they become one
-    line each. ``runbook_url`` is derived from ``name``."""
+    """An alerting rule.
+
+    ``summary`` and ``description`` may span lines here: they become one line each.
+    ``runbook_url`` is derived from ``name``."""
 
     name: str
     severity: str
@@ -89,8 +94,9 @@ _QUERY_VALUE = (
 def query_value(
     query: str, args: str, fmt: str = INT, unknown: str = "unknown", suffix: str = ""
 ) -> str:
-    """Template text printing the first sample of ``query`` (``printf`` with ``args``) through
-    the pipeline tail ``fmt``, or ``unknown`` when the query returns nothing."""
+    """Template text printing the first sample of ``query``, or ``unknown`` without one.
+
+    The sample is printed with ``printf`` and ``args`` through the pipeline tail ``fmt``."""
     return fill(
         _QUERY_VALUE,
         {"query": query, "args": args, "fmt": fmt, "suffix": suffix, "unknown": unknown},

@@ -1,4 +1,6 @@
-"""Is trainguard itself watching? TrainguardCollectorFailing, TrainguardExporterDown (critical
+"""Is trainguard itself watching? The exporter's own alerts.
+
+TrainguardCollectorFailing, TrainguardExporterDown (critical
 when the exporter, failing its scrapes or gone from service discovery, was watching active runs:
 a dead host cannot report their death), and Watchdog, which always fires so that a dead
 man's switch notices when the whole alerting pipeline stops."""

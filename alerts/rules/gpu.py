@@ -1,5 +1,6 @@
-"""Is VRAM held by something that no longer trains, or did a GPU fail? GPUGhostMemory,
-GPUUnattributedMemory, GPUXidError, DuplicateHostProcess."""
+"""Alerts on VRAM held by something that no longer trains, and on GPUs that failed.
+
+GPUGhostMemory, GPUUnattributedMemory, GPUXidError, DuplicateHostProcess."""
 
 from __future__ import annotations
 

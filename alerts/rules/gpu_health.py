@@ -1,6 +1,7 @@
-"""Is the GPU the reason a run is slow, or is its memory failing? GPUHardwareSlowdown,
-GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors, GPURowRemapFailure,
-GPURowRemapPending.
+"""Alerts on a GPU that slows a run down or whose memory is failing.
+
+GPUHardwareSlowdown, GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors,
+GPURowRemapFailure, GPURowRemapPending.
 
 The slowdown and link rules judge only a GPU a training process is on (the driver's process
 list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never

@@ -1,5 +1,7 @@
-"""Is the training run alive and making progress? TrainingProcessDied, TrainingStalled,
-TrainingNoFirstStep, TrainingThroughputDropped, TrainingLogStale.
+"""Alerts on whether the training run is alive and making progress.
+
+TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingThroughputDropped,
+TrainingLogStale.
 
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
