@@ -147,10 +147,10 @@ def nvml_calls(n: int) -> dict[str, Any]:
             ("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows),
         ):
             try:
-                out[name + " (health)"] = {"value": repr(fn(h))}
+                out[name + " (health)"] = {"when": "what it read", "value": repr(fn(h))}
                 per_scrape(name, partial(fn, h))
             except pynvml.NVMLError as exc:
-                out[name + " (health)"] = {"error": type(exc).__name__}
+                out[name + " (health)"] = {"when": "what it read", "error": type(exc).__name__}
         procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
         out["processes_listed"] = len(procs)
         if procs:

@@ -123,6 +123,24 @@ class Child:
         payload = pickle.dumps(reduce_tensor(self.tensors[name]))
         return {"payload": base64.b64encode(payload).decode()}
 
+    def op_busy(self, seconds: float) -> dict[str, Any]:
+        """Keep the GPU busy with matrix multiplications for ``seconds``, stepping the run.
+
+        So the GPU health readings (utilisation, power, clocks, PCIe link) are those of a GPU
+        doing real work, as a training run's is."""
+        a = torch.randn(4096, 4096, device="cuda")
+        b = torch.randn(4096, 4096, device="cuda")
+        end = time.monotonic() + seconds
+        rounds = 0
+        while time.monotonic() < end:
+            for _ in range(20):
+                a = torch.mm(a, b)
+                a = a / a.norm()
+            torch.cuda.synchronize()
+            rounds += 1
+            self.run.step(rounds, loss=float(rounds))
+        return {"rounds": rounds}
+
     def op_exit(self) -> dict[str, Any]:
         self.run.close()
         return {"ok": "exit"}

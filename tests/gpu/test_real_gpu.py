@@ -10,6 +10,7 @@ test passes or not."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import subprocess
 import sys
@@ -462,3 +463,77 @@ def test_real_oom_writes_a_snapshot_and_moves_the_counters(
     )
     assert viz.returncode == 0, viz.stderr[-2000:]
     assert html.stat().st_size > 1000
+
+
+#: the GPU health series recorded per GPU while busy (exporter/gpu_health.py)
+HEALTH_GAUGES = (
+    "trainguard_gpu_clock_event_reasons",
+    "trainguard_gpu_pcie_link_generation",
+    "trainguard_gpu_pcie_link_generation_max",
+    "trainguard_gpu_pcie_link_generation_gpu_max",
+    "trainguard_gpu_pcie_link_width",
+    "trainguard_gpu_pcie_link_width_max",
+    "trainguard_gpu_utilization_ratio",
+    "trainguard_gpu_power_usage_watts",
+    "trainguard_gpu_power_limit_watts",
+    "trainguard_gpu_temperature_celsius",
+    "trainguard_gpu_temperature_slowdown_celsius",
+    "trainguard_gpu_ecc_corrected_errors_total",
+    "trainguard_gpu_ecc_uncorrected_errors_total",
+    "trainguard_gpu_row_remap_pending",
+    "trainguard_gpu_row_remap_failed",
+)
+#: clock event reasons that page (GPUHardwareSlowdown); the rest are normal states
+HARDWARE_REASONS = {"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+
+
+def test_gpu_health_on_a_busy_gpu(
+    exporter: Exporter, state_dir: Path, tmp_path: Path, figures: dict[str, Any]
+) -> None:
+    """The GPU health readings this driver reports, and silence on a healthy busy GPU.
+
+    Which clock event reasons, PCIe link, power, temperature, ECC and row-remap readings a GPU
+    reports differs by board and driver: all of it goes to ``figures`` (None where the driver
+    answered NOT_SUPPORTED). While a real CUDA process keeps the GPU busy, the readings must be
+    consistent (link at or below its maximum, temperature below the GPU's own slowdown point),
+    and the rules that judge them (GPUHardwareSlowdown, GPUPcieLinkDegraded), evaluated with
+    promtool over the scraped values held for 30 minutes, must return nothing."""
+    with CudaChild("health", state_dir, tmp_path / "child.log") as child:
+        child.call("init")
+        child.send(json.dumps({"op": "busy", "seconds": 40}))
+
+        def busy(s: Samples) -> bool:
+            return any(
+                (device(s, "trainguard_gpu_utilization_ratio", g) or 0) >= 0.5 for g in gpus(s)
+            )
+
+        s = poll(exporter, busy, timeout=SETTLE_TIMEOUT)
+        reasons = {
+            (dict(lbl)["gpu"], dict(lbl)["reason"])
+            for lbl in select(s, "trainguard_gpu_clock_event_reason")
+        }
+        figures["busy_gpus"] = [
+            {"gpu": g["gpu"], **{m: device(s, m, g) for m in HEALTH_GAUGES}} for g in gpus(s)
+        ]
+        figures["clock_event_reasons"] = sorted(reasons)
+        figures["busy_rounds"] = child.answer("busy", 120).get("rounds")
+        assert busy(s), brief(s)
+        assert not {r for _, r in reasons} & HARDWARE_REASONS, sorted(reasons)
+        for g in gpus(s):
+            gen, gen_max = (
+                device(s, "trainguard_gpu_pcie_link_generation", g),
+                device(s, "trainguard_gpu_pcie_link_generation_max", g),
+            )
+            if gen is not None and gen_max is not None:
+                assert 1 <= gen <= gen_max, brief(s)
+            temp, slowdown = (
+                device(s, "trainguard_gpu_temperature_celsius", g),
+                device(s, "trainguard_gpu_temperature_slowdown_celsius", g),
+            )
+            if temp is not None and slowdown is not None:
+                assert temp < slowdown, brief(s)
+        for alert in ("GPUHardwareSlowdown", "GPUPcieLinkDegraded"):
+            (tmp_path / alert).mkdir()
+            result = promtool_expect(s, shipped_alert_expr(alert), [], tmp_path / alert)
+            figures[f"promtool_{alert}"] = (result.stdout + result.stderr)[-800:]
+            assert result.returncode == 0, result.stdout + result.stderr
