@@ -5,9 +5,10 @@ collector's time per scrape, at 8 and 64 GPUs.
     python bench/bench_gpu_health.py [--gpus 8 64] [--procs 100 1000] [--scrapes 30]
 
 What is real and what is not: the real pynvml on the test NVML library (tests/fakenvml), which
-re-reads its state file at every call, so every call costs about the same here (a parse of a
-file that grows with the GPUs and processes) and far more than most driver calls; the share of
-the health reads therefore follows their share of the calls. On a real driver some calls cost
+stat()s its state file at every call and re-parses it only when it changed, so every call costs
+about the same here (a few µs of C, plus pynvml's and ctypes' Python); the share of the health
+reads therefore follows their share of the calls and of the Python around them. On a real driver
+some calls cost
 more than others (utilisation and power go to the GPU's firmware); only a GPU can say how much
 (bench/bench_real_gpu.py is the place for that check). The collector is the real GpuCollector,
 gathered in-process in a child started with the fake library's environment, its health reads
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,24 +41,29 @@ from trainguard.exporter.scrape import Scrape
 
 scrapes = int(sys.argv[1])
 collector = GpuCollector()
-spent = []
+spent, spent_cpu = [], []
 original = collector._health.collect
 def timed(dev, families, scrape):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     original(dev, families, scrape)
     spent[-1] += time.perf_counter() - start
+    spent_cpu[-1] += time.process_time() - cpu
 collector._health.collect = timed
-totals = []
+totals, totals_cpu = [], []
 for _ in range(scrapes + 1):  # the first scrape starts NVML and reads what is fixed
     spent.append(0.0)
+    spent_cpu.append(0.0)
     scrape = Scrape()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     list(collector.gather(scrape))
     totals.append(time.perf_counter() - start)
+    totals_cpu.append(time.process_time() - cpu)
     assert not scrape.errors, scrape.errors
+series = {"totals": totals[1:], "health": spent[1:], "totals_cpu": totals_cpu[1:],
+          "health_cpu": spent_cpu[1:]}
 per_call = {}
 if sys.argv[2] == "no-per-call":
-    print(json.dumps({"totals": totals[1:], "health": spent[1:], "per_call": {}}))
+    print(json.dumps({**series, "per_call": {}}))
     sys.exit(0)
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 n = pynvml
@@ -79,7 +86,7 @@ for name, fn in calls.items():
         fn()
         samples.append(time.perf_counter() - start)
     per_call[name] = sorted(samples)[len(samples) // 2]
-print(json.dumps({"totals": totals[1:], "health": spent[1:], "per_call": per_call}))
+print(json.dumps({**series, "per_call": per_call}))
 """
 
 
@@ -138,11 +145,11 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
         result = json.loads(proc.stdout)
         # one steady scrape's calls: a child gathering 3 times minus one gathering twice
         one, two = (logged_calls(st, path, Path(tmp) / "calls.log", n) for n in (1, 2))
-    steady = list(two)
-    for sym in one:
-        steady.remove(sym)
+    # the Xid watcher's event waits come at times of their own: not a scrape's calls
+    steady = Counter(s for s in two if not s.startswith("nvmlEvent"))
+    steady.subtract(s for s in one if not s.startswith("nvmlEvent"))
     totals, health = result["totals"], result["health"]
-    health_calls = sum(1 for s in steady if s in HEALTH_SYMBOLS)
+    health_calls = sum(n for s, n in steady.items() if s in HEALTH_SYMBOLS)
     return {
         "gpus": gpus,
         "procs": procs,
@@ -151,7 +158,12 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
         "health_share": round(
             statistics.median(h / t for h, t in zip(health, totals, strict=True)), 3
         ),
-        "nvml_calls_per_gpu_and_scrape_before": (len(steady) - health_calls) / gpus,
+        "gather_cpu_ms": round(1000 * statistics.median(result["totals_cpu"]), 2),
+        "health_cpu_ms": round(1000 * statistics.median(result["health_cpu"]), 2),
+        "health_cpu_share": round(
+            sum(result["health_cpu"]) / max(sum(result["totals_cpu"]), 1e-9), 3
+        ),
+        "nvml_calls_per_gpu_and_scrape_before": (sum(steady.values()) - health_calls) / gpus,
         "nvml_calls_per_gpu_and_scrape_added": health_calls / gpus,
         "per_call_us": {k: round(v * 1e6, 1) for k, v in result["per_call"].items()},
     }

@@ -11,8 +11,9 @@ nvitop-exporter's start-up address probe included, can leave 127.0.0.1. nvitop-e
 in its own virtualenv (``--nvitop-python``, default ``/work/venv-nvitop/bin/python``; make one
 with ``python -m venv v && v/bin/pip install nvitop-exporter``); without it that part is skipped.
 
-What is real and what is not: NVML is the test library (tests/fakenvml), which re-reads its
-state file at every query, so NVML calls cost more than a driver's would, for both exporters.
+What is real and what is not: NVML is the test library (tests/fakenvml), which stat()s its
+state file at every call and re-parses it only when it changed (it does not change during a
+run), so a call costs a few µs, about what a driver's does, for both exporters.
 Everything else is real: heartbeat files written with
 ``trainguard.shared.heartbeat.write_heartbeat`` carrying the pid and create time of live
 ``sleep`` processes (and, for every fifth run, of a pid that no longer exists), checkpoint files

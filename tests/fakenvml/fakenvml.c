@@ -4,9 +4,11 @@
  * The real pynvml binding (PyPI nvidia-ml-py) loads this library with
  * CDLL("libnvidia-ml.so.1") when LD_LIBRARY_PATH points at its directory.
  * Device and process state comes from a plain-text file named by the
- * environment variable TRAINGUARD_FAKE_NVML_STATE. The file is re-read on
- * every nvmlInit* call and on every query, so a test can rewrite it
- * (temp file + rename) while the process under test keeps NVML initialised.
+ * environment variable TRAINGUARD_FAKE_NVML_STATE. Every nvmlInit* call and
+ * every query stat()s the file and re-parses it when it changed (see
+ * load_state), so a test can rewrite it (temp file + rename) while the
+ * process under test keeps NVML initialised, and a call costs about what a
+ * driver's does when it did not change.
  *
  * The file format and the list of implemented symbols are documented in
  * README.md next to this file. Only the entry points that pynvml resolves
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #define STATE_ENV "TRAINGUARD_FAKE_NVML_STATE"
@@ -263,10 +266,24 @@ struct state {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned int g_refcount; /* nvmlInit ref count */
 static struct state g_state;    /* reused buffer; only valid under g_lock */
-/* ids of the `xid` events already delivered: the state file is re-read at
- * every call, so this is what makes each event arrive once */
+/* ids of the `xid` events already delivered: the state file is re-parsed when
+ * the file changed, so this is what makes each event arrive once */
 static unsigned int *g_consumed;
 static size_t g_nconsumed, g_cap_consumed;
+
+/* What g_state was parsed from, so that a call re-parses only when the file
+ * changed. Only a successful parse is cached: a missing or malformed file is
+ * looked at (and warned about) again at every call, as before. */
+#define RACY_NS 200000000LL /* see state_unchanged() */
+static struct {
+    int valid;
+    char path[PATH_MAX];
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    long long mtime_ns, ctime_ns;
+    long long parsed_ns; /* CLOCK_REALTIME when the parse began */
+} g_cache;
 
 static void warn(const char *fmt, ...) {
     va_list ap;
@@ -637,24 +654,63 @@ bad:
     return -1;
 }
 
-/* Read the state file into g_state. Returns NVML_SUCCESS,
- * NVML_ERROR_DRIVER_NOT_LOADED (no env/file) or NVML_ERROR_UNKNOWN (bad file). */
+static long long ts_ns(const struct timespec *ts) {
+    return (long long)ts->tv_sec * 1000000000LL + ts->tv_nsec;
+}
+
+/* Is the file at path the one g_state was parsed from? Its identity and
+ * timestamps, as stat() reports them, are those recorded at the parse; and the
+ * parse began more than RACY_NS after the file's last change. File timestamps
+ * come from a coarse clock (a jiffy, up to 10 ms): a file written in the same
+ * tick as the parsed one, the same size, on a reused inode would look the same.
+ * Any change after the parse is stamped no earlier than (parse start - one
+ * tick); if the parsed file's ctime is older than (parse start - RACY_NS), a
+ * later change cannot carry the same ctime. Until then every call re-parses. */
+static int state_unchanged(const char *path) {
+    struct stat sb;
+    if (g_cache.valid != 1 || strcmp(path, g_cache.path) || stat(path, &sb))
+        return 0;
+    return sb.st_dev == g_cache.dev && sb.st_ino == g_cache.ino && sb.st_size == g_cache.size &&
+           ts_ns(&sb.st_mtim) == g_cache.mtime_ns && ts_ns(&sb.st_ctim) == g_cache.ctime_ns &&
+           g_cache.ctime_ns + RACY_NS < g_cache.parsed_ns;
+}
+
+/* Read the state file into g_state, unless it is the one already there.
+ * Returns NVML_SUCCESS, NVML_ERROR_DRIVER_NOT_LOADED (no env/file) or
+ * NVML_ERROR_UNKNOWN (bad file). */
 static nvmlReturn_t load_state(void) {
     struct state *st = &g_state;
     const char *path = getenv(STATE_ENV);
     FILE *fp;
+    struct stat sb;
+    struct timespec now;
     char *line = NULL;
     size_t linecap = 0;
     unsigned lineno = 0;
     unsigned int i;
     nvmlReturn_t rc = NVML_SUCCESS;
 
+    if (path && *path && state_unchanged(path))
+        return NVML_SUCCESS;
+    g_cache.valid = 0;
+    clock_gettime(CLOCK_REALTIME, &now);
     reset_state(st);
     if (!path || !*path)
         return NVML_ERROR_DRIVER_NOT_LOADED;
     fp = fopen(path, "r");
     if (!fp)
         return NVML_ERROR_DRIVER_NOT_LOADED;
+    /* The key is that of the file opened, whatever the path names by now. */
+    if (fstat(fileno(fp), &sb) == 0 && strlen(path) < sizeof(g_cache.path)) {
+        strcpy(g_cache.path, path);
+        g_cache.dev = sb.st_dev;
+        g_cache.ino = sb.st_ino;
+        g_cache.size = sb.st_size;
+        g_cache.mtime_ns = ts_ns(&sb.st_mtim);
+        g_cache.ctime_ns = ts_ns(&sb.st_ctim);
+        g_cache.parsed_ns = ts_ns(&now);
+        g_cache.valid = 2; /* 2: key recorded; becomes 1 (valid) if the parse succeeds */
+    }
     while (getline(&line, &linecap, fp) >= 0) {
         char *tok[64], *save = NULL, *t, *hash;
         int ntok = 0;
@@ -750,6 +806,7 @@ static nvmlReturn_t load_state(void) {
 out:
     free(line);
     fclose(fp);
+    g_cache.valid = (rc == NVML_SUCCESS && g_cache.valid == 2);
     return rc;
 }
 

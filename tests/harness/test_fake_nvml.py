@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from helpers.nvml_fake import (
     build_fake_nvml,
     fake_nvml_env,
 )
+from helpers.wait import wait_for
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the fake NVML is a Linux shared library"
@@ -547,6 +549,58 @@ out([sorted(map(str, seen)), errors[:5]])
     }
     assert set(seen) <= allowed
     assert str((100, 101, 102)) in seen
+
+
+def test_rewrites_in_place_are_seen_at_once(lib_dir: Path, state_path: Path) -> None:
+    """The library re-parses only when the file changed (a stat per call); a rewrite that keeps
+    the inode and the size, right after the last read and so within the file timestamps' coarse
+    tick, must still be seen at the next call, and so must one after the parse was cached."""
+    a, b = two_gpus(), two_gpus()
+    a.gpus[0].used = 1 * GIB
+    b.gpus[0].used = 2 * GIB  # 1073741824 and 2147483648: the same number of digits
+    text_a, text_b = a.render().encode(), b.render().encode()
+    assert len(text_a) == len(text_b)
+    a.write(state_path)
+    child = Child(
+        """
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+while True:
+    out(n.nvmlDeviceGetMemoryInfo(h).used); wait()
+""",
+        a.env(state_path),
+    )
+
+    def rewrite_in_place(text: bytes) -> None:
+        fd = os.open(state_path, os.O_WRONLY)  # no O_TRUNC: same inode, same size
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
+
+    try:
+        assert child.recv() == GIB
+        ino = state_path.stat().st_ino
+        for i in range(60):
+            text, used = (text_b, 2 * GIB) if i % 2 == 0 else (text_a, GIB)
+            rewrite_in_place(text)
+            child.go()
+            assert child.recv() == used, f"rewrite {i} not seen"
+        # Once the file is older than the library's racy window, the parse is cached;
+        # a rewrite after that is seen too.
+        wait_for(
+            lambda: time.time() - state_path.stat().st_ctime > 0.5,
+            what="the state file to be older than the library's racy window",
+        )
+        for _ in range(3):  # the first parses and caches, the others are cache hits
+            child.go()
+            assert child.recv() == GIB
+        rewrite_in_place(text_b)
+        child.go()
+        assert child.recv() == 2 * GIB
+        assert state_path.stat().st_ino == ino
+    finally:
+        child.close()
 
 
 def test_xid_events_arrive_once_on_the_gpus_a_set_watches(lib_dir: Path, state_path: Path) -> None:

@@ -207,60 +207,26 @@ class GpuHealth:
                 for key in [k for k in cache if k[0] == dev.uuid]:
                     del cache[key]
         labels = [dev.index, dev.uuid]
-
-        def add(spec: MetricSpec, value: float | None, *extra: str) -> None:
-            if value is not None:
-                families[spec.name].add_metric([*labels, *extra], value)
-
         reader = _Reader(self, dev, scrape)
         mask = reader.read("clock event reasons", self._clock_reasons)
         if mask is not None:
-            add(CLOCK_EVENT_REASONS, mask)
+            families[CLOCK_EVENT_REASONS.name].add_metric(labels, mask)
+            family = families[CLOCK_EVENT_REASON.name]
             for name in reason_labels(int(mask)):
-                add(CLOCK_EVENT_REASON, 1, name)
-        add(PCIE_GENERATION, reader.read("PCIe link generation", _call("CurrPcieLinkGeneration")))
-        add(PCIE_WIDTH, reader.read("PCIe link width", _call("CurrPcieLinkWidth")))
-        for spec, what, call in (
-            (PCIE_GENERATION_MAX, "PCIe max link generation", "MaxPcieLinkGeneration"),
-            (PCIE_GENERATION_GPU_MAX, "GPU max PCIe generation", "GpuMaxPcieLinkGeneration"),
-            (PCIE_WIDTH_MAX, "PCIe max link width", "MaxPcieLinkWidth"),
-        ):
-            add(spec, reader.read(what, _call(call), static=True))
-        util = reader.read("utilisation", lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu)
-        add(UTILIZATION, None if util is None else util / 100)
-        power = reader.read("power usage", _call("PowerUsage"))
-        add(POWER, None if power is None else power / 1000)
-        limit = reader.read("enforced power limit", _call("EnforcedPowerLimit"))
-        add(POWER_LIMIT, None if limit is None else limit / 1000)
-        add(
-            TEMPERATURE,
-            reader.read(
-                "temperature",
-                lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-            ),
-        )
-        add(
-            TEMPERATURE_SLOWDOWN,
-            reader.read(
-                "slowdown temperature",
-                lambda h: pynvml.nvmlDeviceGetTemperatureThreshold(
-                    h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-                ),
-                static=True,
-            ),
-        )
-        for spec, what, kind in (
-            (ECC_CORRECTED, "corrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
-            (ECC_UNCORRECTED, "uncorrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
-        ):
-            add(spec, reader.read(what, _ecc(kind)))
+                family.add_metric([*labels, name], 1)
+        read = reader.read
+        for spec, what, fn, static, scale in _READS:
+            value = read(what, fn, static=static)
+            if value is not None:
+                families[spec.name].add_metric(labels, value / scale)
         rows = reader.read_tuple("remapped rows", pynvml.nvmlDeviceGetRemappedRows)
         if rows is not None:
             corrected, uncorrected, pending, failed = rows
-            add(REMAPPED_ROWS, corrected, "correctable")
-            add(REMAPPED_ROWS, uncorrected, "uncorrectable")
-            add(ROW_REMAP_PENDING, 1 if pending else 0)
-            add(ROW_REMAP_FAILED, 1 if failed else 0)
+            family = families[REMAPPED_ROWS.name]
+            family.add_metric([*labels, "correctable"], corrected)
+            family.add_metric([*labels, "uncorrectable"], uncorrected)
+            families[ROW_REMAP_PENDING.name].add_metric(labels, 1 if pending else 0)
+            families[ROW_REMAP_FAILED.name].add_metric(labels, 1 if failed else 0)
 
     def _clock_reasons(self, handle: Any) -> int:
         """The new call, or the older one on a driver (or pynvml) without it (before R535)."""
@@ -294,6 +260,62 @@ def _ecc(kind: int) -> Callable[[Any], float]:
     return lambda handle: float(
         pynvml.nvmlDeviceGetTotalEccErrors(handle, kind, pynvml.NVML_VOLATILE_ECC)
     )
+
+
+#: The readings of one number, in the order they are made: (series, what an error names, read,
+#: read once per NVML start, divisor to the series' unit). Built once, not at every scrape.
+_READS: tuple[tuple[MetricSpec, str, Callable[[Any], float], bool, float], ...] = (
+    (PCIE_GENERATION, "PCIe link generation", _call("CurrPcieLinkGeneration"), False, 1.0),
+    (PCIE_WIDTH, "PCIe link width", _call("CurrPcieLinkWidth"), False, 1.0),
+    (PCIE_GENERATION_MAX, "PCIe max link generation", _call("MaxPcieLinkGeneration"), True, 1.0),
+    (
+        PCIE_GENERATION_GPU_MAX,
+        "GPU max PCIe generation",
+        _call("GpuMaxPcieLinkGeneration"),
+        True,
+        1.0,
+    ),
+    (PCIE_WIDTH_MAX, "PCIe max link width", _call("MaxPcieLinkWidth"), True, 1.0),
+    (
+        UTILIZATION,
+        "utilisation",
+        lambda h: float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+        False,
+        100.0,
+    ),
+    (POWER, "power usage", _call("PowerUsage"), False, 1000.0),
+    (POWER_LIMIT, "enforced power limit", _call("EnforcedPowerLimit"), False, 1000.0),
+    (
+        TEMPERATURE,
+        "temperature",
+        lambda h: float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+        False,
+        1.0,
+    ),
+    (
+        TEMPERATURE_SLOWDOWN,
+        "slowdown temperature",
+        lambda h: float(
+            pynvml.nvmlDeviceGetTemperatureThreshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+        ),
+        True,
+        1.0,
+    ),
+    (
+        ECC_CORRECTED,
+        "corrected ECC errors",
+        _ecc(pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        False,
+        1.0,
+    ),
+    (
+        ECC_UNCORRECTED,
+        "uncorrected ECC errors",
+        _ecc(pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+        False,
+        1.0,
+    ),
+)
 
 
 class _Reader:
