@@ -1,7 +1,8 @@
 """trainguard's alert rules as code.
 
 Thresholds, rule groups and the generator of ``alerts/trainguard.rules.yml`` (see
-``alerts/README.md``)."""
+``alerts/README.md``).
+"""
 
 import sys
 from pathlib import Path

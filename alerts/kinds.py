@@ -2,7 +2,8 @@
 
 The kinds are duration, number, bytes, selector, url, xid codes and labels; the placeholders are
 the ones the rule templates use. A check raises ValueError with the reason;
-``alerts/thresholds/`` adds which threshold and kind it was."""
+``alerts/thresholds/`` adds which threshold and kind it was.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def parse_duration(value: object) -> int:
     The duration is in the one grammar (``90m``, ``1h30m``, ``1w``, a number of seconds;
     :func:`trainguard.shared.units.parse_duration`). Whole seconds, because a rule compares
     ages in whole seconds; positive, because a zero threshold would make an alert fire at once
-    or never."""
+    or never.
+    """
     seconds = units.parse_duration(_plain(value))
     if seconds <= 0:
         raise ValueError(f"duration must be positive: {value!r}")
@@ -90,7 +92,8 @@ def parse_url(value: object) -> str:
     """Check an http(s) URL without a fragment: each alert appends ``#<alertname lowercased>``.
 
     It may hold Go-template actions of Prometheus annotations
-    (``http://{{ $labels.instance }}/x``), expanded per alert."""
+    (``http://{{ $labels.instance }}/x``), expanded per alert.
+    """
     text = _plain(value)
     plain = _TEMPLATE_ACTION.sub("x", text) if isinstance(text, str) else ""
     if not isinstance(text, str) or not re.fullmatch(r"https?://[^\s/#?{}]+[^\s#{}]*", plain):
@@ -142,7 +145,8 @@ def parse_labels(value: object) -> list[str]:
     """Parse label names, "cluster, namespace, job, instance" or a YAML list.
 
     They are the labels that identify a scrape target (kept by every aggregation and join of the
-    rules)."""
+    rules).
+    """
     items: list[object]
     if isinstance(value, list):
         items = list(value)

@@ -4,7 +4,8 @@ The generators are ``alerts/build.py``, ``grafana/generate.py`` and
 ``deploy/kubernetes/build_prometheusrule.py``. Each writes its committed output by default,
 ``-o/--output`` writes elsewhere (``-``: standard output, for a single file), and ``--check``
 writes nothing and exits 1 when the committed output is stale, naming the command that
-regenerates it. Bad input exits 2 with a one-line error."""
+regenerates it. Bad input exits 2 with a one-line error.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def regenerate_command(program: str, argv: Sequence[str]) -> str:
 def write_or_check(outputs: Mapping[Path, str], *, check: bool, command: str) -> int:
     """Write every ``{path: text}`` (or with ``check``, compare); return the exit status.
 
-    ``command`` is how a user regenerates them, quoted in the stale message."""
+    ``command`` is how a user regenerates them, quoted in the stale message.
+    """
     if check:
         if any(str(path) == "-" for path in outputs):
             print("error: --check compares with a file: give -o FILE, not -o -", file=sys.stderr)

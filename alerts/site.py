@@ -34,7 +34,8 @@ class Site:
     """One site's thresholds, resolved and checked.
 
     ``table`` is the placeholder table of the rule templates (:func:`alerts.thresholds.resolve`);
-    the methods are typed views of it for the dashboards."""
+    the methods are typed views of it for the dashboards.
+    """
 
     table: Mapping[str, str]
 
@@ -83,7 +84,8 @@ class Site:
 
         A run spans exporters (one per node), but never two clusters, namespaces or regions.
         The dashboards, which aggregate a run over its exporters, keep these in every
-        aggregation and join."""
+        aggregation and join.
+        """
         return tuple(name for name in self.target_labels if name not in EXPORTER_LABELS)
 
 
@@ -109,7 +111,8 @@ def from_arguments(args: argparse.Namespace) -> Site:
     """The site of parsed :func:`add_arguments` options.
 
     Raises ``ThresholdError`` (a ``ValueError``) for a bad override and ``OSError`` for a
-    config file that cannot be read."""
+    config file that cannot be read.
+    """
     overrides: dict[str, object] = {}
     if args.config is not None:
         overrides.update(load_config(args.config))
@@ -132,7 +135,8 @@ def load_config(path: Path) -> dict[str, object]:
     """Read a ``--config`` file: a flat YAML mapping of threshold name to value.
 
     It is read as the exporter reads its config file (size cap, duplicate keys refused, line and
-    column)."""
+    column).
+    """
     try:
         loaded = load_yaml(path, "thresholds file")
     except ConfigError as exc:
@@ -147,7 +151,8 @@ def load_config(path: Path) -> dict[str, object]:
 def listing(site: Site) -> str:
     """``--list``: every threshold with its kind and meaning as comments, its value as YAML.
 
-    So the output is also a starting point for ``--config``."""
+    So the output is also a starting point for ``--config``.
+    """
     values = thresholds.shown(site.table)
     lines = []
     for t in thresholds.THRESHOLDS:

@@ -1,7 +1,8 @@
 """The dashboard around the panels, the same for every trainguard dashboard.
 
 The template variables (``$datasource``, ``$cluster``, ``$instance``, ``$run``), the links
-between the dashboards, the settings, and the rows of panels laid out left to right."""
+between the dashboards, the settings, and the rows of panels laid out left to right.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from grafana.promql import I
 def _query_variable(name: str, label: str, description: str, query: str) -> Any:
     """A multi-select label variable whose "All" is ``.*``, refreshed with the time range.
 
-    It refreshes with the time range because runs come and go."""
+    It refreshes with the time range because runs come and go.
+    """
     return (
         db.QueryVariable(name)
         .label(label)
@@ -45,7 +47,8 @@ def _variables() -> list[Any]:
     """The template variables ``$datasource``, ``$cluster``, ``$instance`` and ``$run``.
 
     "All" is ``.*`` (a regex, not a huge alternation); the lists refresh with the time range
-    because runs come and go."""
+    because runs come and go.
+    """
     return [
         db.DatasourceVariable("datasource")
         .label("Data source")
@@ -79,7 +82,8 @@ def dashboard(
     """A trainguard dashboard: the shared variables, links and settings, then the rows of panels.
 
     ``rows`` are ``(row title, panels)``, each panel placed left to right, wrapping at the grid's
-    width."""
+    width.
+    """
     d = (
         db.Dashboard(title)
         .uid(uid)

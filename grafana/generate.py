@@ -99,7 +99,8 @@ def build_dashboards(
 ) -> dict[str, dict[str, Any]]:
     """Return ``{filename: dashboard JSON model}`` for every trainguard dashboard.
 
-    Built for ``site``'s thresholds and target labels (default: the thresholds' defaults)."""
+    Built for ``site``'s thresholds and target labels (default: the thresholds' defaults).
+    """
     site = sites.Site.of(site)
     boards = [
         runs.build(site, alert_names(rules_file)),

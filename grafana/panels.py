@@ -159,7 +159,8 @@ def ts(
     """A time series panel.
 
     ``dashed`` is a regexp of series drawn as a dashed line without fill (a limit, a forecast);
-    ``colors`` maps a series regexp to a fixed colour."""
+    ``colors`` maps a series regexp to a fixed colour.
+    """
     p = (
         timeseries.Panel()
         .title(title)

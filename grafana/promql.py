@@ -32,7 +32,8 @@ IR = f"{I}, {R}"
 class Promql:
     """The query builders of one site's dashboards.
 
-    ``site`` also holds the thresholds the panels draw."""
+    ``site`` also holds the thresholds the panels draw.
+    """
 
     site: Site
 
@@ -56,5 +57,6 @@ class Promql:
     def by(self, labels: str, metric: str, op: str = "max", matchers: str = IR) -> str:
         """``op by (<kept labels>, labels) (metric{matchers})``: one series per ``labels``.
 
-        Whatever the exporter, kept apart per cluster and namespace (see :attr:`keep`)."""
+        Whatever the exporter, kept apart per cluster and namespace (see :attr:`keep`).
+        """
         return f"{op} {self.group_by(labels)} ({metric}{{{matchers}}})"

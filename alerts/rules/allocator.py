@@ -3,7 +3,8 @@
 AllocatorRetrying, AllocatorOOM (the run died or stopped after it), AllocatorOOMCaught (it
 caught the OOM and carries on), and the two that come before an OOM: AllocatorMemoryLeak (what a
 rank keeps across steps climbs towards the device's size) and AllocatorFragmentation (free cache
-in pieces while cudaMalloc retries)."""
+in pieces while cudaMalloc retries).
+"""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _avg(metric: str) -> str:
     """A rank's device's allocator figure averaged over frag_window.
 
     One series per device whatever labels of the scrape (a Kubernetes pod) changed within the
-    window."""
+    window.
+    """
     return (
         "max by (${target_labels}, run, rank, device) "
         "(avg_over_time(trainguard_run_allocator_" + metric + "[${frag_window}]))"

@@ -2,7 +2,8 @@
 
 CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
-CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk."""
+CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk.
+"""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def _covered(damage: str) -> str:
     An indented block for the locations whose newest file with ``damage`` is of a
     step the run still holds intact, at any location, or a newer one, while that newest intact
     step is no more than steps_at_risk_factor x the usual cadence behind the run: then the
-    damage is a warning (fix the copy), otherwise it pages."""
+    damage is a warning (fix the copy), otherwise it pages.
+    """
     return """
             (
               trainguard_checkpoint_newest_damaged_step{damage="DAMAGE"}
@@ -74,7 +76,8 @@ def _damage_alerts(
 ) -> tuple[Alert, Alert]:
     """The critical and the warning rule of one kind of damage.
 
-    Exactly one of them holds for a damaged location."""
+    Exactly one of them holds for a damaged location.
+    """
     condition = series + " > 0\n"
     covered = _covered(damage)
     newest = "${damaged_step_" + damage + "}"

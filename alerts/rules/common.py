@@ -21,7 +21,8 @@ PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 def fill(template: str, table: Mapping[str, str]) -> str:
     """Replace ``${name}`` placeholders in one pass.
 
-    Inserted text is not scanned again; an unknown name is an error, not a silent blank."""
+    Inserted text is not scanned again; an unknown name is an error, not a silent blank.
+    """
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -45,7 +46,8 @@ class Alert:
     """An alerting rule.
 
     ``summary`` and ``description`` may span lines here: they become one line each.
-    ``runbook_url`` is derived from ``name``."""
+    ``runbook_url`` is derived from ``name``.
+    """
 
     name: str
     severity: str
@@ -96,7 +98,8 @@ def query_value(
 ) -> str:
     """Template text printing the first sample of ``query``, or ``unknown`` without one.
 
-    The sample is printed with ``printf`` and ``args`` through the pipeline tail ``fmt``."""
+    The sample is printed with ``printf`` and ``args`` through the pipeline tail ``fmt``.
+    """
     return fill(
         _QUERY_VALUE,
         {"query": query, "args": args, "fmt": fmt, "suffix": suffix, "unknown": unknown},

@@ -1,7 +1,8 @@
 """Deaths told by the restarted run.
 
 TrainingProcessRestarted (a death a supervisor hid by restarting the run at once),
-RepeatedDeathNearSameStep (does it keep dying at the same place?)."""
+RepeatedDeathNearSameStep (does it keep dying at the same place?).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def _death_number(plus: str) -> dict[str, str]:
     Each death is its own alert, so a run that dies again while the page of its previous death
     still fires (keep_firing_for) is notified again. The count is the exporter's (recorded by
     the next process at its start), over keep_firing_for so a missed scrape does not change
-    it."""
+    it.
+    """
     return {
         "death": (
             "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"

@@ -3,7 +3,8 @@
 TrainguardCollectorFailing, TrainguardExporterDown (critical
 when the exporter, failing its scrapes or gone from service discovery, was watching active runs:
 a dead host cannot report their death), and Watchdog, which always fires so that a dead
-man's switch notices when the whole alerting pipeline stops."""
+man's switch notices when the whole alerting pipeline stops.
+"""
 
 from __future__ import annotations
 

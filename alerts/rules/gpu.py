@@ -1,6 +1,7 @@
 """Alerts on VRAM held by something that no longer trains, and on GPUs that failed.
 
-GPUGhostMemory, GPUUnattributedMemory, GPUXidError, DuplicateHostProcess."""
+GPUGhostMemory, GPUUnattributedMemory, GPUXidError, DuplicateHostProcess.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ TrainingLogStale.
 
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
-trainer clock off by an hour must not page a healthy run."""
+trainer clock off by an hour must not page a healthy run.
+"""
 
 from __future__ import annotations
 

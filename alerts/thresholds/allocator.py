@@ -1,6 +1,7 @@
 """Thresholds of the allocator alerts (``alerts/rules/allocator.py``).
 
-They tune the alerts on retries, OOMs, leaks and fragmentation."""
+They tune the alerts on retries, OOMs, leaks and fragmentation.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Thresholds of the checkpoint alerts (``alerts/rules/checkpoints.py``).
 
 They tune the alerts on staleness, steps at risk, damage, orphaned and unjudged files, and the
-volume filling up."""
+volume filling up.
+"""
 
 from __future__ import annotations
 

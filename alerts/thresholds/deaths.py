@@ -1,6 +1,7 @@
 """Thresholds of the alerts on recorded deaths (``alerts/rules/deaths.py``).
 
-They tune the alerts on a restart after a death, and on deaths near the same step."""
+They tune the alerts on a restart after a death, and on deaths near the same step.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Thresholds of the alerts on the exporter itself (``alerts/rules/exporter.py``).
 
-They tune the alerts on failing collectors and on a target Prometheus cannot scrape."""
+They tune the alerts on failing collectors and on a target Prometheus cannot scrape.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Thresholds of the GPU alerts (``alerts/rules/gpu.py``).
 
-They tune the alerts on ghost and unattributed memory, duplicate host processes and Xid errors."""
+They tune the alerts on ghost and unattributed memory, duplicate host processes and Xid errors.
+"""
 
 from __future__ import annotations
 

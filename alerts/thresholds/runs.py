@@ -1,6 +1,7 @@
 """Thresholds of the alerts on a run's progress (``alerts/rules/runs.py``).
 
-They tune the alerts on stalls, the first step, throughput and the log file."""
+They tune the alerts on stalls, the first step, throughput and the log file.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Thresholds every rule group shares.
 
 They say how the rules find the scrape targets and tell them apart, where the runbook lives, how
-often the slow recording rules run and how long alerts on a lasting state keep firing."""
+often the slow recording rules run and how long alerts on a lasting state keep firing.
+"""
 
 from __future__ import annotations
 

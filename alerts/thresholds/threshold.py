@@ -1,6 +1,7 @@
 """One threshold of the rules (name, default, kind, meaning) and the error a bad override raises.
 
-A threshold is the record every table in this package is made of."""
+A threshold is the record every table in this package is made of.
+"""
 
 from __future__ import annotations
 

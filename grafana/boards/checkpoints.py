@@ -1,7 +1,8 @@
 """The checkpoints dashboard.
 
 It shows the newest complete checkpoint per run and location, sizes vs the sizes recorded at
-write time, truncated / mismatched / partial files and free space."""
+write time, truncated / mismatched / partial files and free space.
+"""
 
 from __future__ import annotations
 

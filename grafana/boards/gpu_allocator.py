@@ -3,7 +3,8 @@
 The driver's view of GPU memory against the allocator's (torch), with the thresholds of
 GPUGhostMemory, AllocatorMemoryLeak and AllocatorFragmentation drawn where a panel shows what
 they judge. A module of its own because the row is half of the dashboard
-(:mod:`grafana.boards.gpu_memory`, which places it)."""
+(:mod:`grafana.boards.gpu_memory`, which places it).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def floor(site: Site) -> str:
     """What a rank keeps across steps, per device: AllocatorMemoryLeak's floor.
 
     The minimum of its allocated bytes over the site's ``leak_floor_window`` (a few minutes):
-    activations and temporaries inside a step do not raise it."""
+    activations and temporaries inside a step do not raise it.
+    """
     return f"min_over_time({ALLOC}{{{IR}}}[{site.duration('leak_floor_window')}])"
 
 
@@ -27,7 +29,8 @@ def time_to_full(q: Promql) -> str:
     """Seconds until the device is full at the floor's pace, as AllocatorMemoryLeak computes it.
 
     The headroom above the recent peak over the floor's pace over the site's ``leak_window``;
-    only where the floor grows."""
+    only where the floor grows.
+    """
     site = q.site
     device = q.join_on("job, instance, run, rank, device")
     return (
@@ -43,7 +46,8 @@ def time_to_full(q: Promql) -> str:
 def split_share(q: Promql) -> str:
     """AllocatorFragmentation's share: inactive split bytes over the free cache.
 
-    The free cache is reserved - allocated; both averaged over the site's ``frag_window``."""
+    The free cache is reserved - allocated; both averaged over the site's ``frag_window``.
+    """
     window = q.site.duration("frag_window")
     device = q.join_on("job, instance, run, rank, device")
     return (
@@ -66,7 +70,8 @@ def increase(q: Promql, labels: str, metric: str, window: str) -> str:
 def runs(q: Promql) -> list[Panel]:
     """Per run and rank, the driver's bytes against the allocator's.
 
-    Ghost memory, fragmentation, retries and OOMs, with the site's thresholds drawn and named."""
+    Ghost memory, fragmentation, retries and OOMs, with the site's thresholds drawn and named.
+    """
     site = q.site
     driver = q.by("run, rank", "trainguard_run_gpu_memory_used_bytes", "sum")
     reserved = q.by("run, rank", "trainguard_run_allocator_reserved_bytes", "sum")

@@ -3,7 +3,8 @@
 Per GPU: why it holds its clocks down, its PCIe link against what it could be, utilisation,
 power, temperature, ECC errors and row remapping (the series of
 ``trainguard/exporter/gpu_health.py``); GPUHardwareSlowdown, GPUPcieLinkDegraded and the memory
-alerts judge the same."""
+alerts judge the same.
+"""
 
 from __future__ import annotations
 

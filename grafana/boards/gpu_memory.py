@@ -1,7 +1,8 @@
 """GPU memory panels: the driver's view (NVML) against the allocator's view (torch).
 
 They show ghost memory, unattributed memory, fragmentation, retries and OOMs; and the GPUs' Xid
-errors."""
+errors.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def live_reserved_per_gpu(q: Promql) -> str:
     """The live runs' allocator reserved bytes per GPU.
 
     Joined by UUID (whatever CUDA_VISIBLE_DEVICES made of the device index) and labelled with
-    the GPU's NVML index."""
+    the GPU's NVML index.
+    """
     return (
         f"sum {q.group_by('instance, gpu')} (\n"
         f"  trainguard_run_allocator_reserved_bytes{{{IR}}}\n"
@@ -38,7 +40,8 @@ def live_reserved_per_gpu(q: Promql) -> str:
 def devices(q: Promql) -> list[Panel]:
     """Each GPU as the driver sees it: used vs total, and memory no live process accounts for.
 
-    The unattributed memory panel turns red at the site's GPUUnattributedMemory floor."""
+    The unattributed memory panel turns red at the site's GPUUnattributedMemory floor.
+    """
     unattributed_floor = q.site.bytes("unattributed_floor")
     return [
         ts(

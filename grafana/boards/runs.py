@@ -28,7 +28,8 @@ RUN_STATE_MAPPINGS = value_mappings(("dead", "red"), ("alive", "green"), ("finis
 def run_state(q: Promql) -> str:
     """Each rank's state: 2 exited cleanly, 1 alive, 0 gone without a clean exit (a death).
 
-    Alive is the exporter's judgement: the PID exists with the create time it recorded."""
+    Alive is the exporter's judgement: the PID exists with the create time it recorded.
+    """
     return (
         f"max {q.group_by('run, rank')} (\n"
         f"  2 * (trainguard_run_finished{{{IR}}} == 1)\n"
@@ -43,7 +44,8 @@ def steps_per_min(q: Promql) -> str:
 
     deriv() rather than rate(): the step is a gauge that goes *down* when a run resumes from an
     older checkpoint, and rate() would read that as a counter reset and draw a spike of (new
-    step / window). clamp_min hides the brief negative slope of a resume."""
+    step / window). clamp_min hides the brief negative slope of a resume.
+    """
     return (
         f"clamp_min(max {q.group_by('run, rank')} (deriv(trainguard_run_step{{{IR}}}[5m])), 0) * 60"
     )
@@ -52,7 +54,8 @@ def steps_per_min(q: Promql) -> str:
 def steps_per_min_usual(q: Promql) -> str:
     """Each rank's usual steps per minute, as TrainingThroughputDropped compares against it.
 
-    The 90th percentile of its steps per minute over the site's ``throughput_baseline``."""
+    The 90th percentile of its steps per minute over the site's ``throughput_baseline``.
+    """
     return (
         "quantile_over_time(0.9, (\n"
         f"  {steps_per_min(q)}\n"
@@ -166,7 +169,8 @@ def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
 def progress(q: Promql) -> list[Panel]:
     """Step, throughput, heartbeat and log age per rank: stalls and stragglers.
 
-    The site's stall thresholds and throughput baseline are drawn and named."""
+    The site's stall thresholds and throughput baseline are drawn and named.
+    """
     site = q.site
     baseline = site.duration("throughput_baseline")
     stall_s = site.seconds("stall")
@@ -364,7 +368,8 @@ def exporter(q: Promql) -> list[Panel]:
 def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
     """The dashboard for the site's thresholds and target labels.
 
-    ``alert_names`` are the alerts its "Firing" table shows."""
+    ``alert_names`` are the alerts its "Firing" table shows.
+    """
     q = Promql(site)
     return dashboard(
         UID,

@@ -7,7 +7,8 @@ A framework that renames nothing and writes no checksum leaves a directory that 
 called complete once nothing in it has changed for the grace period, and that stays "complete"
 when a file in it is cut short afterwards. Once the framework says it is done (its own event,
 after its own save), every file is fsynced and hashed and one record lists each with its size
-and SHA-256, as :func:`trainguard.checkpoint.save_dir` would have written it."""
+and SHA-256, as :func:`trainguard.checkpoint.save_dir` would have written it.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = Tr
     file changing size while it is hashed is an error). ``hashing=False`` records sizes only.
 
     Raises ValueError for a name the pattern does not give a step, FileNotFoundError for a
-    missing directory, ManifestError for a link in it, and ``OSError`` from the disk."""
+    missing directory, ManifestError for a link in it, and ``OSError`` from the disk.
+    """
     final = Path(path)
     step = CheckpointPattern(pattern).dir_step(final.name)
     if step is None:
@@ -74,7 +76,8 @@ def forget_removed(directory: str | os.PathLike[str], *, pattern: str) -> list[s
     """Remove the records of step directories of ``pattern`` that no longer exist.
 
     They were deleted by their framework's own rotation (e.g. ``save_total_limit``). Returns
-    the names removed."""
+    the names removed.
+    """
     where = Path(directory)
     pat = CheckpointPattern(pattern)
     gone = []

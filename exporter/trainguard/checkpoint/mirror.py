@@ -3,7 +3,8 @@
 The copy goes to another directory with the same discipline as ``save``, checked against the
 source's record before it is published. Both open and close the same way
 (:func:`_held_source`, :func:`_commit_copy`): the source held with a shared lock so that
-``prune`` does not delete it mid-copy, and a record naming the source committed last."""
+``prune`` does not delete it mid-copy, and a record naming the source committed last.
+"""
 
 from __future__ import annotations
 
@@ -122,7 +123,8 @@ def mirror_dir(
     checked against the source's record (or, for a framework's directory without one, the sizes
     read when it was judged) and fsynced; the directory is then renamed, and a record listing
     every file committed. The source directory is held with a shared lock during the copy, so
-    that ``prune`` does not delete it."""
+    that ``prune`` does not delete it.
+    """
     name = src.name
     step = dir_step(src, pattern)
     dst_dir = Path(mirror_dir)
@@ -165,7 +167,8 @@ def _held_source(
     Refuse to mirror into the source's own directory, open the source (a step directory, or a
     file as every untrusted file is: never through a link, never waiting on a FIFO, a regular
     file only), hold a shared lock on it for the copy, and check that it is still the entry of
-    that name."""
+    that name.
+    """
     if os.path.realpath(dst_dir) == os.path.realpath(src.parent):
         raise ValueError(f"mirror directory {dst_dir} is the checkpoint's own directory")
     sfd = os.open(src, DIR_FLAGS) if directory else _open_source(src)
@@ -183,7 +186,8 @@ def _held_source(
 def _open_source(src: Path) -> int:
     """Open a checkpoint file to copy, by :func:`~trainguard.shared.fileio.open_untrusted`.
 
-    Anything but a regular file is a CheckpointError naming it."""
+    Anything but a regular file is a CheckpointError naming it.
+    """
     try:
         return open_untrusted(src)[0]
     except UntrustedFileError as exc:
@@ -200,7 +204,8 @@ def _commit_copy(
 ) -> Record:
     """Commit the copy's record, naming its source: the closing both mirrors share.
 
-    It runs once the copy has its final name."""
+    It runs once the copy has its final name.
+    """
     record = Record(
         name=src.name,
         step=step,
@@ -218,7 +223,8 @@ def _committed_files(src: Path, pattern: str, layout: str) -> dict[str, tuple[in
     """What a committed step directory must hold: relative path -> size, SHA-256 or None.
 
     That is its record's list, or for a framework's directory without one, the files it was
-    judged by; CheckpointError when it is not committed or a file's size is not the one expected."""
+    judged by; CheckpointError when it is not committed or a file's size is not the one expected.
+    """
     listing = read_listing(src.parent, CheckpointPattern(pattern), layout)
     committed = {d.name: d for d in listing.dirs}.get(src.name)
     if committed is None:

@@ -2,7 +2,8 @@
 
 The writers are ``save`` and ``mirror``, of a file or of a step directory: a final name never
 holds partial content, a ``.part`` has one live writer (an flock the kernel drops when the
-writer dies), and a file being read by a mirror is not deleted under it."""
+writer dies), and a file being read by a mirror is not deleted under it.
+"""
 
 from __future__ import annotations
 
@@ -32,14 +33,16 @@ class CheckpointError(Exception):
     """A checkpoint that must not be published or copied.
 
     A source smaller than its record, a copy that came out short, or content that does not match
-    its recorded hash."""
+    its recorded hash.
+    """
 
 
 def lock(fd: int, *, exclusive: bool, blocking: bool) -> bool:
     """Lock the file with flock, exclusive or shared.
 
     Exclusive for a writer of a ``.part`` and for prune's unlink, shared for a mirror reading its
-    source. Released by the kernel when the process dies, so a SIGKILL never leaves a stale lock."""
+    source. Released by the kernel when the process dies, so a SIGKILL never leaves a stale lock.
+    """
     if fcntl is None:
         return True
     op = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
@@ -55,7 +58,8 @@ def lock(fd: int, *, exclusive: bool, blocking: bool) -> bool:
 def open_part(part: Path) -> int:
     """Open ``<final>.part`` for writing, empty, locked against a second writer.
 
-    An orphan from a writer that was killed is reused; one whose writer is alive is an error."""
+    An orphan from a writer that was killed is reused; one whose writer is alive is an error.
+    """
     fd = os.open(part, os.O_RDWR | os.O_CREAT | FILE_FLAGS, 0o644)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -81,7 +85,8 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
     On Linux, POSIX_FADV_DONTNEED on dirty pages starts asynchronous writeback and leaves them
     cached, so the disk works while the rest is written. Where the platform has no fadvise this
-    is a no-op, and the fsync does all the work, as before."""
+    is a no-op, and the fsync does all the work, as before.
+    """
     if _FADVISE is not None:
         with contextlib.suppress(OSError):
             _FADVISE(fd, offset, length, os.POSIX_FADV_DONTNEED)
@@ -113,7 +118,8 @@ def open_part_dir(tmp: Path) -> int:
     """Create the ``.part`` directory ``tmp`` empty and hold an exclusive lock on it.
 
     The descriptor is returned; closing it releases the lock. A leftover of a killed writer is
-    removed; one whose writer is alive is an error."""
+    removed; one whose writer is alive is an error.
+    """
     try:
         fd = os.open(tmp, DIR_FLAGS)
     except FileNotFoundError:
@@ -134,7 +140,8 @@ def open_part_dir(tmp: Path) -> int:
 def fsync_tree(path: Path) -> None:
     """Flush ``path`` and every directory under it to disk (fsync), deepest first.
 
-    Every entry of the tree is then durable before the tree is renamed into place."""
+    Every entry of the tree is then durable before the tree is renamed into place.
+    """
     dirs = [Path(root) for root, _dirs, _files in os.walk(path)]
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
         fsync_dir(d)

@@ -2,7 +2,8 @@
 
 Both act only on what the shared verdict calls complete, and never delete what is being written,
 copied, or of unknown age, whether a checkpoint is one file or a directory per step
-(:mod:`trainguard.shared.steps`)."""
+(:mod:`trainguard.shared.steps`).
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ DELETING = ".trainguard-deleting-"
 class Checkpoint:
     """A complete checkpoint as :func:`latest` finds it.
 
-    Usable wherever a path is (``torch.load(latest(d))``)."""
+    Usable wherever a path is (``torch.load(latest(d))``).
+    """
 
     path: Path
     step: int
@@ -56,7 +58,8 @@ class Checkpoint:
 def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
     """Delete ``path`` only if it is still the file that was judged and nobody has it locked.
 
-    The lock is a mirror's, copying from it. False, and nothing deleted, otherwise."""
+    The lock is a mirror's, copying from it. False, and nothing deleted, otherwise.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | FILE_FLAGS | O_NONBLOCK)
     except OSError:
@@ -80,7 +83,8 @@ def _unlink_unused(path: Path, listed: os.stat_result) -> bool:
 def _remove_stale_records(listing: Listing, now_ns: int, grace_ns: int) -> None:
     """Remove records of deleted checkpoint files, and killed writers' temporaries, once settled.
 
-    A record whose file exists is never touched, whatever its name's pattern."""
+    A record whose file exists is never touched, whatever its name's pattern.
+    """
     mdir = listing.directory / MANIFEST_DIR
     try:
         with os.scandir(mdir) as it:
@@ -108,7 +112,8 @@ def _delete_dir(directory: Path, d: StepDir) -> bool:
     Still the tree judged: same directory, no file added, removed or touched since; the lock is
     a ``mirror``'s, copying it. It is first renamed to a hidden name, so that a prune killed
     half-way never leaves a partial directory under a checkpoint's name. False, nothing deleted,
-    otherwise."""
+    otherwise.
+    """
     path = directory / d.name
     try:
         fd = os.open(path, DIR_FLAGS)

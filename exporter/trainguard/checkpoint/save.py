@@ -7,7 +7,8 @@ to judge it by.
 A step directory has the same guarantees as a file: written under ``<name>.part/``, every file
 and directory fsynced, committed by renaming the directory, the parent fsynced, and only then
 one record listing every file. Several ranks may fill one directory: each writes its own files,
-and one record is committed once every rank's files are in."""
+and one record is committed once every rank's files are in.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Two movers: the binary file ``save`` hands to ``torch.save`` (hashed while written, so the
 record needs no second read) and the descriptor-level copy ``mirror`` makes (kernel-side where
 it can, hashed from a second descriptor behind it). Nothing here names a checkpoint or a
-record: ``save`` and ``mirror`` decide what the bytes are and when they are published."""
+record: ``save`` and ``mirror`` decide what the bytes are and when they are published.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class HashingWriter(io.RawIOBase):
     Bytes go straight to the ``.part`` descriptor and into SHA-256 as they pass, so the record
     needs no second read. A large piece is hashed on a helper thread while it is written (both
     release the GIL); the hash of a piece ends before ``write`` returns, because torch hands over a
-    view of tensor memory that is only valid during the call."""
+    view of tensor memory that is only valid during the call.
+    """
 
     def __init__(self, fd: int) -> None:
         super().__init__()
@@ -109,7 +111,8 @@ class TailHasher:
     """Hashes a copy as it is being written, from a second descriptor behind the copy's offset.
 
     That hashes what actually landed, at the cost of wall time only where hashing is slower than
-    copying."""
+    copying.
+    """
 
     def __init__(self, path: Path) -> None:
         self._fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
@@ -169,7 +172,8 @@ class Copier:
     """Copies between descriptors, kernel-side where the platform can, never silently short.
 
     Kernel-side is copy_file_range, else sendfile; plain reads and writes otherwise. It falls back
-    once per copy."""
+    once per copy.
+    """
 
     def __init__(self) -> None:
         self.method = "copy_file_range" if hasattr(os, "copy_file_range") else "sendfile"
@@ -207,7 +211,8 @@ def copy_fd(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str 
     """Copy ``size`` bytes from ``src`` to ``dst`` (the open file at ``part``), and fsync.
 
     Return the SHA-256 of what landed when asked (read back behind the copy by a
-    :class:`TailHasher`)."""
+    :class:`TailHasher`).
+    """
     hasher = TailHasher(part) if hashing else None
     try:
         copier = Copier()

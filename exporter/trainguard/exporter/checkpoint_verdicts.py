@@ -127,7 +127,8 @@ class Inputs(NamedTuple):
     """Everything a location's verdict is judged from but the clock.
 
     Compared as one tuple, whose comparison takes an element identical to its counterpart (the
-    records mapping a RecordCache returns again while unchanged) as equal at once."""
+    records mapping a RecordCache returns again while unchanged) as equal at once.
+    """
 
     signature: Signature
     records: Mapping[str, Record]
@@ -141,7 +142,8 @@ class Verdict(NamedTuple):
     """A location's judged series and everything they were judged from.
 
     While none of it has changed, the next scrape publishes the same samples instead of judging
-    every file again."""
+    every file again.
+    """
 
     inputs: Inputs
     valid_until_ns: int  # the first time a file of the location (or its primary) settles
@@ -154,7 +156,8 @@ class Verdict(NamedTuple):
 class LocationJudge:
     """Judges a location's files and step directories into its series.
 
-    It asks the verifier about settled files (and queues the ones it does not know yet)."""
+    It asks the verifier about settled files (and queues the ones it does not know yet).
+    """
 
     def __init__(
         self, verifier: Verifier, size_series: int, monotonic: Callable[[], float]
@@ -177,7 +180,8 @@ class LocationJudge:
         That is its series (``labels``: run, location), the errors met verifying its files,
         and until when it holds. ``primary`` is the run's primary location (listing, signature,
         valid until) when this is a mirror; ``cache`` keeps the verdicts of settled step
-        directories between scrapes."""
+        directories between scrapes.
+        """
         grace_ns = inputs.grace_ns
         plisting = None if primary is None else primary[0]
         judged = judge(
@@ -237,7 +241,8 @@ class LocationJudge:
         """Add the series that depend on the location's files and step directories to ``rows``.
 
         Only committed step directories count. Returns the number of files whose mtime is
-        unknown."""
+        unknown.
+        """
 
         def put(spec: MetricSpec, value: float) -> None:
             rows[spec.name].add_metric(labels, value)
@@ -332,7 +337,8 @@ class LocationJudge:
 
         Limited so that a directory of thousands of checkpoints does not become thousands of
         series. Several files of one step (the files of a step directory) add up; a step
-        directory's expected size counts the files it lacks."""
+        directory's expected size counts the files it lacks.
+        """
         by_step: dict[int, list[Judged]] = {}
         for j in judged:
             by_step.setdefault(j.entry.step, []).append(j)

@@ -1,7 +1,8 @@
 """The ``trainguard-exporter`` command: parse flags, validate the config, serve.
 
 Flags are in the style of the Prometheus exporter family; the config is validated at start, then
-the exporter serves until SIGTERM/SIGINT."""
+the exporter serves until SIGTERM/SIGINT.
+"""
 
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def build_collectors(
 ) -> list[Collector]:
     """Build the enabled collectors (None: those on by default).
 
-    Each is wired to what they share (see :class:`~trainguard.exporter.collector.Setup`)."""
+    Each is wired to what they share (see :class:`~trainguard.exporter.collector.Setup`).
+    """
     on = default_collectors() if enabled is None else enabled
     setup = Setup(config, state_dir, RunTable(config, state_dir))
     return [c.build(setup) for c in COLLECTORS if c.name in on]

@@ -1,7 +1,8 @@
 """Collector framework: every collector gathers at scrape time, failures isolated.
 
 A collector that fails is reported as ``trainguard_collector_success 0`` while the rest of the
-scrape still answers."""
+scrape still answers.
+"""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 class MetricSpec:
     """One metric of the contract: the single source for its name, type, labels and help.
 
-    Being the single source is what lets docs/metrics.md be checked against the code."""
+    Being the single source is what lets docs/metrics.md be checked against the code.
+    """
 
     name: str
     kind: Literal["gauge", "counter"]
@@ -88,7 +90,8 @@ class Setup:
     """What the exporter's collectors are built from, shared between them.
 
     One run table (heartbeats and configured runs) feeds the runs collector, the GPU collector
-    (pids of live runs) and the checkpoint collector (checkpoint locations)."""
+    (pids of live runs) and the checkpoint collector (checkpoint locations).
+    """
 
     config: Config
     state_dir: Path
@@ -122,7 +125,8 @@ class Collector(abc.ABC):
 
         A part that fails (one GPU, one heartbeat file, one checkpoint location) is reported
         with ``scrape.error(reason)`` and the rest is still yielded; raising fails the whole
-        collector for this scrape."""
+        collector for this scrape.
+        """
 
 
 class ExporterCollector(_PromCollector):
@@ -132,7 +136,8 @@ class ExporterCollector(_PromCollector):
     them until one deadline for the whole scrape; it isolates their failures and adds the
     framework's own metrics. A collector still running at the deadline is reported failed in
     that scrape while the others' series are served, and is not started again until its call
-    returns."""
+    returns.
+    """
 
     def __init__(
         self, collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
@@ -147,7 +152,8 @@ class ExporterCollector(_PromCollector):
         """Run one scrape, given ``timeout`` seconds.
 
         ``timeout`` is what the client waits, capped by the exporter's own
-        ``--collector.timeout`` (None: that)."""
+        ``--collector.timeout`` (None: that).
+        """
         limit = self._timeout if timeout is None else min(max(timeout, 0.0), self._timeout)
         began = time.monotonic()
         deadline = began + limit
@@ -218,7 +224,8 @@ class ExporterRegistry(CollectorRegistry):
     """The exporter's registry, seen per scrape through :meth:`within`.
 
     :meth:`within` is the registry as one scrape with its own deadline sees it (the client's
-    scrape timeout), with no state shared between requests."""
+    scrape timeout), with no state shared between requests.
+    """
 
     def __init__(self) -> None:
         super().__init__(auto_describe=False)
@@ -240,7 +247,8 @@ class _Within:
     """A registry's collectors for one scrape of ``timeout`` seconds.
 
     ``timeout`` None means the exporter's own limit. This is what ``generate_latest`` is given
-    per request."""
+    per request.
+    """
 
     def __init__(self, collectors: tuple[_PromCollector, ...], timeout: float | None) -> None:
         self._collectors = collectors
@@ -258,6 +266,7 @@ def printable(message: str) -> str:
     r"""``message`` as one log line, whatever a file name holds.
 
     Control characters are escaped (``\n``, ``\x1b``) and lone surrogates (undecodable bytes of
-    a file name) shown as ``\udcff``."""
+    a file name) shown as ``\udcff``.
+    """
     escaped = _CONTROL.sub(lambda m: repr(m.group())[1:-1], message)
     return escaped.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -101,7 +101,8 @@ class RunConfig:
     """A run declared in the config.
 
     It serves scripts that don't import trainguard, or adds extra locations for one that does
-    (matched by name)."""
+    (matched by name).
+    """
 
     name: str = field(metadata=key(schema.name, "the run's name"))
     pid_file: Path | None = field(
@@ -203,7 +204,8 @@ def _warnings(config: Config) -> tuple[str, ...]:
     """Warnings for each run whose process_match any interpreter matches.
 
     Such a match is valid, but it keeps the run up while any Python (or Java, ...) process runs
-    on the host."""
+    on the host.
+    """
     out = []
     for i, run in enumerate(config.runs):
         if run.process_match is None:

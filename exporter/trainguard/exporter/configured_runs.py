@@ -3,7 +3,8 @@
 These are scripts that do not import trainguard; whether each is running, finished or dead comes
 from a pid file or a process match. A run is not running until its process is seen alive: a run
 that has not started yet is nothing to page about. What this exporter saw of each is kept in
-memory only (it never writes the state directory), so a restart of the exporter forgets it."""
+memory only (it never writes the state directory), so a restart of the exporter forgets it.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ class _Seen:
     It is kept in memory only: the exporter never writes the state directory, so a restart
     forgets it. The state is ``alive``, ``dead`` (seen alive, or a pid file left behind, and
     then gone), ``finished`` (its pid file removed after it was seen alive) or ``expired`` (dead
-    longer than ``run_retention``), since ``since`` (wall time), with the last ``pid``."""
+    longer than ``run_retention``), since ``since`` (wall time), with the last ``pid``.
+    """
 
     state: str
     since: float
@@ -79,7 +81,8 @@ class ConfiguredRuns:
         finish (daemons remove theirs at exit). A pid file whose process is gone (or whose pid
         another process took) is a death: a crash leaves its pid file behind, so this holds
         even for a process this exporter never saw alive (it died while the exporter was
-        down). Removing that file ends it (someone decided not to restart the run)."""
+        down). Removing that file ends it (someone decided not to restart the run).
+        """
         name = rc.name
         seen = self._seen.get(name)
         pid, up = self._pid_from_file(rc, errors)
@@ -110,7 +113,8 @@ class ConfiguredRuns:
 
         Up while a process matches; never seen matching, not running (nothing to page about);
         seen and then no longer matching, dead (a match cannot tell a clean exit from a death)
-        until a process matches again or ``run_retention`` passes."""
+        until a process matches again or ``run_retention`` passes.
+        """
         seen = self._seen.get(name)
         if found:
             self._seen[name] = _Seen("alive", now, found[0])
@@ -129,7 +133,8 @@ class ConfiguredRuns:
 
         up is ``_MISSING`` when there is no pid file, None when it cannot be told. A pid whose
         process started after the file was written belongs to another process (the pid was
-        reused): the run's process is gone."""
+        reused): the run's process is gone.
+        """
         assert rc.pid_file is not None
         where = f"run {rc.name!r}: pid file {rc.pid_file}"
         try:

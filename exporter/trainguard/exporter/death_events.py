@@ -2,7 +2,8 @@
 
 The records of all its ranks' restarts are folded into one last death (which event, which
 cause, when), and ages are on this host's clock. Used by the runs collector and by
-``trainguard status``."""
+``trainguard status``.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def age(now: float, then: float) -> float:
     """Seconds from ``then`` to ``now``, both of this host's clock.
 
     A timestamp a little ahead (a heartbeat written while the scrape ran, a clock stepped back)
-    is an age of 0."""
+    is an age of 0.
+    """
     return max(0.0, now - then)
 
 
@@ -30,7 +32,8 @@ def last_death(records: list[Death]) -> Death | None:
     The records of the latest restart (noticed within a minute of each other) are one event;
     the most specific cause among them names it (the rank the OOM killer chose says
     ``oom_killer``, the ranks torchrun then stopped say ``unknown``), and its earliest
-    last-heartbeat is when it died."""
+    last-heartbeat is when it died.
+    """
     if not records:
         return None
     latest = max(d.detected for d in records)

@@ -1,7 +1,8 @@
 """What the exporter remembers of a checkpoint directory between scrapes.
 
 It is remembered so that an unchanged directory is not listed, nor its records read and parsed,
-at every scrape (see :class:`DirectoryWatch` for when an unchanged stat is trusted)."""
+at every scrape (see :class:`DirectoryWatch` for when an unchanged stat is trusted).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from trainguard.shared.steps import DEFAULT_LAYOUT
 class NotMounted(Exception):
     """A checkpoint location seen as a mount point is now a plain directory.
 
-    Its volume was unmounted."""
+    Its volume was unmounted.
+    """
 
 
 #: a directory whose stat stays the same is trusted to hold what it held once a full read has
@@ -51,7 +53,8 @@ class DirectoryWatch:
     Creating, renaming or removing an entry changes the directory's mtime and ctime, so an
     unchanged stat means unchanged entries, once that stat has settled (see
     :data:`SETTLE_SECONDS`). What it says nothing about is the content of the entries
-    themselves."""
+    themselves.
+    """
 
     def __init__(
         self,
@@ -69,7 +72,8 @@ class DirectoryWatch:
     def unchanged(self, st: os.stat_result) -> bool:
         """True when the directory, with this stat now, holds what the last full read saw.
 
-        When False, read it in full and then call :meth:`read_done`."""
+        When False, read it in full and then call :meth:`read_done`.
+        """
         key = (st.st_dev, st.st_ino, st.st_size, st.st_nlink, st.st_mtime_ns, st.st_ctime_ns)
         now = self._checked_at = self._clock()
         if key != self._key:
@@ -95,7 +99,8 @@ class RecordCache:
     Every writer commits a record by a rename into ``.trainguard/``, so while that directory is
     unchanged (:class:`DirectoryWatch`) its records are not listed again; otherwise only record
     files whose inode, size, mtime or ctime changed are re-read. The mapping returned is the
-    same object for as long as the records are the same."""
+    same object for as long as the records are the same.
+    """
 
     def __init__(self, directory: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
@@ -108,7 +113,8 @@ class RecordCache:
 
         ``dir_fd`` is the directory already opened, so that the records read are those of the
         directory the caller checked. Raises ManifestError or OSError when any is unreadable,
-        or when the directory itself is missing or not a directory."""
+        or when the directory itself is missing or not a directory.
+        """
         dfd = open_manifest_dir(self.directory, dir_fd)
         if dfd is None:
             self._cache.clear()
@@ -133,7 +139,8 @@ def _spread(rel: str) -> float:
     """How often the directories and files of one step tree are read again in full.
 
     It is between half of :data:`REVALIDATE_SECONDS` and all of it, fixed per path, so that the
-    trees of a location first read in one scrape do not all come due in the same later one."""
+    trees of a location first read in one scrape do not all come due in the same later one.
+    """
     return REVALIDATE_SECONDS * (0.5 + (zlib.crc32(rel.split("/", 1)[0].encode()) % 1000) / 2000)
 
 
@@ -142,7 +149,8 @@ class StepTreeMemo:
 
     See :class:`trainguard.shared.stepdir.TreeMemo`: each directory's file and subdirectory
     names, trusted while its stat is unchanged (:class:`DirectoryWatch`), and whether each
-    ``trainer_state.json`` parsed. Whatever a walk did not visit is forgotten at its end."""
+    ``trainer_state.json`` parsed. Whatever a walk did not visit is forgotten at its end.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -171,7 +179,8 @@ class StepTreeMemo:
         """A step tree whose files were stat'ed less than its :func:`_spread` (30-60 s) ago.
 
         While its directories are unchanged, its files are not stat'ed again until then (a file
-        cut in place under an unchanged step directory shows within that time)."""
+        cut in place under an unchanged step directory shows within that time).
+        """
         cached = self._trees.get(rel)
         if cached is None or self._clock() - cached[1] >= _spread(rel):
             return None
@@ -226,7 +235,8 @@ class CheckpointDirectory:
     directory and parsing names again; each file is still stat'ed at every scrape, since a
     checkpoint overwritten in place changes no directory stat. The directories under step
     directories are treated alike (:class:`StepTreeMemo`): an unchanged one is not listed
-    again, its files are stat'ed."""
+    again, its files are stat'ed.
+    """
 
     def __init__(
         self,
@@ -253,7 +263,8 @@ class CheckpointDirectory:
         """The records (from ``records``, the cache of this directory) and checkpoints.
 
         All are read through one open descriptor of the directory after ``check`` has seen its
-        stat (and not raised): a directory swapped for another after the check is not read."""
+        stat (and not raised): a directory swapped for another after the check is not read.
+        """
         if not DIR_FD:  # no openat (Windows): by path
             st = os.stat(self.directory)
             if check is not None:
@@ -302,7 +313,8 @@ class CheckpointDirectory:
         A location that is a volume's mount point shows, once the volume is unmounted, the
         empty directory underneath: "no checkpoints" where the truth is "cannot see them".
         Having seen it on another device than its parent, a later stat on its parent's device
-        is an error, not an empty location."""
+        is an error, not an empty location.
+        """
         if st.st_dev != parent.st_dev:
             self._mounted_dev = st.st_dev
         elif self._mounted_dev is not None:
@@ -315,7 +327,8 @@ class CheckpointDirectory:
     def _restat(self, fd: int, records: Mapping[str, Record]) -> Listing | None:
         """The last listing's names, stat'ed afresh.
 
-        None when one has gone (the directory changed after its stat was taken: list it)."""
+        None when one has gone (the directory changed after its stat was taken: list it).
+        """
         files: list[Entry] = []
         partials: list[Entry] = []
         found = Found(self.pattern, self.layout, self.fallback)

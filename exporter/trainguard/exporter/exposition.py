@@ -72,7 +72,8 @@ class TextWriter:
     """Renders families in the text format, reusing what the last render rendered.
 
     Safe to call from several threads at once (each render reads the last one's caches and
-    builds its own; the last to finish is kept)."""
+    builds its own; the last to finish is kept).
+    """
 
     def __init__(self) -> None:
         self._headers: dict[tuple[str, str, str], str] = {}

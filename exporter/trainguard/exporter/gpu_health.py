@@ -1,5 +1,7 @@
-"""GPU health as NVML reports it: why the clocks are held down, the PCIe link against what it
-could be, utilisation, power, temperature, ECC errors and row remapping, per physical GPU.
+"""GPU health as NVML reports it, per physical GPU.
+
+Why the clocks are held down, the PCIe link against what it could be, utilisation, power,
+temperature, ECC errors and row remapping.
 
 Why: a run that slows down or stalls is most often slowed by its GPU (a hardware slowdown, a
 link trained at Gen2, memory going bad) and nothing else says so. These series let the alert
@@ -186,10 +188,12 @@ def reason_labels(mask: int) -> list[str]:
 
 
 class GpuHealth:
-    """Reads the health of one device per :meth:`collect` call and adds its series to the
-    collector's families. Remembers what a device does not support (asked again after
+    """Reads the health of one device per :meth:`collect` call into the collector's families.
+
+    Remembers what a device does not support (asked again after
     :data:`RECHECK_UNSUPPORTED_S`), the values that cannot change while NVML runs, and whether
-    the driver has the new clock event reasons call or only the older throttle reasons one."""
+    the driver has the new clock event reasons call or only the older throttle reasons one.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -199,8 +203,10 @@ class GpuHealth:
         self._reasons_call = "nvmlDeviceGetCurrentClocksEventReasons"
 
     def collect(self, dev: HealthDevice, families: dict[str, Any], scrape: Scrape) -> None:
-        """Add ``dev``'s health series to ``families`` (keyed by metric name); a failed read
-        is reported with ``scrape.error`` and leaves out that reading alone."""
+        """Add ``dev``'s health series to ``families`` (keyed by metric name).
+
+        A failed read is reported with ``scrape.error`` and leaves out that reading alone.
+        """
         if self._handles.get(dev.uuid) is not dev.handle:  # NVML started afresh
             self._handles[dev.uuid] = dev.handle
             for cache in (self._static, self._unsupported):
@@ -239,8 +245,11 @@ class GpuHealth:
 
 
 def _function(name: str) -> Callable[..., Any]:
-    """pynvml's wrapper ``name``; one that raises FUNCTION_NOT_FOUND (as for a driver without
-    the call) where the installed nvidia-ml-py is too old to have the wrapper."""
+    """Pynvml's wrapper ``name``, or one that raises FUNCTION_NOT_FOUND where it has none.
+
+    That is what a driver without the call answers; here the installed nvidia-ml-py is too old
+    to have the wrapper.
+    """
     fn = getattr(pynvml, name, None)
     if fn is not None:
         return fn
@@ -319,8 +328,10 @@ _READS: tuple[tuple[MetricSpec, str, Callable[[Any], float], bool, float], ...] 
 
 
 class _Reader:
-    """One device's reads in one scrape: skips what is known unsupported, stops after the GPU
-    is lost (one error, not one per read)."""
+    """One device's reads in one scrape.
+
+    Skips what is known unsupported, stops after the GPU is lost (one error, not one per read).
+    """
 
     def __init__(self, health: GpuHealth, dev: HealthDevice, scrape: Scrape) -> None:
         self._health = health

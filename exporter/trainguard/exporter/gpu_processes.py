@@ -31,7 +31,8 @@ class _ProcessInfo(ctypes.Structure):
     """``nvmlProcessInfo_v2_t`` (which the ``_v3`` functions fill) as a plain ctypes structure.
 
     It has pynvml's own fields, but is not pynvml's class, which intercepts every attribute
-    read."""
+    read.
+    """
 
     _fields_ = pynvml.c_nvmlProcessInfo_v3_t._fields_
 
@@ -40,7 +41,8 @@ class ProcessLister:
     """One NVML process list (compute or graphics) of every device.
 
     The buffers are kept between scrapes. Not thread-safe: the GPU collector calls it under its
-    lock."""
+    lock.
+    """
 
     def __init__(self, symbol: str) -> None:
         self._symbol = symbol
@@ -49,7 +51,8 @@ class ProcessLister:
     def list(self, device: str, handle: Any) -> list[tuple[int, int | None]]:
         """(pid, used bytes or None when the driver does not know) per process, in NVML's order.
 
-        Raises ``pynvml.NVMLError`` as pynvml's functions do."""
+        Raises ``pynvml.NVMLError`` as pynvml's functions do.
+        """
         # pynvml's own look-up: the symbol resolved once from the library it loaded
         fn = pynvml._nvmlGetFunctionPointer(self._symbol)
         buffer = self._buffers.get(device)

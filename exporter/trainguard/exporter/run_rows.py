@@ -19,7 +19,8 @@ class RunRow:
     ``up`` is None when it cannot be known (no pid to check, a pid of a pid namespace this
     exporter cannot see, access denied). ``pid`` is the pid the process recorded (in its own pid
     namespace), ``pids`` the live ones as this exporter's /proc (and NVML, with the host's pid
-    namespace) numbers them."""
+    namespace) numbers them.
+    """
 
     run: str
     rank: str
@@ -58,7 +59,8 @@ def drop_superseded(rows: list[RunRow]) -> list[RunRow]:
 
     A run restarted with fewer ranks leaves the old higher ranks' heartbeats behind: drop a rank
     that is not alive, is at or above the world size of a later start of the same run, and last
-    wrote before that start."""
+    wrote before that start.
+    """
     newest: dict[str, Heartbeat] = {}
     for row in rows:
         hb = row.heartbeat

@@ -6,7 +6,8 @@ the ``runbook_base`` threshold instead (alerts/README.md).
 
 The Markdown is rendered just enough to read and to jump to: headings carry the anchors GitHub
 would give them, fenced code stays preformatted, links and inline code keep their meaning,
-everything else is escaped text in paragraphs. No Markdown library for one page."""
+everything else is escaped text in paragraphs. No Markdown library for one page.
+"""
 
 from __future__ import annotations
 
@@ -99,7 +100,8 @@ def render(markdown: str) -> str:
 def page() -> bytes | None:
     """The shipped runbook as an HTML page.
 
-    None if this installation lacks it (built without its package data)."""
+    None if this installation lacks it (built without its package data).
+    """
     try:
         text = resources.files("trainguard.exporter").joinpath("runbook.md").read_text("utf-8")
     except OSError:

@@ -82,7 +82,8 @@ class RunTable:
 
         Heartbeats count only for runs still in the table, lowest rank first. While the table
         cannot be read by the scrape's deadline (the state directory hangs), the config file's
-        alone, and the scrape is told that the others are unknown."""
+        alone, and the scrape is told that the others are unknown.
+        """
         announced: list[CheckpointTarget] = []
         try:
             view = self.view(scrape)
@@ -117,7 +118,8 @@ class RunTable:
         """The table now.
 
         Within one scrape the runs, GPU and checkpoint collectors share one view instead of
-        each listing the state directory and checking every pid again."""
+        each listing the state directory and checking every pid again.
+        """
         if scrape is None:
             return self._locked_view()
         return scrape.once(self, self._locked_view, f"reading the state directory {self.state_dir}")
@@ -149,7 +151,8 @@ class RunTable:
         """Parse the heartbeat files, re-reading only those changed since the last scrape.
 
         Changed means a new inode, size or times (the reporter replaces the file at each
-        write)."""
+        write).
+        """
         try:
             it = os.scandir(self.state_dir)
         except FileNotFoundError:
@@ -251,7 +254,8 @@ class RunTable:
 
         It looks for those not found yet (or whose last lookup could not tell, a while ago);
         the ones found are re-checked at their host pid at every scrape instead
-        (:meth:`_alive`)."""
+        (:meth:`_alive`).
+        """
         keys = set()
         for hb in heartbeats:
             same = self._same_boot(hb)
@@ -278,7 +282,8 @@ class RunTable:
         """Whether the heartbeat's process is alive, and its pid as this exporter sees it.
 
         The pid is the host pid of a process in a container's pid namespace; None when
-        unknown."""
+        unknown.
+        """
         same = self._same_boot(hb)
         if same is False:
             # written before a reboot (or on another host): not running here

@@ -29,7 +29,8 @@ _NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 class FieldError(ValueError):
     """A rule across fields broken, raised by a schema dataclass's ``__post_init__``.
 
-    field is the attribute it is about, or "" for the whole section."""
+    field is the attribute it is about, or "" for the whole section.
+    """
 
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
@@ -76,7 +77,8 @@ class Value:
         """The whole document.
 
         It comes from :func:`~trainguard.exporter.yamlfile.load_yaml`, or is any plain value,
-        which has no positions."""
+        which has no positions.
+        """
         return cls(data, "", getattr(data, "mark", None), source, base)
 
     def fail(self, message: str) -> NoReturn:
@@ -130,7 +132,8 @@ def kind(value: Any) -> str:
 def read(cls: type[T], value: Value, **extra: Any) -> T:
     """An instance of the schema dataclass cls from the mapping in value.
 
-    A null value means all defaults; extra sets fields that are not YAML keys."""
+    A null value means all defaults; extra sets fields that are not YAML keys.
+    """
     raw = {} if value.raw is None else value.mapping()
     fields = keys(cls)
     for name in raw:
@@ -187,7 +190,8 @@ def abspath(value: Value) -> Path:
 def existing_file(value: Value) -> str:
     """A file that exists.
 
-    A relative path is relative to the YAML file, as exporter-toolkit reads its paths."""
+    A relative path is relative to the YAML file, as exporter-toolkit reads its paths.
+    """
     path = Path(string(value))
     if not path.is_absolute() and value.base is not None:
         path = value.base / path

@@ -2,7 +2,8 @@
 
 The shared reads are what they read from a shared source once per scrape; the failed parts are
 recorded so that a collector reports a partial failure with one call (``scrape.error(...)``)
-rather than passing an error list through every function."""
+rather than passing an error list through every function.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class SharedReads:
 
     A read that hangs (the state directory on a network filesystem whose server went away)
     holds one thread, not the collectors that wait for it, and is not started again while it
-    hangs."""
+    hangs.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -69,7 +71,8 @@ class Scrape:
     do without it (the GPU collector, without the runs its processes belong to) still answers
     with the rest; the exporter passes a ``deadline`` for the reads somewhat before the
     scrape's own, to leave it the time to. Without them (the terminal view, tests) the first
-    caller reads."""
+    caller reads.
+    """
 
     def __init__(
         self,
@@ -89,7 +92,8 @@ class Scrape:
         """``read()``'s result, read at the first call with this key in this scrape.
 
         Raises :class:`~trainguard.exporter.worker.Unfinished` (saying ``what``) when the read
-        has not returned by the scrape's deadline."""
+        has not returned by the scrape's deadline.
+        """
         shared = self._shared
         if shared.reads is None:
             with shared.lock:

@@ -1,7 +1,8 @@
 """Checkpoint locations to watch, from the config file or a running run's heartbeat.
 
 A location is either declared in the config file or announced by a running ``trainguard.Run``
-in its heartbeat."""
+in its heartbeat.
+"""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def ownership_problem(st: os.stat_result, owner: int | None, what: str) -> str |
     times: it is watched only when the heartbeat's owner owns it too, or the heartbeat is
     root's. ``owner`` None (declared in the config file) is always watched. Checked on the stat
     of what is actually read (an open directory's fstat), so that swapping the path after the
-    check changes nothing."""
+    check changes nothing.
+    """
     if owner is None or owner == 0 or not hasattr(os, "getuid") or st.st_uid == owner:
         return None
     return (

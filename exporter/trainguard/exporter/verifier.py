@@ -2,7 +2,8 @@
 
 The scrape asks for a file's status and gets "pending" until a daemon thread has hashed it once, at
 a bounded read rate, and then the cached answer for as long as the file is unchanged (same device,
-inode, size, mtime and ctime)."""
+inode, size, mtime and ctime).
+"""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class TokenBucket:
     """Limits reads to ``rate`` bytes per second on average.
 
     Bursts are of at most ``burst`` bytes. A read larger than what is available runs into debt and
-    the next one waits it off, so the long-run rate is exact whatever the chunk size."""
+    the next one waits it off, so the long-run rate is exact whatever the chunk size.
+    """
 
     def __init__(
         self,
@@ -64,7 +66,8 @@ class TokenBucket:
     def take(self, n: int) -> None:
         """Account for ``n`` bytes about to be read, sleeping first while in debt.
 
-        Raises Stopped when the sleep function reports a stop."""
+        Raises Stopped when the sleep function reports a stop.
+        """
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
         self._last = now
@@ -91,7 +94,8 @@ class Verifier:
 
     The thread is started on first use and never keeps the exporter alive. Results of files that are
     no longer asked about (deleted, replaced, pruned) are dropped after ``ttl`` seconds, so memory
-    follows the files that exist, not every file ever seen."""
+    follows the files that exist, not every file ever seen.
+    """
 
     def __init__(
         self,
@@ -136,7 +140,8 @@ class Verifier:
 
         Each is marked seen; a new one gets None. One lock lets a scrape of thousands of
         unchanged files skip building their paths and taking the lock per file. New files go
-        through :meth:`status`."""
+        through :meth:`status`.
+        """
         out: list[tuple[Status, str] | None] = []
         with self._lock:
             now = self._clock()
@@ -153,7 +158,8 @@ class Verifier:
         """Forget files not asked about for ``ttl`` seconds.
 
         They are looked for at most every tenth of it, so that a scrape does not walk every
-        known file."""
+        known file.
+        """
         now = self._clock()
         if now - self._swept_at < self._ttl / 10:
             return

@@ -1,6 +1,7 @@
 """The HTTP side: landing page, health endpoint and the metrics.
 
-They are served by a threaded server so that a slow client never holds up another scrape."""
+They are served by a threaded server so that a slow client never holds up another scrape.
+"""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def client_timeout(header: str | None) -> float | None:
 
     That header less :data:`SCRAPE_TIMEOUT_OFFSET` (but at least half of it); None without a
     usable header (then the exporter's own ``--collector.timeout`` applies, as it caps this
-    one)."""
+    one).
+    """
     try:
         seconds = float(header) if header else math.nan
     except ValueError:
@@ -92,7 +94,8 @@ def metrics_app(registry: ExporterRegistry) -> WSGIApp:
     It sees the registry through
     :meth:`~trainguard.exporter.collector.ExporterRegistry.within`, so that nothing is shared
     between two concurrent scrapes but the collectors themselves (and the text writer's caches
-    of the last page, which it keeps safe across threads)."""
+    of the last page, which it keeps safe across threads).
+    """
     writer = TextWriter()
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -195,7 +198,8 @@ def make_http_server(
     """Bind ``address``; an empty host means every interface, IPv6 and IPv4 where possible.
 
     Each connection gets its own thread, and the TLS handshake happens in that thread, not in
-    the accept loop, so a slow or stuck client never holds up another scrape."""
+    the accept loop, so a slow or stuck client never holds up another scrape.
+    """
     host, port = parse_listen_address(address)
 
     family = socket.AF_INET

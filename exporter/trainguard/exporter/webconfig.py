@@ -5,7 +5,8 @@ habit serve node_exporter, dcgm-exporter and trainguard alike.
 
 Read like exporter-toolkit reads it: its structs tagged with YAML names, unmarshalled strictly,
 are the dataclasses below (:mod:`trainguard.exporter.schema`), read by the same loader as the
-config file (:mod:`trainguard.exporter.yamlfile`: size cap, line and column in errors)."""
+config file (:mod:`trainguard.exporter.yamlfile`: size cap, line and column in errors).
+"""
 
 from __future__ import annotations
 
@@ -208,7 +209,8 @@ class BasicAuth:
     """Checks ``Authorization: Basic`` against bcrypt hashes.
 
     bcrypt is slow on purpose, so a password that already matched is remembered (keyed by an HMAC,
-    never stored in clear), as exporter-toolkit does, to keep a scrape cheap."""
+    never stored in clear), as exporter-toolkit does, to keep a scrape cheap.
+    """
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
         self._users = dict(users)

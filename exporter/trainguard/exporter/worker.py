@@ -1,7 +1,8 @@
 """A call that may hang, run on a thread of its own and waited for until a deadline.
 
 This is what lets a scrape answer on time while a collector (or a read several collectors share) is
-stuck in a GPU driver or on a network filesystem whose server went away."""
+stuck in a GPU driver or on a network filesystem whose server went away.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ class Unfinished(Exception):
     """A call did not return by the scrape's deadline, or is still hanging from an earlier one.
 
     The message says which call, and is the same at every scrape while it hangs (so that it is
-    logged once)."""
+    logged once).
+    """
 
 
 #: the one message for a call still running at the deadline and for one still hanging from an
@@ -38,7 +40,8 @@ class Worker(Generic[A, R]):
     again or queueing calls of their own (no pile-up of threads: one call outstanding, ever). When
     the call returns, the next :meth:`start` starts a new one. Callers that arrive while a call is
     in progress (concurrent scrapes) share its outcome rather than queueing calls of their own.
-    ``fn`` raising is its outcome: :meth:`wait` raises it again."""
+    ``fn`` raising is its outcome: :meth:`wait` raises it again.
+    """
 
     def __init__(self, fn: Callable[[A], R], name: str) -> None:
         self._fn = fn
@@ -56,7 +59,8 @@ class Worker(Generic[A, R]):
     def start(self, arg: A) -> int | None:
         """Start a call (or join the one in progress); return the ticket to :meth:`wait` with.
 
-        The ticket is None while a call a caller gave up on still hangs."""
+        The ticket is None while a call a caller gave up on still hangs.
+        """
         with self._cond:
             if self._abandoned:
                 return None
@@ -74,7 +78,8 @@ class Worker(Generic[A, R]):
 
         Waits until it returned; raises :class:`Unfinished` if it has not by ``deadline``
         (``time.monotonic()``; None waits as long as it takes) or is a call given up on
-        earlier."""
+        earlier.
+        """
         with self._cond:
             if ticket is not None:
 

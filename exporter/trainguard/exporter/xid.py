@@ -57,7 +57,8 @@ def _address(pointer: Any) -> int | None:
 class XidCounts:
     """Xid events per (GPU index, uuid, code) since the exporter started.
 
-    Shared by the watchers (one after another) and the scrapes."""
+    Shared by the watchers (one after another) and the scrapes.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -94,7 +95,8 @@ class XidWatcher:
 
     With it goes the daemon thread that waits on it. :meth:`start` registers synchronously (so the
     scrape that starts it knows which GPUs are watched) and raises ``pynvml.NVMLError`` for a
-    failure other than "not supported"."""
+    failure other than "not supported".
+    """
 
     def __init__(self, counts: XidCounts) -> None:
         self._counts = counts
@@ -154,7 +156,8 @@ class XidWatcher:
         """Ask the thread to end; never waits.
 
         The thread frees the set and its NVML reference within WAIT_MS (or when a hung driver
-        call returns)."""
+        call returns).
+        """
         self._stop.set()
 
     def _run(self, event_set: Any) -> None:

@@ -121,7 +121,8 @@ def parse_yaml(text: str, source: str) -> Any:
     """The one document in text, with mappings and sequences that know their positions.
 
     Mappings come as :class:`Located`, sequences as :class:`LocatedList`; raises
-    :class:`ConfigError` with line and column if it is not safe YAML."""
+    :class:`ConfigError` with line and column if it is not safe YAML.
+    """
     try:
         return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python tags
     except yaml.MarkedYAMLError as exc:
@@ -144,7 +145,8 @@ def parse_yaml(text: str, source: str) -> Any:
 def load_yaml(path: str | Path, what: str = "config file", max_bytes: int = MAX_BYTES) -> Any:
     """Read and parse a YAML file of at most max_bytes.
 
-    Errors name the file (and ``what`` it is, in "cannot read web config file: ...")."""
+    Errors name the file (and ``what`` it is, in "cannot read web config file: ...").
+    """
     source = str(path)
     try:
         with open(path, "rb") as fh:

@@ -3,7 +3,8 @@
 The run's name, the scalars taken from a framework's logs, and the life of one
 :class:`trainguard.Run` (start, steps, clean end, failure). The callbacks only translate a
 framework's events into these calls; everything else (heartbeat, deaths across restarts, allocator
-stats, OOM snapshots) is ``Run``'s."""
+stats, OOM snapshots) is ``Run``'s.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def run_name(explicit: str | None, *fallbacks: str | os.PathLike[str] | None) ->
 
     ``$TRAINGUARD_RUN`` is set by ``trainguard launch --name``; a fallback is taken as: a
     framework's run name as is, a directory by its last component (the name must stay the same
-    across restarts, so that deaths are counted)."""
+    across restarts, so that deaths are counted).
+    """
     if explicit:
         return explicit
     env = os.environ.get(RUN_ENV, "").strip()
@@ -106,7 +108,8 @@ class RunLife:
 
     A process that ends after training began but before the framework said it ended (an exception
     caught by the script, an uncaught one) records a failure, with the exception's type when the
-    interpreter saw one."""
+    interpreter saw one.
+    """
 
     def __init__(self, run_kwargs: Mapping[str, Any]) -> None:
         self._run_kwargs = dict(run_kwargs)
@@ -127,7 +130,8 @@ class RunLife:
     ) -> Run:
         """The open ``Run``, created at the first start (or after an end).
 
-        After an end, a second ``train()`` is a new process life of the same run and rank."""
+        After an end, a second ``train()`` is a new process life of the same run and rank.
+        """
         with self._lock:
             if self.run is not None and not self.ended:
                 return self.run
@@ -175,7 +179,8 @@ class RunLife:
     def fail(self, exc: BaseException | None) -> None:
         """Record the run failed: training raised ``exc`` (None: unknown).
 
-        First an OOM snapshot if it is a CUDA OOM and ``oom_snapshots=True``."""
+        First an OOM snapshot if it is a CUDA OOM and ``oom_snapshots=True``.
+        """
         with self._lock:
             run, ended, self.ended = self.run, self.ended, True
         if run is None or ended:

@@ -66,7 +66,8 @@ _MARK = re.compile("\x00([0-9]+)\x00")
 class _Probe:
     """A metric value that formats as a mark whatever its format spec (``{val_loss:.2f}``).
 
-    Then the name Lightning builds shows where each field's value goes."""
+    Then the name Lightning builds shows where each field's value goes.
+    """
 
     def __init__(self, index: int) -> None:
         self.mark = f"\x00{index}\x00"
@@ -84,7 +85,8 @@ def checkpoint_pattern(mc: Any) -> tuple[str | None, str | None]:
     the pattern follows whatever this Lightning version does (the ``=``, the extension): the
     step's mark becomes ``{step}``, every other field's ``{name}`` (any value; only the step
     orders checkpoints), the ``.ckpt`` left to the pattern's implied extension:
-    ``epoch={epoch}-step={step}``, ``step={step}`` for ``filename="{step}"``."""
+    ``epoch={epoch}-step={step}``, ``step={step}`` for ``filename="{step}"``.
+    """
     template = mc.filename or "{epoch}" + mc.CHECKPOINT_JOIN_CHAR + "{step}"
     fields = sorted({g[1:] for g in re.findall(r"(\{.*?)[:\}]", template)})
     if "step" not in fields:
@@ -129,7 +131,8 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
     name. Other names (``last.ckpt``) and remote paths (``s3://``) are written by Lightning as
     before, unrecorded. Loading is Lightning's; removing a checkpoint (``save_top_k``) removes its
     record too. ``TrainguardCallback`` installs it by itself; pass it yourself as
-    ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the callback."""
+    ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the callback.
+    """
 
     def __init__(self, pattern: str = DEFAULT_PATTERN) -> None:
         super().__init__()
@@ -163,7 +166,8 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
         """Remove the file first, then its record, as ``prune`` does.
 
         Killed in between, a record without its file is ignored by the exporter and removed by
-        the next ``prune``."""
+        the next ``prune``.
+        """
         super().remove_checkpoint(path)
         if self._recorded(path):
             text = os.path.abspath(os.fspath(path))
@@ -175,7 +179,8 @@ def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
 
     In place of Lightning's default ``TorchCheckpointIO``, or as the base of a wrapper around it
     (``AsyncCheckpointIO``); a ``TrainguardCheckpointIO`` already there gets ``pattern``. None when
-    done, else why not (a custom ``CheckpointIO`` is left alone)."""
+    done, else why not (a custom ``CheckpointIO`` is left alone).
+    """
     if isinstance(strategy, DeepSpeedStrategy) or not isinstance(
         strategy, (SingleDeviceStrategy, DDPStrategy)
     ):

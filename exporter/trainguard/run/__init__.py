@@ -1,7 +1,8 @@
 """The training side's reporter, ``trainguard.Run``.
 
 It writes the heartbeat the exporter reads, carries the death history across restarts and dumps
-memory snapshots at an OOM."""
+memory snapshots at an OOM.
+"""
 
 from trainguard.run.reporter import Run
 

@@ -3,7 +3,8 @@
 The view is read from ``torch.cuda.memory_stats`` without ever importing torch or initialising
 CUDA. Each device's GPU UUID (``torch.cuda.get_device_properties(i).uuid``) lets the exporter
 put the allocator's bytes next to the driver's view of the same GPU, and the device's size
-(``.total_memory``) is what the leak warning compares the allocator's growth with."""
+(``.total_memory``) is what the leak warning compares the allocator's growth with.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ def device_facts(
     """The GPU UUID and size (a MIG slice's own) of CUDA device ``device``.
 
     Asked once per device (``known`` keeps them). Only called once CUDA is initialised:
-    get_device_properties would initialise it."""
+    get_device_properties would initialise it.
+    """
     if device not in known:
         uuid: str | None = None
         total: int | None = None
@@ -90,7 +92,8 @@ def read_allocator(
 
     Returns () when the script has not imported torch or initialised CUDA (memory_stats returns
     {} until it did). ``uuids`` keeps each device's GPU UUID and size between calls. A failure
-    is reported once through ``warn(key, message, arg)`` and reads as ()."""
+    is reported once through ``warn(key, message, arg)`` and reads as ().
+    """
     known: DeviceUuids = {} if uuids is None else uuids
     torch = sys.modules.get("torch")
     if torch is None:
@@ -119,7 +122,8 @@ def read_allocator(
 def snapshot_devices(warn: Callable[..., None], uuids: DeviceUuids) -> list[dict[str, Any]]:
     """The allocator's view of each device, with its GPU's name, UUID and size.
 
-    It is what a memory snapshot's metadata records of the devices."""
+    It is what a memory snapshot's metadata records of the devices.
+    """
     out = []
     for a in read_allocator(warn, uuids):
         facts = uuids.get(a.device)

@@ -3,7 +3,8 @@
 When a run starts again under the same name and rank, the previous process may have died,
 finished, or still be alive. A dead process cannot report its own death, so the next one
 records it and carries the history forward (:func:`predecessor`, at the start of every
-``trainguard.Run``)."""
+``trainguard.Run``).
+"""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def death_of(
 ) -> Death | None:
     """The death of the process that wrote ``prev``, or None when it finished or is alive.
 
-    ``on_duplicate`` is told when it is another live process reporting the same run."""
+    ``on_duplicate`` is told when it is another live process reporting the same run.
+    """
     if prev.state == "finished":
         return None
     boot = procinfo.same_boot(prev.boot_id, prev.boot_time, me.boot_id, me.boot_time)
@@ -80,7 +82,8 @@ def _kernel_says(prev: Heartbeat) -> tuple[bool, int | None]:
     sign of progress (its last step, else its last heartbeat) less :data:`XID_SLACK`: a
     process whose GPU failed stops stepping at once, but may hang on for minutes (a
     collective's timeout) writing heartbeats before it dies. The earliest such error is the
-    one that ended it; one naming another host process is that process's."""
+    one that ended it; one naming another host process is that process's.
+    """
     lines = kernlog.read_kernel_log(prev.create_time - 1.0)
     if not lines:
         return False, None
@@ -116,7 +119,8 @@ def _maybe_alive(prev: Heartbeat, me: Identity, boot: bool | None) -> bool:
     starts in a new pid namespace is a restarted container or pod, which Kubernetes and Docker
     start only after the previous one's process ended, and a pid namespace ends with its
     first process. The exporter, with the host's pid namespace, will have reported that
-    process dead by then; the exception is two pods reporting the same run and rank at once."""
+    process dead by then; the exception is two pods reporting the same run and rank at once.
+    """
     # exact start ticks only within one boot (they count from it), else the create time
     ticks = prev.start_ticks if boot is True and procinfo.ticks_comparable() else None
     if prev.pid_ns is None or me.pid_ns is None or prev.pid_ns == me.pid_ns:
@@ -149,7 +153,8 @@ def predecessor(
     That process's heartbeat is at ``path`` (``who`` names the run and rank in the log). Returns
     that heartbeat (None when there is none, or it cannot be trusted, which is logged once), the
     death history carried forward with its death added when it died, and that death's number
-    (None when it did not die)."""
+    (None when it did not die).
+    """
     if not os.path.lexists(path):
         return None, DeathHistory(), None
     try:

@@ -4,7 +4,8 @@ An uncaught exception runs ``sys.excepthook`` before atexit, so the hook remembe
 atexit handler reports a failure rather than a clean finish (the cases are listed in
 :mod:`trainguard.run.reporter`). A forked child (a DataLoader worker) inherits both hooks and
 must never end its parent's run: the exception is only remembered in the process that made the
-hooks."""
+hooks.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class ExitHooks:
     """The atexit handler and the ``sys.excepthook`` (chained to the previous one) of one run.
 
     At the interpreter's end ``finish(state, error)`` is called with ``("failed", <exception
-    type>)`` after an uncaught exception, else ``("finished", None)``."""
+    type>)`` after an uncaught exception, else ``("finished", None)``.
+    """
 
     def __init__(self, finish: Callable[[str, str | None], None]) -> None:
         self._finish = finish

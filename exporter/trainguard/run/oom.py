@@ -2,7 +2,8 @@
 
 It hands a CUDA out-of-memory error to the reporter's snapshots (``trainguard.run.snapshots``),
 which dump the allocator's state and recent history, what explains an OOM with "free" VRAM,
-and re-raises it."""
+and re-raises it.
+"""
 
 from __future__ import annotations
 

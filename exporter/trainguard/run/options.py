@@ -2,7 +2,8 @@
 
 The arguments include its memory snapshot schedule and experiment configuration. They are
 checked at start so that a mistake is a clear error in the script rather than a heartbeat the
-exporter refuses."""
+exporter refuses.
+"""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def checked_step(raw: Any, warn: Callable[..., None]) -> int | None:
 def checked_scalars(raw: Mapping[str, Any], warn: Callable[..., None]) -> dict[str, float]:
     """The numeric scalars ``Run.step`` was given that a heartbeat can carry.
 
-    The others are dropped and logged once each."""
+    The others are dropped and logged once each.
+    """
     scalars: dict[str, float] = {}
     for key, value in raw.items():
         if len(scalars) >= MAX_SCALARS:
@@ -180,7 +182,8 @@ def check_config(config: object) -> Any:
     """The experiment configuration as plain JSON data.
 
     It may be given as a mapping, an ``argparse.Namespace`` or a dataclass instance; values JSON
-    cannot hold become their ``str()``."""
+    cannot hold become their ``str()``.
+    """
     if config is None:
         return None
     if dataclasses.is_dataclass(config) and not isinstance(config, type):

@@ -208,13 +208,15 @@ class Run:
         """Record the current step and numeric scalars (loss, tokens/s...).
 
         Costs well under a microsecond: the values are converted and written by the background
-        thread."""
+        thread.
+        """
         self._latest = (step, time.time(), scalars)
 
     def close(self, *, finished: bool = True) -> None:
         """Write the final heartbeat; ``finished=False`` records the run as failed.
 
-        Waits at most ``close_timeout`` seconds for a slow disk."""
+        Waits at most ``close_timeout`` seconds for a slow disk.
+        """
         self._finish("finished" if finished else "failed", None)
 
     @property
@@ -228,7 +230,8 @@ class Run:
         ``with run.capture_oom(): train_step()``. The snapshot goes next to the heartbeat
         (``<name>-<hash>.rank<N>.oom-<n>.pickle``, open it at https://pytorch.org/memory_viz;
         the newest periodic one is kept beside it as ``oom-<n>.before.pickle``).
-        Needs ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through."""
+        Needs ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through.
+        """
         return OomGuard(lambda exc: self._snapshots.on_exception(exc, self._progress))
 
     def __enter__(self) -> Run:
@@ -373,7 +376,8 @@ class Run:
     def _progress(self) -> tuple[int | None, dict[str, float]]:
         """(step, scalars) as of the script's latest step() call, for a snapshot's metadata.
 
-        Runs on the reporter's thread, or the training thread at an OOM."""
+        Runs on the reporter's thread, or the training thread at an OOM.
+        """
         latest = self._latest
         if latest is None:
             return self._step, self._scalars

@@ -4,7 +4,8 @@ The pickle is written as ``torch.cuda.memory._dump_snapshot`` writes it (to a te
 into place, so a reader never sees half a snapshot), the rolling set trimmed to its newest
 files, the snapshot from before a death or an OOM kept out of that rotation, and the temp files
 of dumps whose process was killed removed. What is taken, when, and what the heartbeat says of
-it is :mod:`trainguard.run.snapshots`'s concern; names are :mod:`trainguard.shared.snapshots`'s."""
+it is :mod:`trainguard.run.snapshots`'s concern; names are :mod:`trainguard.shared.snapshots`'s.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ class SnapshotFiles:
     """The snapshot files of the run and rank whose names start with ``stem``.
 
     They are written by the process ``pid``. Failures to remove or rename are given to ``warn``
-    (logged once per kind), never raised: a snapshot file left behind must not end the training."""
+    (logged once per kind), never raised: a snapshot file left behind must not end the training.
+    """
 
     def __init__(self, directory: Path, stem: str, pid: int, warn: Warn) -> None:
         self._dir = directory
@@ -36,7 +38,8 @@ class SnapshotFiles:
     def write_pickle(self, name: str, data: Any) -> int:
         """Pickle ``data`` to ``name`` as ``torch.cuda.memory._dump_snapshot`` does; its size.
 
-        The pickle goes to a temp file renamed into place; the size returned is in bytes."""
+        The pickle goes to a temp file renamed into place; the size returned is in bytes.
+        """
         path = self._dir / name
         tmp = self._dir / f".{name}.{self._pid}.tmp"
         with contextlib.suppress(FileNotFoundError):
@@ -68,7 +71,8 @@ class SnapshotFiles:
     def rotate(self, reason: str, keep: int) -> set[str]:
         """Keep the newest ``keep`` snapshots of ``reason`` (and their metadata).
 
-        Returns the names of those removed."""
+        Returns the names of those removed.
+        """
         numbers = sorted(n.number for n in self.own() if n.reason == reason and not n.before)
         removed = set()
         for number in numbers[:-keep]:
@@ -87,7 +91,8 @@ class SnapshotFiles:
         """Rename the newest periodic snapshot (and its metadata) out of rotation's reach.
 
         The new name is ``<stem>.<tag>-<number>.before.*``. Returns (old name, new name), or None
-        when there is none or it could not be renamed."""
+        when there is none or it could not be renamed.
+        """
         numbers = [n.number for n in self.own() if n.reason == "periodic" and not n.before]
         if not numbers:
             return None

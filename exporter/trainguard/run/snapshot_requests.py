@@ -3,7 +3,8 @@
 The command leaves a request file beside the run's heartbeat, the reporter's thread picks it
 up (read as every untrusted file is, then removed), takes a snapshot unless one was taken on
 request within :data:`REQUEST_MIN_GAP` or the request belongs to another user, and writes a
-reply the command waits for. Formats: :mod:`trainguard.shared.snapshots`."""
+reply the command waits for. Formats: :mod:`trainguard.shared.snapshots`.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ Dump = Callable[[int | None, Mapping[str, float], Request], tuple[str | None, st
 class Requests:
     """The request file of one run and rank: ``<stem>`` + the request suffix in ``state_dir``.
 
-    ``who`` names them in the log."""
+    ``who`` names them in the log.
+    """
 
     def __init__(self, state_dir: Path, stem: str, who: str, warn: Warn) -> None:
         self._dir = state_dir
@@ -53,7 +55,8 @@ class Requests:
     def answer(self, progress: Progress, dump: Dump) -> None:
         """Answer the request waiting, if any.
 
-        Take the snapshot through ``dump`` or say why not, in the reply."""
+        Take the snapshot through ``dump`` or say why not, in the reply.
+        """
         path = self._dir / (self._stem + REQUEST_SUFFIX)
         try:
             data, st = read_request_or_reply(path)

@@ -83,7 +83,8 @@ class MemorySnapshots:
     """A run and rank's memory snapshots.
 
     ``enabled`` is ``oom_snapshots=True``: without it nothing is recorded, dumped or answered, and
-    the heartbeat carries no ``snapshots``."""
+    the heartbeat carries no ``snapshots``.
+    """
 
     def __init__(
         self,
@@ -146,7 +147,8 @@ class MemorySnapshots:
         """Start recording the allocation history.
 
         A snapshot without it still shows the segments and blocks, but not the timeline nor the
-        stack traces of past events."""
+        stack traces of past events.
+        """
         if not self.enabled:
             return
         self.history = False
@@ -176,7 +178,8 @@ class MemorySnapshots:
         The numbering is taken from its heartbeat, and the files on disk, whichever is further:
         a lost heartbeat must not make a snapshot overwrite another. ``died``: the death just
         recorded (its number), whose newest periodic snapshot is kept as
-        ``<stem>.died-<n>.before.pickle``."""
+        ``<stem>.died-<n>.before.pickle``.
+        """
         if not self.enabled:
             if prev is not None:
                 self.counts["oom"] = prev.memory_snapshots
@@ -204,7 +207,8 @@ class MemorySnapshots:
     def tick(self, progress: Progress) -> None:
         """Take the snapshots that are due and answer a request. Never raises.
 
-        Called by the reporter's thread between heartbeats."""
+        Called by the reporter's thread between heartbeats.
+        """
         if not self.enabled:
             return
         try:
@@ -239,7 +243,8 @@ class MemorySnapshots:
         """Dump a snapshot if ``exc`` is a CUDA OOM, keeping the newest periodic one beside it.
 
         At most :data:`MAX_OOM_SNAPSHOTS` per process; the periodic one is kept as
-        ``oom-<n>.before``."""
+        ``oom-<n>.before``.
+        """
         if not self.enabled:
             return
         torch = sys.modules.get("torch")
@@ -342,7 +347,8 @@ class MemorySnapshots:
         """What lets two snapshots be compared.
 
         It records the run, the moment, the software, the GPU, the allocator settings and the
-        experiment's configuration."""
+        experiment's configuration.
+        """
         torch = sys.modules.get("torch")
         config = self._config
         batch = scalars.get("batch_size")
@@ -375,7 +381,8 @@ class MemorySnapshots:
     def _keep_before(self, tag: str, number: int) -> None:
         """Keep the newest periodic snapshot out of rotation, and say so in the recent list.
 
-        It is renamed ``<tag>-<number>.before``."""
+        It is renamed ``<tag>-<number>.before``.
+        """
         renamed = self._files.keep_before(tag, number)
         if renamed is None:
             return

@@ -3,7 +3,8 @@
 They never follow a link, never block on a FIFO, never leak a descriptor into a child, and keep
 "unknown" mtimes unknown. The training side writes with these; the exporter reads with the
 same rules. Every file that anyone may have written (heartbeats, records, markers, requests) is
-read by :func:`read_untrusted`, the one place its checks live."""
+read by :func:`read_untrusted`, the one place its checks live.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def touched_ns(st: os.stat_result) -> int | None:
 
     Unknown is 0 or less, which NFS and some FUSE bridges return. A file renamed into place with
     an old mtime (rsync, ``cp -p``) already has its full content, so the mtime alone says whether
-    it may still be being written."""
+    it may still be being written.
+    """
     if st.st_mtime_ns <= 0:
         return None
     return st.st_mtime_ns
@@ -51,7 +53,8 @@ def settled(st: os.stat_result, now_ns: int, grace_ns: int) -> bool:
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make a rename or unlink in ``directory`` durable.
 
-    A no-op where directories cannot be opened, i.e. Windows."""
+    A no-op where directories cannot be opened, i.e. Windows.
+    """
     try:
         fd = os.open(directory, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     except (PermissionError, IsADirectoryError):
@@ -78,7 +81,8 @@ def replace_file(
 
     The temp file is created exclusively (a planted symlink is never followed), written (and
     fsynced with ``fsync``), then ``os.replace``d; it is removed if anything fails. The directory
-    is not fsynced: a reader of these small files can do with the previous one after a power cut."""
+    is not fsynced: a reader of these small files can do with the previous one after a power cut.
+    """
     target = os.fspath(path)
     head, name = os.path.split(target)
     tmp = os.path.join(head, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -101,7 +105,8 @@ def remove_orphan_temps(path: str | os.PathLike[str], own_pid: int) -> None:
     """Remove the temp files :func:`replace_file` left for ``path`` when its writer was killed.
 
     Those are ``.<name>.<pid>.<random>.tmp`` of a pid that is gone, left mid-write; those of
-    ``own_pid`` and of live processes are left alone."""
+    ``own_pid`` and of live processes are left alone.
+    """
     import psutil  # only the writers clean up: the exporter never loads it for this
 
     head, name = os.path.split(os.fspath(path))
@@ -125,7 +130,8 @@ def is_not_a_dir_error(exc: OSError) -> bool:
     """Whether opening a directory (O_NOFOLLOW | O_DIRECTORY) failed on a link or a non-directory.
 
     That is, the name is a link (:func:`is_link_error`) or something other than a directory
-    (ENOTDIR)."""
+    (ENOTDIR).
+    """
     return is_link_error(exc) or exc.errno == errno.ENOTDIR
 
 
@@ -134,7 +140,8 @@ class UntrustedFileError(Exception):
 
     Too big is over its size cap. ``str()`` is ``"<path>: <why>"``; each format's reader raises it
     again as its own error (a heartbeat's, a record's, a request's) with the same text.
-    ``too_large`` tells the one refusal some readers treat as "present but not judged"."""
+    ``too_large`` tells the one refusal some readers treat as "present but not judged".
+    """
 
     def __init__(self, path: str, why: str, *, too_large: bool = False) -> None:
         super().__init__(f"{path}: {why}")
@@ -156,7 +163,8 @@ def open_untrusted(
     With ``dir_fd`` (where the platform can), the last part of ``path`` is opened relative to
     that already-opened directory, so a directory swapped for a link afterwards cannot
     redirect the read. FileNotFoundError when it is not there; :class:`UntrustedFileError`
-    when it is a link, not a regular file, or cannot be opened."""
+    when it is a link, not a regular file, or cannot be opened.
+    """
     source = os.fspath(path)
     if not O_NOFOLLOW:  # no O_NOFOLLOW (Windows): check first; the race is the best we can do
         try:
@@ -196,7 +204,8 @@ def read_untrusted(
     Such files are heartbeats, records, markers, tracker files, snapshot requests. This is the one
     place their common checks live (opened as :func:`open_untrusted`, then a size above ``cap``
     refused before reading and again if the file grows while being read), so no reader can forget
-    one. FileNotFoundError when it is not there; :class:`UntrustedFileError` for anything else."""
+    one. FileNotFoundError when it is not there; :class:`UntrustedFileError` for anything else.
+    """
     source = os.fspath(path)
     fd, st = open_untrusted(source, dir_fd=dir_fd)
     try:
@@ -256,7 +265,8 @@ def sha256_fd(
     """SHA-256 and length of everything readable from ``fd`` (from its current position).
 
     ``before_read(n)`` is called before each read of up to n bytes (the verifier's rate limit).
-    Reads into one reused buffer; hashlib releases the GIL on large updates."""
+    Reads into one reused buffer; hashlib releases the GIL on large updates.
+    """
     h = hashlib.sha256()
     buf = bytearray(chunk)
     view = memoryview(buf)

@@ -21,7 +21,8 @@ _UUID = re.compile(
 def normalize_gpu_uuid(value: object) -> str | None:
     """``GPU-`` and the lower-case hex of ``value``, or None when it is not a GPU UUID.
 
-    ``value`` is a string, or an object whose ``str()`` is one, such as torch's CUDA UUID."""
+    ``value`` is a string, or an object whose ``str()`` is one, such as torch's CUDA UUID.
+    """
     if value is None:
         return None
     try:

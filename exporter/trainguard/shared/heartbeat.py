@@ -80,7 +80,8 @@ class AllocatorStats:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object; ``uuid`` and ``total_bytes`` only when known.
 
-        Older readers ignore them either way."""
+        Older readers ignore them either way.
+        """
         out = vars(self).copy()
         for key in ("uuid", "total_bytes"):
             if out[key] is None:
@@ -104,7 +105,8 @@ class Death:
         """The JSON object as written: ``gpu_xid`` as ``unknown`` plus ``xid``.
 
         That way readers of format 1 that predate it (which refuse a cause they do not know, and
-        with it the whole file) read an unknown cause instead of losing the run."""
+        with it the whole file) read an unknown cause instead of losing the run.
+        """
         cause = "unknown" if self.cause == "gpu_xid" else self.cause
         return {
             "step": self.step,
@@ -135,7 +137,8 @@ class SnapshotState:
 
     The snapshots dumped and failed per reason (carried across restarts), whether torch records
     the allocation history, whether the reporter answers ``trainguard snapshot`` requests, and
-    the newest files (newest last)."""
+    the newest files (newest last).
+    """
 
     counts: Mapping[str, int] = field(default_factory=dict)
     failures: Mapping[str, int] = field(default_factory=dict)
@@ -236,7 +239,8 @@ def check_run_name(name: object) -> str | None:
     """Why ``name`` cannot be a run name, or None when it can.
 
     Anything printable up to 128 characters: the name goes into a label value and log lines,
-    never into a path."""
+    never into a path.
+    """
     if not isinstance(name, str):
         return f"expected a string, got {kind_of(name)}"
     if not 1 <= len(name) <= MAX_RUN_NAME:
@@ -248,7 +252,8 @@ def heartbeat_filename(run: str, rank: int) -> str:
     """The heartbeat file name of a run and rank: ``<sanitized>-<sha8>.rank<N>.heartbeat.json``.
 
     The readable part is only a hint (run names may hold '/', '..' or anything else); the hash of
-    the real name keeps names that sanitize alike apart. The real name is stored inside the file."""
+    the real name keeps names that sanitize alike apart. The real name is stored inside the file.
+    """
     safe = _UNSAFE_FILE_CHARS.sub("_", run)[:48].strip("_") or "run"
     digest = hashlib.sha256(run.encode("utf-8")).hexdigest()[:8]
     return f"{safe}-{digest}.rank{rank}{SUFFIX}"
@@ -259,7 +264,8 @@ def write_heartbeat(path: str | os.PathLike[str], data: Heartbeat | Mapping[str,
 
     The temp file is created exclusively (so a planted symlink is never followed), written,
     fsynced, then ``os.replace``d. The directory is not fsynced: losing the newest heartbeat in a
-    power cut leaves the previous one, which is all a reader needs."""
+    power cut leaves the previous one, which is all a reader needs.
+    """
     doc = data.to_dict() if isinstance(data, Heartbeat) else dict(data)
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     replace_file(path, payload, fsync=True)

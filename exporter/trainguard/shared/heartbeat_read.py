@@ -5,7 +5,8 @@ reads its predecessor's the same way: no symlinks, regular files only, at most 1
 field's type, range and length checked, and every failure a
 :class:`~trainguard.shared.heartbeat.HeartbeatError` naming the file and the field. Error
 messages never quote string values from the file (a hard link to a private file must not leak
-its contents into the exporter's log)."""
+its contents into the exporter's log).
+"""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> 
     """Read and validate one heartbeat file that anyone may have written.
 
     Raises only :class:`HeartbeatError`. With ``check_name`` the file name must be the one the run
-    and rank inside it would get, so a copied or renamed file cannot pose as another run."""
+    and rank inside it would get, so a copied or renamed file cannot pose as another run.
+    """
     source = os.fspath(path)
     hb = parse_heartbeat_bytes(_read_file(source), source)
     if check_name:
@@ -62,7 +64,8 @@ def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
     """Decode and validate the bytes of a heartbeat file; raises only :class:`HeartbeatError`.
 
     A key given twice in one object is refused: which of the two a reader takes differs
-    between JSON parsers, so such a file can mean two things."""
+    between JSON parsers, so such a file can mean two things.
+    """
     if len(raw) > MAX_BYTES:
         raise HeartbeatError(f"{source}: {len(raw)} bytes, larger than the 1 MiB limit; refused")
     if not raw:

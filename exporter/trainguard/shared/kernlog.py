@@ -54,7 +54,8 @@ _JOURNAL_TIME = re.compile(r"^(\d+(?:\.\d+)?) ")
 class KernelLine:
     """One kernel log message and when it was logged.
 
-    The time is in seconds since the epoch; None when the source does not say."""
+    The time is in seconds since the epoch; None when the source does not say.
+    """
 
     time: float | None
     text: str
@@ -92,7 +93,8 @@ def read_kernel_log(since: float) -> list[KernelLine] | None:
 
     ``since`` is in seconds since the epoch; messages whose time is unknown are kept. Read from
     /dev/kmsg, else ``journalctl -k``, else ``dmesg``. Bounded to about two seconds; None when no
-    source can be read."""
+    source can be read.
+    """
     deadline = time.monotonic() + _KERNEL_LOG_SECONDS
     try:
         lines = _kmsg_lines(since, deadline)
@@ -109,7 +111,8 @@ def _kmsg_lines(since: float, deadline: float) -> list[KernelLine] | None:
     """Records of /dev/kmsg logged after ``since``, or None when it cannot be read.
 
     Its timestamps are microseconds since boot. It cannot be read without permission, or off
-    Linux."""
+    Linux.
+    """
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     except OSError:

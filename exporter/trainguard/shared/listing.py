@@ -2,7 +2,8 @@
 
 The files whose names match a pattern (finished and ``.part``), each with its lstat, the step
 directories whose names match it (committed or in flight, see :mod:`trainguard.shared.steps`),
-and the records beside them. Links are never followed out of a checkpoint directory."""
+and the records beside them. Links are never followed out of a checkpoint directory.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ StepMemo = dict[str, tuple[int, bool]]
 class Found:
     """What one listing gathers beyond the checkpoint files: step directories and tracker files.
 
-    They are resolved into committed and in-flight steps by :meth:`finish`."""
+    They are resolved into committed and in-flight steps by :meth:`finish`.
+    """
 
     def __init__(
         self, pattern: CheckpointPattern, layout: str, fallback: str | None = None
@@ -53,7 +55,8 @@ class Found:
         """Note a directory whose name matched the pattern; True when it is a step directory.
 
         ``partial``: it matched as a .part. A step directory may be under its final or temporary
-        name."""
+        name.
+        """
         if not self.dirs_wanted:
             return False
         final = None if partial else self.pattern.dir_step(name)
@@ -92,7 +95,8 @@ def classify(pattern: CheckpointPattern, name: str, dirs: bool) -> tuple[int, bo
     """(step, is a .part) of a name the pattern matches; (-1, False) for a tracker file.
 
     The name may match as a file, a .part, or (where ``dirs``) a step directory under a final or
-    temporary name."""
+    temporary name.
+    """
     parsed = pattern.step(name)
     if parsed is not None:
         return parsed, False
@@ -132,7 +136,8 @@ def list_directory(
     listed instead of the path. ``layout`` says how step directories are committed
     (:data:`trainguard.shared.steps.LAYOUTS`); ``tree_memo`` remembers their trees between
     listings; ``fallback`` is the layout taken where ``auto`` finds nothing to tell by (a
-    mirror's: its primary's)."""
+    mirror's: its primary's).
+    """
     files: list[Entry] = []
     partials: list[Entry] = []
     old = memo or {}
@@ -171,7 +176,8 @@ def place(
 ) -> None:
     """File a matched name by its lstat.
 
-    It is a checkpoint file or .part, a step directory, or a tracker file."""
+    It is a checkpoint file or .part, a step directory, or a tracker file.
+    """
     step, partial = known
     if stat.S_ISREG(st.st_mode):
         if step < 0:
@@ -192,7 +198,8 @@ def not_regular(
     """Check a checkpoint's name on something neither a regular file nor a step directory.
 
     It is an error when it is a link or has a record, else (a directory named like a checkpoint
-    where step directories are not watched) not a checkpoint at all."""
+    where step directories are not watched) not a checkpoint at all.
+    """
     if stat.S_ISLNK(st.st_mode):
         raise ManifestError(f"{directory / name} is a symbolic link; links are not followed")
     rec = records.get(name)

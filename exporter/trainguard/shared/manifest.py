@@ -68,7 +68,8 @@ _MAX_INT = 2**63 - 1
 class ManifestError(Exception):
     """A manifest record or checkpoint directory entry that cannot be trusted.
 
-    It is malformed, too big, a link, or naming something outside its directory."""
+    It is malformed, too big, a link, or naming something outside its directory.
+    """
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def is_relative_path(path: str) -> bool:
     """Whether ``path`` can only name something under the directory it is relative to.
 
     That is: '/' separated, no empty, '.' or '..' component, no control characters (hidden names
-    are fine: DCP's ``.metadata``)."""
+    are fine: DCP's ``.metadata``).
+    """
     if not 0 < len(path) <= 4096 or path.startswith("/") or "\\" in path:
         return False
     for part in path.split("/"):
@@ -142,7 +144,8 @@ def _int(doc: Mapping[str, Any], key: str) -> int:
 def parse_record(data: bytes, *, name: str) -> Record:
     """Parse one record; ``name`` is the checkpoint the record's file name says it is about.
 
-    Anything but a well-formed record about exactly that plain name raises ManifestError."""
+    Anything but a well-formed record about exactly that plain name raises ManifestError.
+    """
     if len(data) > MAX_RECORD_BYTES and (
         len(data) > MAX_DIR_RECORD_BYTES or not data.startswith(_DIR_RECORD_START)
     ):
@@ -243,7 +246,8 @@ def write_record(directory: str | os.PathLike[str], record: Record) -> None:
     """Commit a record atomically: never a mix of the old record and the new one.
 
     Temporary file in the same directory, fsync, rename over the old record, fsync the directory.
-    Killed at any point, the old record or the new one is there in full."""
+    Killed at any point, the old record or the new one is there in full.
+    """
     final = record_path(directory, record.name)
     mdir = _manifest_dir(Path(directory), create=True)
     tmp = mdir / f".{record.name}.{secrets.token_hex(4)}.tmp"
@@ -304,7 +308,8 @@ def read_records(
 
     The key is the (inode, size, mtime, ctime) it was read under. A record whose key is the same
     as in ``previous`` is taken from there rather than read and parsed again. ManifestError or
-    OSError when any record is unreadable."""
+    OSError when any record is unreadable.
+    """
     old = previous or {}
     fresh: dict[str, tuple[RecordKey, Record]] = {}
     for entry in scandir_fd(dfd, mdir):
@@ -338,7 +343,8 @@ def open_manifest_dir(directory: Path, dir_fd: int | None = None) -> int | None:
     """Open ``directory``'s manifest directory without following a link; None when it has none.
 
     It is opened relative to ``dir_fd``, the directory already opened, where given. ManifestError
-    when it is a link or a file; OSError when ``directory`` itself is missing or not a directory."""
+    when it is a link or a file; OSError when ``directory`` itself is missing or not a directory.
+    """
     mdir = directory / MANIFEST_DIR
     flags = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
     try:

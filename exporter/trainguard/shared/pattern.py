@@ -9,7 +9,8 @@ once for the step (decimal digits), ``{name}`` for any other value (an epoch, a 
 characters, ``{{`` and ``}}`` for a literal brace; everything else is literal. A format spec
 is allowed and ignored (``{step:05d}``, ``{val_loss:.2f}``, as in Lightning's file names).
 Frameworks name files by several values, but only the step orders checkpoints, so only the
-step is read."""
+step is read.
+"""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ def checkpoint_pattern_problem(pattern: str) -> str | None:
 
     Hidden names are the temporaries of many tools (and the ``.trainguard`` manifest directory),
     ``.part`` marks a file still being written: a pattern matching either would call them
-    checkpoints."""
+    checkpoints.
+    """
     if "/" in pattern or "\\" in pattern:
         return f"expected a file name, not a path, got {pattern!r}"
     if pattern.startswith(".") or pattern.endswith(".part"):
@@ -88,7 +90,8 @@ def checkpoint_pattern_problem(pattern: str) -> str | None:
 def is_plain_name(name: str) -> bool:
     """Whether ``name`` can only mean a file directly inside the directory it is looked up in.
 
-    No separators, no parent, not hidden, no control characters."""
+    No separators, no parent, not hidden, no control characters.
+    """
     # separators, ':' (drive-relative names and NTFS streams on Windows), control characters
     return 0 < len(name) <= 255 and not name.startswith(".") and _NOT_PLAIN.search(name) is None
 
@@ -106,7 +109,8 @@ class CheckpointPattern:
     (``step_100.pt``, ``step_0100.safetensors``, ``step_100``) for regular files, and exactly the
     pattern (``checkpoint-500``, ``iter_0000500``) for a directory per step. ``<checkpoint>.part``
     is a checkpoint being written, and so is a step directory under a framework's temporary name
-    (:meth:`temp_dir_step`), which a wildcard never turns into a final one."""
+    (:meth:`temp_dir_step`), which a wildcard never turns into a final one.
+    """
 
     def __init__(self, pattern: str = DEFAULT_CHECKPOINT_PATTERN) -> None:
         problem = checkpoint_pattern_problem(pattern)
@@ -136,7 +140,8 @@ class CheckpointPattern:
     def dir_step(self, name: str) -> int | None:
         """The step of a step directory's final name (the pattern exactly), else None.
 
-        No extension, and never a temporary name (``tmp-checkpoint-500`` under ``*-{step}``)."""
+        No extension, and never a temporary name (``tmp-checkpoint-500`` under ``*-{step}``).
+        """
         step = self._final_dir_step(name)
         if step is None or self.temp_dir_step(name) is not None:
             return None
@@ -152,7 +157,8 @@ class CheckpointPattern:
         """The step of a step directory under a temporary name, else None.
 
         Such as ``step-500.part``, ``500.orbax-checkpoint-tmp-1700000000`` or
-        ``tmp-checkpoint-500``."""
+        ``tmp-checkpoint-500``.
+        """
         m = _TEMP_DIR_RE.fullmatch(name)
         if m is None or m.group(1) == name:
             return None

@@ -57,7 +57,8 @@ def pid_namespace() -> int | None:
     """Inode of this process's pid namespace (Linux).
 
     A pid recorded in another namespace (a container without the host's pid namespace) cannot
-    be checked here."""
+    be checked here.
+    """
     try:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -83,7 +84,8 @@ def read_stat(pid: int | str) -> tuple[str, int]:
 
     The command name (field 2) is in parentheses and may itself hold spaces and parentheses,
     so the fields are split after the *last* ')'. Raises OSError (FileNotFoundError or
-    ProcessLookupError: no such process) or ValueError (not the expected format)."""
+    ProcessLookupError: no such process) or ValueError (not the expected format).
+    """
     with open(f"/proc/{pid}/stat", "rb") as fh:
         raw = fh.read(4096)
     head, sep, tail = raw.rpartition(b")")
@@ -99,7 +101,8 @@ def read_nspid(pid: int | str) -> list[int] | None:
 
     That is the line of ``/proc/PID/status`` listing its pid in each pid namespace from the one
     of this /proc down to the process's own (first: as seen here, last: in its innermost
-    namespace). None where the kernel has no such line (before 4.1). Raises OSError."""
+    namespace). None where the kernel has no such line (before 4.1). Raises OSError.
+    """
     with open(f"/proc/{pid}/status", "rb") as fh:
         raw = fh.read(16384)
     for line in raw.splitlines():
@@ -115,7 +118,8 @@ def _boottime_offset_zero() -> bool | None:
     """Whether this process's time namespace leaves CLOCK_BOOTTIME alone.
 
     A boot time offset shifts the start ticks this process reads in /proc by that offset.
-    True without time namespaces."""
+    True without time namespaces.
+    """
     try:
         with open("/proc/self/timens_offsets", encoding="ascii") as fh:
             text = fh.read(1024)
@@ -134,7 +138,8 @@ def own_start_ticks() -> int | None:
     """This process's start in clock ticks since boot (Linux).
 
     None where it cannot be read or would not compare (another platform, a time namespace with
-    a boot time offset)."""
+    a boot time offset).
+    """
     if _boottime_offset_zero() is not True:
         return None
     try:
@@ -146,7 +151,8 @@ def own_start_ticks() -> int | None:
 def ticks_comparable() -> bool:
     """Whether start ticks read here compare with ones other processes of this boot recorded.
 
-    They do on Linux, when this process has no time namespace offset of its own."""
+    They do on Linux, when this process has no time namespace offset of its own.
+    """
     return _boottime_offset_zero() is True and os.path.exists("/proc/self/stat")
 
 
@@ -154,7 +160,8 @@ def own_create_time() -> float:
     """This process's create time, read afresh.
 
     psutil caches it per Process object, and a clock adjustment since start changes the value
-    the exporter computes."""
+    the exporter computes.
+    """
     return float(psutil.Process(os.getpid()).create_time())
 
 
@@ -165,7 +172,8 @@ def process_exists(pid: int) -> bool:
     ``pidfd_open`` (Linux 5.3+) answers in one system call: it refuses a pid that does not exist
     (ESRCH) and one that is a thread, not a thread-group leader (EINVAL), and needs no
     permission on the process. The GPU collector asks it for every process NVML lists, at every
-    scrape."""
+    scrape.
+    """
     if pid <= 0:
         return bool(psutil.pid_exists(pid))
     try:
@@ -186,7 +194,8 @@ def process_alive(pid: int, create_time: float, start_ticks: int | None = None) 
 
     ``start_ticks`` is compared exactly; pass it only when it was recorded in this boot (same
     boot id) and this process's reads compare (:func:`ticks_comparable`). Without it, or where
-    ``/proc`` cannot be read, the create time is compared within the tolerance."""
+    ``/proc`` cannot be read, the create time is compared within the tolerance.
+    """
     if start_ticks is not None:
         try:
             state, ticks = read_stat(pid)
@@ -229,7 +238,8 @@ class NsLookup:
     ``absent`` (no process here has that pid in a namespace below this one and that start),
     ``unverifiable`` (one has, but its namespace cannot be read, for lack of ptrace access,
     and only the create time was left to compare), ``ambiguous`` (several unreadable ones
-    match exactly), ``unknown`` (/proc cannot be listed, or has no ``NSpid``)."""
+    match exactly), ``unknown`` (/proc cannot be listed, or has no ``NSpid``).
+    """
 
     kind: str
     host_pid: int | None = None
@@ -247,7 +257,8 @@ def find_in_namespaces(wanted: Collection[NsProcess]) -> dict[NsProcess, NsLooku
     namespace (the inode of ``/proc/PID/ns/pid``) must then be the recorded one; reading it
     needs ptrace read access to the process (root, or the same user), so where it is refused
     an exact start-ticks match is taken as the process (two processes with the same pid in
-    their namespaces starting at the same clock tick), and a create-time match is not."""
+    their namespaces starting at the same clock tick), and a create-time match is not.
+    """
     out: dict[NsProcess, NsLookup] = {}
     if not wanted:
         return out
@@ -324,7 +335,8 @@ def still_there(host_pid: int, ns_pid: int, start_ticks: int) -> bool | None:
 
     It is when it has the same start ticks (a pid and a start tick name one process for the
     whole boot) and is still ``ns_pid`` in its namespace. False when gone, None when /proc will
-    not say."""
+    not say.
+    """
     try:
         state, ticks = read_stat(host_pid)
         if ticks != start_ticks or state in _DEAD_STATES:
@@ -354,7 +366,8 @@ def iter_matching(
 
     With ``cmdline`` the whole command line, its arguments joined by spaces, is matched instead.
     A process whose command line cannot be read (another user's, under ``hidepid``) or is empty
-    (a kernel thread) never matches."""
+    (a kernel thread) never matches.
+    """
     field = "cmdline" if cmdline else "name"
     for proc in psutil.process_iter([field, "create_time", "status"]):
         info = proc.info

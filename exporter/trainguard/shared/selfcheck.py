@@ -7,7 +7,8 @@ end-of-central-directory record is the last thing written), a JSON document (it 
 A framework that writes a directory in place (the Hugging Face Trainer without the trainguard
 callback) leaves no record; these formats carry their own length, so a file cut short is told
 from a whole one at once, with a few small reads, where otherwise only the grace period (nothing
-touched for minutes) and no check at all of the content would judge it."""
+touched for minutes) and no check at all of the content would judge it.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def expected_size(path: Path, st: os.stat_result) -> int | None:
 
     None when its name or content carries none. A file shorter than its header claims gets that
     claim (or, for a zip whose end record is missing, the least it would need: 22 bytes more), so
-    that it compares as truncated."""
+    that it compares as truncated.
+    """
     name = path.name
     kind = (
         "safetensors"
@@ -82,7 +84,8 @@ def indented_json_closed(fd: int, size: int) -> bool:
 
     Such as the Hugging Face Trainer's ``trainer_state.json``: ``json.dumps(..., indent=2) + "\n"``.
     Only the top-level object closes at the start of a line, so a copy cut short anywhere does not
-    end with ``\n}``. The whole document (megabytes of log history) is not parsed at every look."""
+    end with ``\n}``. The whole document (megabytes of log history) is not parsed at every look.
+    """
     if size < 3 or _read(fd, 0, 1) != b"{":
         return False
     end = _read(fd, max(0, size - 3), 3)
@@ -145,7 +148,8 @@ def _eocd_consistent(fd: int, tail: bytes, at: int, pos: int, size: int) -> bool
     """Whether the end record at ``pos`` ends the file and follows the central directory.
 
     The central directory must end where the end records start (the zip64 one, which torch
-    always writes, or this one)."""
+    always writes, or this one).
+    """
     if at + 22 > len(tail):
         return False
     cd_size, cd_offset, comment = struct.unpack("<IIH", tail[at + 12 : at + 22])

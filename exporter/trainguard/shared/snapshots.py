@@ -59,7 +59,8 @@ class SnapshotFileError(ValueError):
 def run_stem(run: str, rank: int) -> str:
     """The heartbeat's file name without ``.heartbeat.json``.
 
-    Every file of a run and rank starts with it."""
+    Every file of a run and rank starts with it.
+    """
     return heartbeat_filename(run, rank)[: -len(SUFFIX)]
 
 
@@ -115,7 +116,8 @@ class Request:
 class Reply:
     """What the run did with request ``id``: the ``file`` written, or an ``error`` saying why not.
 
-    ``file`` is a name in the state directory."""
+    ``file`` is a name in the state directory.
+    """
 
     id: str
     time: float
@@ -140,7 +142,8 @@ def write_json(path: str | os.PathLike[str], doc: Any, mode: int = 0o644) -> Non
     """Replace ``path`` atomically with ``doc`` as JSON.
 
     It goes through a temp file created exclusively (a planted symlink is never followed),
-    written, then ``os.replace``d."""
+    written, then ``os.replace``d.
+    """
     payload = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     replace_file(path, payload, mode)
 
@@ -149,7 +152,8 @@ def read_request_or_reply(path: str | os.PathLike[str]) -> tuple[bytes, os.stat_
     """The bytes of a request or reply and its stat, read as every untrusted file is.
 
     FileNotFoundError when it is not there, :class:`SnapshotFileError` for anything else
-    wrong with it."""
+    wrong with it.
+    """
     try:
         return read_untrusted(path, MAX_REQUEST_BYTES)
     except UntrustedFileError as exc:

@@ -1,7 +1,8 @@
 """The state directory, where the reporter and the exporter meet.
 
 Both sides resolve it the same way, so that on one workstation they agree without any
-configuration."""
+configuration.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def default_state_dir() -> Path:
     r"""The state directory: ``$TRAINGUARD_STATE_DIR``, else a per-user state directory.
 
     The per-user one is ``$XDG_STATE_HOME/trainguard``, ``~/.local/state/trainguard``, or
-    ``%LOCALAPPDATA%\trainguard`` on Windows."""
+    ``%LOCALAPPDATA%\trainguard`` on Windows.
+    """
     env = os.environ.get(STATE_DIR_ENV)
     if env:
         return Path(env).expanduser()

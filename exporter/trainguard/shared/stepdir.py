@@ -3,7 +3,8 @@
 :func:`walk` lists every regular file under it, from an open descriptor without following
 links and within bounds. The types are :class:`Entry`, :class:`Tree`, :class:`StepDir` and
 :class:`InFlight`, with the memo a caller may keep between walks (:class:`TreeMemo`). Which
-step directories are committed is :mod:`trainguard.shared.steps`'s concern."""
+step directories are committed is :mod:`trainguard.shared.steps`'s concern.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class Entry(NamedTuple):
 
     For a file under a step directory, its path relative to the location
     (``checkpoint-500/model.safetensors``). (A named tuple: one is built per file per scrape, and
-    a frozen dataclass costs several times more.)"""
+    a frozen dataclass costs several times more.)
+    """
 
     name: str
     step: int
@@ -50,7 +52,8 @@ class StepDir(NamedTuple):
 
     It holds every regular file under it, the newest modification time of it, its subdirectories
     and its files (None when any is unknown), and what committed it (``"record"``: a trainguard
-    record listing every file; ``"marker"``: the framework's marker)."""
+    record listing every file; ``"marker"``: the framework's marker).
+    """
 
     name: str
     step: int
@@ -65,7 +68,8 @@ class InFlight(NamedTuple):
     """A step directory not committed (yet).
 
     It is being written, or was left by a writer that died (an orphan, once it has not been
-    touched for long)."""
+    touched for long).
+    """
 
     name: str
     step: int
@@ -77,7 +81,8 @@ class TreeMemo(Protocol):
     """What a caller remembers of the directories of step trees between walks.
 
     The exporter's is ``trainguard.exporter.dirwatch.StepTreeMemo``. An unchanged directory is
-    not listed again: its files are only stat'ed."""
+    not listed again: its files are only stat'ed.
+    """
 
     def known(self, rel: str, st: os.stat_result) -> tuple[list[str], list[str]] | None: ...
 
@@ -141,7 +146,8 @@ def walk(dfd: int, path: Path, rel: str, memo: TreeMemo | None) -> Tree:
 
     With a ``memo``: a tree whose directories all have the stat it trusts, and whose files were
     stat'ed recently enough (the memo says), is the same :class:`Tree` as last time, without
-    an lstat per file."""
+    an lstat per file.
+    """
     if memo is not None:
         cached = memo.tree(rel)
         if cached is not None and _unchanged(dfd, path, rel, memo, 0):

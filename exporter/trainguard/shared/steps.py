@@ -5,7 +5,8 @@ often one file per rank, committed by the framework's own protocol. This module 
 directories are committed (their *layout*: which marker the framework writes last); what each holds
 (every regular file under it, walked without following links and within bounds) is
 :mod:`trainguard.shared.stepdir`. The library (``latest``/``prune``) and the exporter share both, so
-that they never disagree on what is complete."""
+that they never disagree on what is complete.
+"""
 
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ MAX_HF_STATE_BYTES = 32 * 1024 * 1024
 class LayoutError(ManifestError):
     """A location whose layout cannot be told: it fails visibly rather than guessing.
 
-    Ambiguous markers, or a tracker file naming something that is not a step."""
+    Ambiguous markers, or a tracker file naming something that is not a step.
+    """
 
 
 def layout_problem(layout: str) -> str | None:
@@ -66,7 +68,8 @@ def layout_problem(layout: str) -> str | None:
 def _read_marker(name: str, dir_fd: int | None, directory: Path, cap: int) -> bytes | None:
     """A marker or tracker file's content, None when it is larger than ``cap``.
 
-    Read as every untrusted file is (:func:`~trainguard.shared.fileio.read_untrusted`)."""
+    Read as every untrusted file is (:func:`~trainguard.shared.fileio.read_untrusted`).
+    """
     try:
         return read_untrusted(directory / name, cap, dir_fd=dir_fd)[0]
     except UntrustedFileError as exc:
@@ -82,7 +85,8 @@ def tracker_step(
 
     The tracker is DeepSpeed's ``latest`` or Megatron's ``latest_checkpointed_iteration.txt``.
     None when there is none yet (or Megatron's ``release``). A tracker naming something that is
-    not a step is a LayoutError."""
+    not a step is a LayoutError.
+    """
     name = DEEPSPEED_LATEST if layout == "deepspeed" else MEGATRON_LATEST
     try:
         data = _read_marker(name, dir_fd, directory, MAX_TRACKER_BYTES)
@@ -113,7 +117,8 @@ def _hf_state_ok(dfd: int, where: Path, st: os.stat_result, memo: TreeMemo | Non
 
     It is written with a plain open/write, so a save killed while writing it leaves a partial
     document: it marks the step only once it is whole (as the Trainer writes it, indented, its
-    last line the top-level ``}``: two small reads; else once it parses)."""
+    last line the top-level ``}``: two small reads; else once it parses).
+    """
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if memo is not None:
         cached = memo.marker(key)
@@ -135,7 +140,8 @@ def _hf_state_closed(dfd: int, where: Path) -> bool:
     """trainer_state.json as the Trainer writes it, whole, by two small reads (selfcheck).
 
     Opened as every file anyone may have written is (:func:`open_untrusted`): a link or
-    anything but a regular file raises, and the caller counts that as not whole."""
+    anything but a regular file raises, and the caller counts that as not whole.
+    """
     fd, st = open_untrusted(where / HF_MARKER, dir_fd=dfd)
     try:
         return indented_json_closed(fd, st.st_size)
@@ -180,7 +186,8 @@ def step_directories(
     ``candidates`` are the (name, step, temporary name) of its directories that the pattern matched,
     ``trackers`` the tracker files beside them. Returns them with the layout they were judged by
     (``auto`` resolved: ``fallback`` when nothing here tells, which for a mirror is its primary's
-    layout, else ``none``, so that only trainguard records commit)."""
+    layout, else ``none``, so that only trainguard records commit).
+    """
     seen: list[_Seen] = []
     for name, step, temp in candidates:
         try:

@@ -1,7 +1,8 @@
 """Which checkpoint files and step directories are complete.
 
 The one verdict that ``trainguard.checkpoint.latest`` and ``prune`` act on and the exporter
-publishes, so that the two never disagree."""
+publishes, so that the two never disagree.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from trainguard.shared.stepdir import StepDir
 class Judged(NamedTuple):
     """One checkpoint file judged against what its writer recorded.
 
-    A named tuple, like :class:`Entry`."""
+    A named tuple, like :class:`Entry`.
+    """
 
     entry: Entry
     expected_size: int | None  # None: no record here nor on the primary
@@ -46,7 +48,8 @@ def judge(
     Whatever the records and the trust setting, a mirror's file smaller than the settled primary
     file of the same name (itself not smaller nor larger than its own record) is judged against
     the primary's size: a copy taken while an unrecorded primary was still being written carries
-    a record of its own short size, and is a truncated copy, not a checkpoint."""
+    a record of its own short size, and is a truncated copy, not a checkpoint.
+    """
     by_name = {e.name: e for e in primary.files} if primary is not None else {}
     out = []
     for entry in listing.files:
@@ -108,7 +111,8 @@ class StepVerdict(NamedTuple):
 
     Its files one by one (against its own record, or for a mirror the primary's record or
     directory of the same step), the files expected but absent, and whether the step is a
-    complete checkpoint."""
+    complete checkpoint.
+    """
 
     dir: StepDir
     files: list[Judged]
@@ -140,7 +144,8 @@ def judge_dirs(
 
     ``cache`` (the same dict for every judgement of one location) keeps the verdict of each
     settled directory: judged again only when it, or the primary's directory of its step, is
-    another object (changed), or the settings differ."""
+    another object (changed), or the settings differ.
+    """
     pdirs = {d.name: d for d in primary.dirs} if primary is not None else {}
     out: list[StepVerdict] = []
     fresh: StepCache = {}

@@ -3,7 +3,8 @@
 Each is a :class:`trainguard.exporter.collector.Collector` that declares its name, help and
 whether it is on by default. :data:`COLLECTORS` is the list the exporter's
 ``--[no-]collector.NAME`` flags and its collectors are built from, in the order their series
-are served."""
+are served.
+"""
 
 from __future__ import annotations
 

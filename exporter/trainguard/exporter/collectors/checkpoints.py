@@ -3,7 +3,8 @@
 What was recorded is the files' sizes and hashes. Judged are: the newest complete step per
 location, truncated copies, hash mismatches, orphaned ``.part`` files and free space. One
 location that cannot be read fails visibly (``trainguard_checkpoint_location_up 0`` and a
-reason) while every other location answers."""
+reason) while every other location answers.
+"""
 
 from __future__ import annotations
 
@@ -95,7 +96,8 @@ _Key = tuple[str, str, Path, str, str]
 class _Watched:
     """Everything remembered of one location between scrapes.
 
-    That is its records, its listing, and the verdict last judged from them."""
+    That is its records, its listing, and the verdict last judged from them.
+    """
 
     records: RecordCache
     directory: CheckpointDirectory
@@ -106,7 +108,8 @@ class _Watched:
 def _owner_check(t: CheckpointTarget) -> Callable[[os.stat_result], None]:
     """Refuse a location announced in a heartbeat whose owner does not own it.
 
-    Checked on the stat of the directory actually read."""
+    Checked on the stat of the directory actually read.
+    """
 
     def check(st: os.stat_result) -> None:
         problem = ownership_problem(st, t.owner, "directory")
@@ -123,7 +126,8 @@ class CheckpointsCollector(Collector):
     only when the manifest directory changed. A location whose files, records, primary and
     verifier answers are exactly as at the last scrape, and in which no file has settled since,
     publishes the same verdict without judging every file again. Hashes are checked by a
-    background :class:`~trainguard.exporter.verifier.Verifier`, never inside a scrape."""
+    background :class:`~trainguard.exporter.verifier.Verifier`, never inside a scrape.
+    """
 
     name = "checkpoints"
     help = "checkpoint locations: newest complete step, truncation, free space"
@@ -250,7 +254,8 @@ class CheckpointsCollector(Collector):
     ) -> None:
         """The ``.part`` series, with step directories not committed counted as ``.part`` files.
 
-        Judged afresh at every scrape (there are few, and their age moves with the clock)."""
+        Judged afresh at every scrape (there are few, and their age moves with the clock).
+        """
         partial_touched = [touched_ns(p.stat) for p in listing.partials]
         partial_touched += [d.touched_ns for d in listing.inflight]
         families[UNKNOWN_MTIME.name].add_metric(labels, unknown_files + partial_touched.count(None))

@@ -2,7 +2,8 @@
 
 Memory per device, per process, and the part of device memory that no live process accounts
 for (ghost memory); and the critical Xid errors the driver reported per GPU (read on a thread
-of their own, see ``exporter/xid.py``)."""
+of their own, see ``exporter/xid.py``).
+"""
 
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ class GpuCollector(Collector):
     """Keeps NVML initialised between scrapes (device handles and names are cached).
 
     Any device-level failure makes the next scrape start NVML afresh, which is how a GPU that
-    was lost and came back, or a driver that was reloaded, is picked up again."""
+    was lost and came back, or a driver that was reloaded, is picked up again.
+    """
 
     name = "gpu"
     help = "GPU memory through NVML, the driver's view per device and process"
@@ -158,7 +160,8 @@ class GpuCollector(Collector):
     def _start(self, scrape: Scrape) -> tuple[_Device, ...] | None:
         """Initialise NVML and cache what doesn't change: handles, UUIDs, names, driver.
 
-        None when no NVIDIA driver is installed at all."""
+        None when no NVIDIA driver is installed at all.
+        """
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound:
@@ -274,7 +277,8 @@ class GpuCollector(Collector):
 
         A new one is started when a GPU appears that the current one does not watch, or when
         its wait failed (reported, and replaced at once, so that a wait that keeps failing fails
-        every scrape). False when anything failed."""
+        every scrape). False when anything failed.
+        """
         ok = True
         watcher = self._xid_watcher
         if watcher is not None and not watcher.alive:

@@ -1,7 +1,8 @@
 """Counts of host processes by name pattern.
 
 Two instances of a VM host process (``vmmem``) where there should be one is a session that was
-never released and still holds GPU memory."""
+never released and still holds GPU memory.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 The memory is the allocator's view; the deaths are those a restarted run recorded. Everything
 comes from the shared run table (heartbeat files and the config file) at scrape time; see
-docs/metrics.md for what each series means and when it is absent."""
+docs/metrics.md for what each series means and when it is absent.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Its subcommands (status, verify, launch, snapshot) are built on the exporter's own run table,
 checkpoint verdict and GPU collector. This is the only module that imports ``rich``; nothing of
-the training side imports it."""
+the training side imports it.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ when its SSH session closed): a new session (no controlling terminal, so no SIGH
 closes; its own process group, so a kill of the shell's group does not reach it), stdin from
 /dev/null, stdout and stderr appended to a log file, the pid written to a pid file. The launcher
 exits at once; the run is reparented to init (or the nearest subreaper), outside the caller's
-tree."""
+tree.
+"""
 
 from __future__ import annotations
 

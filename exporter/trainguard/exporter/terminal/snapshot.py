@@ -3,7 +3,8 @@
 The run is not restarted. The command writes a request file next to the run's heartbeat; the run's
 reporter thread (``trainguard.Run(..., oom_snapshots=True)``) notices it within its heartbeat
 interval, dumps the snapshot and its metadata, and writes a reply that this command waits for. The
-formats are in ``trainguard.shared.snapshots``; nothing here is imported by the training side."""
+formats are in ``trainguard.shared.snapshots``; nothing here is imported by the training side.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ class Taken:
 def request_snapshot(state_dir: Path, run: str, rank: int, timeout: float) -> Taken:
     """Ask run ``run`` rank ``rank`` for a snapshot and wait up to ``timeout`` s for its reply.
 
-    Raises :class:`SnapshotError`."""
+    Raises :class:`SnapshotError`.
+    """
     hb_path = state_dir / heartbeat_filename(run, rank)
     try:
         hb = read_heartbeat(hb_path)

@@ -369,7 +369,8 @@ def watch_plain(status: Status, every: float, out: TextIO) -> None:
     """Watch into a pipe or a file: every refresh appended, a blank line apart.
 
     As ``kubectl get -w`` does, so that ``--watch | tee status.log`` keeps the history (a pipe
-    has no place to redraw in)."""
+    has no place to redraw in).
+    """
     print(plain(status.read()), end="", file=out, flush=True)
     while True:
         time.sleep(every)
@@ -386,7 +387,8 @@ def watch_json(status: Status, every: float, out: TextIO) -> None:
 def state_dir_problem(path: Path, explicit: bool) -> str | None:
     """Why ``path`` cannot be read as a state dir.
 
-    None if it can, or if it does not exist and was not named: no run has started yet."""
+    None if it can, or if it does not exist and was not named: no run has started yet.
+    """
     if not path.exists():
         return f"state dir {path}: does not exist" if explicit else None
     if not path.is_dir():

@@ -3,7 +3,8 @@
 The verdict is the one the exporter and ``trainguard.checkpoint.latest`` share
 (``trainguard.shared.verdict.judge``), and the one ``latest()`` would resume from. A step directory
 (a framework's or ``save_dir``'s) is one item, named ``<dir>/``, judged as a whole
-(``judge_dirs``)."""
+(``judge_dirs``).
+"""
 
 from __future__ import annotations
 
@@ -181,7 +182,8 @@ def pattern_hint(path: Path, pattern: str) -> str | None:
     """The ``--pattern`` that would find a framework's names in ``path``, else None.
 
     Only when no name in ``path`` matches ``pattern`` but a framework's names are there (one
-    listing of the directory)."""
+    listing of the directory).
+    """
     try:
         names = [e.name for e in os.scandir(path)]
     except OSError:
