@@ -4,7 +4,7 @@ on the same test NVML state, inside a network namespace that has only loopback.
 
     python bench/bench_scrape.py [--quick | --target-only] [--rounds 3] [--scrapes 200]
                                  [--nvitop-python PATH] [--profile] [--json OUT]
-                                 [--baseline REV]
+                                 [--baseline REV [--configs GxPxRxC,...]]
 
 Re-executes itself under ``unshare -n`` (needs root or user namespaces) so that nothing,
 nvitop-exporter's start-up address probe included, can leave 127.0.0.1. nvitop-exporter lives
@@ -778,6 +778,12 @@ def main() -> None:
         action="store_true",
         help="also time the target point in-process with every directory (and file) changed",
     )
+    p.add_argument(
+        "--configs",
+        metavar="GxPxRxC,...",
+        help="GPUsxprocessesxrunsxcheckpoints instead of the grid, for --baseline (e.g. "
+        "8x100x0x0,64x1000x0x0: the GPU part alone, as in the nvitop comparison)",
+    )
     p.add_argument("--only", choices=["ours", "nvitop", "profile"], help="run one part")
     p.add_argument("--json", type=Path, help="write the medians here")
     p.add_argument("--no-isolation", action="store_true", help="(for debugging only)")
@@ -802,6 +808,8 @@ def main() -> None:
             )
             target = Config(**TARGET)
             wanted = [target] if args.target_only else configs(args.quick)
+            if args.configs:
+                wanted = [Config(*map(int, c.split("x"))) for c in args.configs.split(",")]
             envs = {c: build_fixture(tmp / c.key, c, live_pids, dead) for c in wanted}
             if args.baseline:
                 src = export_baseline(args.baseline, tmp / "baseline")
