@@ -16,14 +16,13 @@ import os
 import time
 from pathlib import Path
 
-from trainguard.shared.fileio import FILE_FLAGS, O_CLOEXEC, O_DIRECTORY, fsync_dir, sha256_fd
+from trainguard.checkpoint.part import fsync_tree, tree_files
+from trainguard.checkpoint.transfer import fsync_and_hash
+from trainguard.shared.fileio import fsync_dir
 from trainguard.shared.manifest import Record, read_all_records, remove_record, write_record
 from trainguard.shared.pattern import CheckpointPattern
-from trainguard.shared.steps import walk
 
 __all__ = ["forget_removed", "record_dir"]
-
-_DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | FILE_FLAGS | O_CLOEXEC
 
 
 def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = True) -> Record:
@@ -44,21 +43,15 @@ def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = Tr
             f"{final.name!r} is not a step directory name of the pattern {pattern!r} (the "
             "pattern exactly, e.g. 'checkpoint-{step}' -> checkpoint-500)"
         )
-    fd = os.open(final, _DIR_FLAGS)
-    try:
-        tree = walk(fd, final, final.name, None)
-    finally:
-        os.close(fd)
     files: list[tuple[str, int, str | None]] = []
-    for rel, st in sorted(tree.files):
-        size, sha = _fsync_and_hash(final / rel, hashing)
+    for rel, st in tree_files(final):
+        size, sha = fsync_and_hash(final / rel, hashing)
         if size != st.st_size:
             raise OSError(f"{final / rel} changed size while it was recorded: still being written")
         files.append((rel, size, sha))
     if not files:
         raise ValueError(f"{final} holds no file to record")
-    for d in sorted({(final / rel).parent for rel, _ in tree.files}, key=lambda p: -len(p.parts)):
-        fsync_dir(d)
+    fsync_tree(final)
     fsync_dir(final.parent)
     record = Record(
         name=final.name,
@@ -90,15 +83,3 @@ def forget_removed(directory: str | os.PathLike[str], *, pattern: str) -> list[s
         ):
             gone.append(name)
     return gone
-
-
-def _fsync_and_hash(path: Path, hashing: bool) -> tuple[int, str | None]:
-    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
-    try:
-        os.fsync(fd)
-        if not hashing:
-            return os.fstat(fd).st_size, None
-        sha, size = sha256_fd(fd)
-        return size, sha
-    finally:
-        os.close(fd)

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from trainguard.shared.fileio import FILE_FLAGS, O_CLOEXEC, O_DIRECTORY, fsync_dir
 from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.stepdir import walk
 
 fcntl: ModuleType | None
 try:
@@ -145,3 +146,17 @@ def fsync_tree(path: Path) -> None:
     dirs = [Path(root) for root, _dirs, _files in os.walk(path)]
     for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
         fsync_dir(d)
+
+
+def tree_files(path: Path) -> list[tuple[str, os.stat_result]]:
+    """Every regular file under the step directory ``path``: relative paths, sorted.
+
+    Walked through an opened descriptor (:func:`~trainguard.shared.stepdir.walk`), so a link
+    in the tree is an error rather than a way out of it.
+    """
+    fd = os.open(path, DIR_FLAGS)
+    try:
+        files = walk(fd, path, path.name, None).files
+    finally:
+        os.close(fd)
+    return sorted(files)

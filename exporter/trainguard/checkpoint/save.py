@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from trainguard.checkpoint.part import (
-    DIR_FLAGS,
     CheckpointError,
     dir_step,
     discard,
@@ -32,19 +31,18 @@ from trainguard.checkpoint.part import (
     open_part,
     open_part_dir,
     step_of,
+    tree_files,
 )
-from trainguard.checkpoint.transfer import HashingWriter
+from trainguard.checkpoint.transfer import HashingWriter, fsync_and_hash
 from trainguard.shared.fileio import (
     FILE_FLAGS,
     UntrustedFileError,
     fsync_dir,
     read_untrusted,
-    sha256_fd,
     write_all,
 )
 from trainguard.shared.manifest import MAX_DIR_RECORD_BYTES, Record, remove_record, write_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
-from trainguard.shared.stepdir import walk
 
 
 def _is_torch_module(obj: object) -> bool:
@@ -115,24 +113,7 @@ Files = list[tuple[str, int, str | None]]
 
 def _tree(path: Path) -> list[tuple[str, os.stat_result]]:
     """Every regular file under ``path`` but trainguard's share files (relative paths, sorted)."""
-    fd = os.open(path, DIR_FLAGS)
-    try:
-        files = walk(fd, path, path.name, None).files
-    finally:
-        os.close(fd)
-    return sorted((rel, st) for rel, st in files if not rel.startswith(_SHARE))
-
-
-def _fsync_and_hash(path: Path, rel: str, hashing: bool) -> tuple[int, str | None]:
-    fd = os.open(path / rel, os.O_RDONLY | FILE_FLAGS)
-    try:
-        os.fsync(fd)
-        if not hashing:
-            return os.fstat(fd).st_size, None
-        sha, size = sha256_fd(fd)
-        return size, sha
-    finally:
-        os.close(fd)
+    return [(rel, st) for rel, st in tree_files(path) if not rel.startswith(_SHARE)]
 
 
 def _write_share(tmp: Path, rank: int, files: Files) -> None:
@@ -225,11 +206,11 @@ def save_dir(
         share: Files = []
         for i, (rel, _st) in enumerate(tree):
             if i % world_size == rank:
-                size, sha = _fsync_and_hash(tmp, rel, hashing)
+                size, sha = fsync_and_hash(tmp / rel, hashing)
                 share.append((rel, size, sha))
             else:
                 with contextlib.suppress(FileNotFoundError):
-                    _fsync_and_hash(tmp, rel, False)
+                    fsync_and_hash(tmp / rel, False)
         if world_size > 1:
             _write_share(tmp, rank, share)
         sync()

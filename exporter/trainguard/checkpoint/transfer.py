@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.checkpoint.part import CheckpointError, start_writeback
-from trainguard.shared.fileio import FILE_FLAGS, HASH_CHUNK, write_all
+from trainguard.shared.fileio import FILE_FLAGS, HASH_CHUNK, sha256_fd, write_all
 
 #: writes at least this big are hashed on a helper thread while they are written
 WRITE_CHUNK = 16 * 1024 * 1024
@@ -236,3 +236,19 @@ def copy_fd(src: int, dst: int, part: Path, size: int, *, hashing: bool) -> str 
     if hashed != size:
         raise CheckpointError(f"hashed {hashed} bytes of a {size}-byte copy")
     return sha
+
+
+def fsync_and_hash(path: Path, hashing: bool) -> tuple[int, str | None]:
+    """Flush a finished file to disk and read its size and (with ``hashing``) SHA-256.
+
+    What a step directory's record needs of each file; sizes only for ``hashing=False``.
+    """
+    fd = os.open(path, os.O_RDONLY | FILE_FLAGS)
+    try:
+        os.fsync(fd)
+        if not hashing:
+            return os.fstat(fd).st_size, None
+        sha, size = sha256_fd(fd)
+        return size, sha
+    finally:
+        os.close(fd)
