@@ -154,6 +154,7 @@ GROUP = Group(
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${gpu_slowdown_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} is slowed down by its hardware
             while training.
@@ -184,6 +185,7 @@ GROUP = Group(
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${pcie_degraded_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} trains on a degraded PCIe link.
             """,
@@ -205,15 +207,18 @@ GROUP = Group(
             "critical",
             expr="""
             (
-              trainguard_gpu_memory_unattributed_bytes
+              max by (${target_labels}, gpu, uuid) (trainguard_gpu_memory_unattributed_bytes)
               - on (${target_labels}, gpu, uuid)
-              min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+              min by (${target_labels}, gpu, uuid) (
+                min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+              )
             ) > ${released_floor}
             and on (${target_labels}, uuid)
             max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${released_for}",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} did not get its memory back after a
             run's last process on it died.
@@ -233,6 +238,7 @@ GROUP = Group(
             "GPUUncorrectableMemoryErrors",
             "critical",
             expr="increase(trainguard_gpu_ecc_uncorrected_errors_total[${ecc_window}]) > 0",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} had uncorrectable memory errors.
             """,
@@ -248,6 +254,7 @@ GROUP = Group(
             "GPURowRemapFailure",
             "critical",
             expr="trainguard_gpu_row_remap_failed == 1",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} failed to remap a bad memory row.
             """,
@@ -262,6 +269,7 @@ GROUP = Group(
             "GPURowRemapPending",
             "critical",
             expr="trainguard_gpu_row_remap_pending == 1",
+            keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to remap a bad memory
             row.
