@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import os
 import platform
@@ -62,6 +61,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from helpers.exporter_proc import child_env, free_port  # noqa: E402
 from helpers.nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
+from helpers.settled_checkpoints import write_settled_checkpoints  # noqa: E402
 from trainguard.exporter.dirwatch import SETTLE_SECONDS  # noqa: E402
 from trainguard.shared import procinfo  # noqa: E402
 from trainguard.shared.heartbeat import (  # noqa: E402
@@ -70,7 +70,6 @@ from trainguard.shared.heartbeat import (  # noqa: E402
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path  # noqa: E402
 
 GIB = 1 << 30
 LIVE_POOL = 128  # sleep processes: the pids GPU processes and live runs carry
@@ -147,27 +146,8 @@ def gpu_state(gpus: int, procs: int, live: list[int], dead: list[int]) -> FakeNv
 def write_checkpoints(directory: Path, n: int, *, mirror_of: Path | None) -> None:
     """n settled checkpoints with records; a primary gets one orphaned .part, a mirror one
     truncated copy (the cases the collector exists to catch)."""
-    (directory / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
-    old = time.time() - AGE
-    for i in range(n):
-        step = (i + 1) * 100
-        name = f"step_{step}.pt"
-        data = step.to_bytes(8, "little") * (PAYLOAD // 8)
-        path = directory / name
-        if mirror_of is not None and i == n - 1:
-            path.write_bytes(data[: PAYLOAD // 2])  # truncated copy
-        else:
-            path.write_bytes(data)
-        rec = Record(
-            name=name,
-            step=step,
-            size=PAYLOAD,
-            sha256=hashlib.sha256(data).hexdigest(),
-            written=old,
-            source=str(mirror_of / name) if mirror_of else None,
-        )
-        record_path(directory, name).write_bytes(rec.encode())
-        os.utime(path, (old, old))
+    steps = [(i + 1) * 100 for i in range(n)]
+    old = write_settled_checkpoints(directory, steps, mirror_of=mirror_of, age=AGE, payload=PAYLOAD)
     if mirror_of is None:
         part = directory / f"step_{(n + 1) * 100}.pt.part"
         part.write_bytes(b"\0" * 100)

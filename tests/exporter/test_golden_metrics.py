@@ -17,7 +17,6 @@ After an intended change, rewrite the file and review its diff:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -34,6 +33,7 @@ import pytest
 from helpers import paths
 from helpers.exporter_proc import Exporter, poll, value
 from helpers.nvml_fake import FakeNvmlState
+from helpers.settled_checkpoints import write_settled_checkpoints
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import (
     AllocatorStats,
@@ -41,7 +41,6 @@ from trainguard.shared.heartbeat import (
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 
 PROMTOOL = shutil.which("promtool")
 GOLDEN = paths.DATA / "golden" / "metrics.txt"
@@ -69,24 +68,7 @@ def update_requested(config: pytest.Config) -> bool:
 
 def write_checkpoints(directory: Path, steps: list[int], *, mirror_of: Path | None) -> None:
     """Settled checkpoints with their records; a mirror's last copy is cut short."""
-    (directory / MANIFEST_DIR).mkdir(parents=True)
-    old = time.time() - AGE
-    for i, step in enumerate(steps):
-        name = f"step_{step}.pt"
-        data = step.to_bytes(8, "little") * (PAYLOAD // 8)
-        path = directory / name
-        truncated = mirror_of is not None and i == len(steps) - 1
-        path.write_bytes(data[: PAYLOAD // 2] if truncated else data)
-        rec = Record(
-            name=name,
-            step=step,
-            size=PAYLOAD,
-            sha256=hashlib.sha256(data).hexdigest(),
-            written=old,
-            source=str(mirror_of / name) if mirror_of else None,
-        )
-        record_path(directory, name).write_bytes(rec.encode())
-        os.utime(path, (old, old))
+    write_settled_checkpoints(directory, steps, mirror_of=mirror_of, age=AGE, payload=PAYLOAD)
 
 
 def dead_pid() -> int:
