@@ -824,14 +824,16 @@ def main() -> None:
                 print("\n### nvitop-exporter, GPU part\n")
                 print(nvitop_table(nres))
                 report["nvitop"] = {c.key: r for c, r in nres.items()}
+            # --cold and --profile time the target point, else the first configuration asked for
+            main_env = envs.get(target) or envs[wanted[0]]
             if args.cold:
                 cold = json.loads(
-                    in_process(sys.executable, COLD.format(n=100), envs[target]).splitlines()[-1]
+                    in_process(sys.executable, COLD.format(n=100), main_env).splitlines()[-1]
                 )
                 print(f"\ntarget point in-process, ms per scrape: {json.dumps(cold)}")
                 report["cold"] = cold
             if args.profile or args.only == "profile":
-                print(in_process(sys.executable, PROFILE.format(n=100), envs[target]))
+                print(in_process(sys.executable, PROFILE.format(n=100), main_env))
             if args.json:
                 args.json.write_text(json.dumps(report, indent=1, sort_keys=True))
     finally:
