@@ -230,6 +230,9 @@ GROUP = Group(
         # increase() cannot see (it needs two samples): a series that exists now and did not
         # a window ago is news too, provided Prometheus was scraping the target then (else it
         # is a count seen again after the target was unreachable, or by a new Prometheus).
+        # "Exists now" is "had a sample within the window" (max_over_time): after an Xid 79 or
+        # 119 NVML may hang on the GPU, the GPU collector's series (this counter's included)
+        # vanish, and the critical page must stay for its window, not resolve a minute later.
         Record(
             "gpu:trainguard_gpu_xid_errors:recent",
             """
@@ -237,7 +240,9 @@ GROUP = Group(
               increase(trainguard_gpu_xid_errors_total[${xid_window}]) > 0
               or
               (
-                max by (${target_labels}, gpu, uuid, xid) (trainguard_gpu_xid_errors_total)
+                max by (${target_labels}, gpu, uuid, xid) (
+                  max_over_time(trainguard_gpu_xid_errors_total[${xid_window}])
+                )
                 unless on (${target_labels}, gpu, uuid, xid)
                   trainguard_gpu_xid_errors_total offset ${xid_window}
               )
