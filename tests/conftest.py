@@ -1,5 +1,7 @@
 """Suite-wide settings."""
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,10 @@ from helpers.zygote import Zygote
 settings.register_profile("default", derandomize=True, deadline=None, database=None)
 settings.register_profile("explore", max_examples=5000, deadline=None)
 settings.load_profile("default")
+
+# The exporters the tests start keep their hash verdicts (checkpoints.verify_cache) in this
+# pytest worker's own cache directory, never in the user's.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="trainguard-test-cache-")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -312,7 +312,13 @@ def test_daemonset_invariants() -> None:
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {}), "takes no GPU"
     assert {"requests", "limits"} <= set(container["resources"])
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env == {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "utility"}
+    assert env == {
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "utility",
+        "XDG_CACHE_HOME": "/var/cache/trainguard",  # the hash verdicts' writable volume
+    }
+    (cache,) = [m for m in container["volumeMounts"] if m["name"] == "cache"]
+    assert cache["mountPath"] == env["XDG_CACHE_HOME"] and not cache.get("readOnly")
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["path"] == "/-/healthy"
     (state,) = [m for m in container["volumeMounts"] if m["name"] == "state"]

@@ -19,6 +19,7 @@ from typing import Any
 
 from trainguard.exporter import schema
 from trainguard.exporter.schema import FieldError, key
+from trainguard.exporter.verdict_cache import default_cache_file
 from trainguard.exporter.yamlfile import ConfigError, load_yaml
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, checkpoint_pattern_problem
 from trainguard.shared.steps import DEFAULT_LAYOUT, layout_problem
@@ -140,6 +141,11 @@ class ProcessCount:
     match: re.Pattern[str] = field(metadata=key(schema.regex, "a regex on the process name"))
 
 
+def _path_or_off(value: schema.Value) -> Path | None:
+    """An absolute path, or ``off`` (YAML reads a bare ``off`` as false) for none."""
+    return None if value.raw is False or value.raw == "off" else schema.abspath(value)
+
+
 def _positive_rate(rate: int) -> str | None:
     return None if rate > 0 else "expected a positive rate in bytes per second"
 
@@ -165,6 +171,12 @@ class CheckpointSettings:
     size_series_per_location: int = field(
         default=5,
         metadata=key(schema.integer(0, 1000), "newest checkpoints with size series"),
+    )
+    verify_cache: Path | None = field(
+        default_factory=default_cache_file,
+        metadata=key(
+            _path_or_off, "where the hash verdicts outlive an exporter restart ('off': nowhere)"
+        ),
     )
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainguard.exporter.verdict_cache import VerdictCache
 from trainguard.shared.fileio import FILE_FLAGS, sha256_fd
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,9 @@ FileKey = tuple[int, int, int, int, int]
 Status = Literal["pending", "match", "mismatch", "error"]
 
 READ_CHUNK = 4 * 1024 * 1024
+#: while hashing a long queue, the verdicts are saved at most this often (a mismatch at once,
+#: and whenever the queue runs empty)
+SAVE_INTERVAL = 60.0
 
 
 def file_key(st: os.stat_result) -> FileKey:
@@ -94,7 +98,8 @@ class Verifier:
 
     The thread is started on first use and never keeps the exporter alive. Results of files that are
     no longer asked about (deleted, replaced, pruned) are dropped after ``ttl`` seconds, so memory
-    follows the files that exist, not every file ever seen.
+    follows the files that exist, not every file ever seen. With a ``cache``, the verdicts
+    survive a restart (:mod:`trainguard.exporter.verdict_cache`).
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class Verifier:
         *,
         ttl_seconds: float = 900.0,
         clock: Callable[[], float] = time.monotonic,
+        cache: VerdictCache | None = None,
     ) -> None:
         self._rate = rate_bytes_per_second
         self._ttl = ttl_seconds
@@ -118,6 +124,13 @@ class Verifier:
         #: changes whenever a known file's status changes or a file is forgotten, so a scrape
         #: can tell that the statuses it judged a location by are still the current ones
         self.generation = 0
+        self._cache = cache
+        self._unsaved = False
+        self._saved_at = clock()
+        if cache is not None:
+            now = clock()
+            for key, status, path in cache.load():
+                self._entries[key] = _Entry(Path(path), status, "", now)  # type: ignore[arg-type]
 
     def status(self, path: Path, st: os.stat_result, expected: str) -> tuple[Status, str]:
         """This file's verification status (and the error, for "error"); queues it when new."""
@@ -171,6 +184,8 @@ class Verifier:
                 del self._entries[key]
             if stale:
                 self.generation += 1
+                self._unsaved = self._cache is not None
+                self._wake.notify()
                 self._queue = collections.deque(k for k in self._queue if k in self._entries)
 
     def __len__(self) -> int:
@@ -200,11 +215,16 @@ class Verifier:
         )
         while not self._stop.is_set():
             with self._lock:
-                while not self._queue and not self._stop.is_set():
+                while not self._queue and not self._unsaved and not self._stop.is_set():
                     self._wake.wait()
                 if self._stop.is_set():
                     return
-                key = self._queue.popleft()
+                # an empty queue here means nothing to hash, verdicts to save
+                key = self._queue.popleft() if self._queue else None
+            if key is None:
+                self._save()
+                continue
+            with self._lock:
                 entry = self._entries.get(key)
                 if entry is None:
                     continue
@@ -221,7 +241,32 @@ class Verifier:
                     del self._entries[key]
                 else:
                     entry.status, entry.detail = outcome
+                    self._unsaved = self._unsaved or outcome[0] != "error"
                 self.generation += 1
+                due = self._unsaved and (
+                    (outcome is not None and outcome[0] == "mismatch")
+                    or self._clock() - self._saved_at >= SAVE_INTERVAL
+                )
+            if due:
+                self._save()
+
+    def _save(self) -> None:
+        """Save the settled verdicts: a snapshot taken under the lock, written outside it.
+
+        Runs on the verifier's thread only, so that a slow cache disk never holds up a scrape.
+        """
+        if self._cache is None:
+            self._unsaved = False
+            return
+        with self._lock:
+            self._unsaved = False
+            self._saved_at = self._clock()
+            verdicts = [
+                (key, e.status, str(e.path))
+                for key, e in self._entries.items()
+                if e.status in ("match", "mismatch")
+            ]
+        self._cache.save(verdicts)
 
     def _verify(
         self, path: Path, key: tuple[FileKey, str], bucket: TokenBucket

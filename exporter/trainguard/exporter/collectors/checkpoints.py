@@ -35,6 +35,7 @@ from trainguard.exporter.config import CheckpointSettings
 from trainguard.exporter.dirwatch import CheckpointDirectory, NotMounted, RecordCache
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, ownership_problem
+from trainguard.exporter.verdict_cache import VerdictCache
 from trainguard.exporter.verifier import Verifier
 from trainguard.shared.fileio import touched_ns
 from trainguard.shared.listing import Listing
@@ -158,7 +159,12 @@ class CheckpointsCollector(Collector):
         self._settings = settings
         # not `verifier or ...`: a Verifier that knows no file yet has len() 0
         self._verifier = (
-            verifier if verifier is not None else Verifier(settings.verify_bytes_per_second)
+            verifier
+            if verifier is not None
+            else Verifier(
+                settings.verify_bytes_per_second,
+                cache=VerdictCache(settings.verify_cache) if settings.verify_cache else None,
+            )
         )
         self._judge = LocationJudge(self._verifier, settings.size_series_per_location, monotonic)
         self._clock_ns = clock_ns
