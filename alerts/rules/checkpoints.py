@@ -138,7 +138,20 @@ GROUP = Group(
               )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             and on (${target_labels}, run)
-              run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
+            (
+              # the live process has run that long (a relaunch from an old checkpoint has not,
+              # even when the process before it was alive checkpoint_stale ago)...
+              max by (${target_labels}, run) (
+                trainguard_run_start_age_seconds
+                and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              ) >= ${checkpoint_stale_s}
+              or
+              # ...or, for a run with no start age (configured runs), was alive then too
+              (
+                run:trainguard_run_active_ranks:count offset ${checkpoint_stale}
+                unless on (${target_labels}, run) trainguard_run_start_age_seconds
+              )
+            )
             """,
             for_="5m",
             keep_firing_for="${keep_firing_for}",

@@ -15,8 +15,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "3h",
         DURATION,
         "CheckpointStale: newest complete checkpoint unchanged for this long (Prometheus's "
-        "clock) while the run is alive (and was alive this long ago, so a freshly resumed run "
-        "does not fire).",
+        "clock) while the run's live process has been up this long (so a run relaunched from an "
+        "old checkpoint does not fire; a run with no start age: alive now and this long ago).",
     ),
     Threshold(
         "steps_at_risk_factor",
