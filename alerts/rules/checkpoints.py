@@ -152,6 +152,29 @@ GROUP = Group(
                 unless on (${target_labels}, run) trainguard_run_start_age_seconds
               )
             )
+            or
+            # a mirror that has been readable for the whole window without ever holding a
+            # complete checkpoint, while the primary completed one within it (value 0: none)
+            (
+              (
+                min by (${target_labels}, run, location) (
+                  min_over_time(
+                    trainguard_checkpoint_location_up{location!="primary"}[${checkpoint_stale}]
+                  )
+                ) == 1
+              ) * 0
+              unless on (${target_labels}, run, location)
+                last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
+            )
+            and on (${target_labels}, run, location)
+              trainguard_checkpoint_location_up offset ${checkpoint_stale}
+            and on (${target_labels}, run)
+              max by (${target_labels}, run) (
+                changes(
+                  trainguard_checkpoint_last_timestamp_seconds{location="primary"}[${checkpoint_stale}]
+                )
+              ) > 0
+            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="5m",
             keep_firing_for="${keep_firing_for}",
@@ -160,10 +183,15 @@ GROUP = Group(
             ${checkpoint_stale}.
             """,
             description="""
-            The newest complete checkpoint of run {{ $labels.run }} at location
+            {{ if eq $value 0.0 }}Location {{ $labels.location }} of run {{ $labels.run }} on
+            {{ $labels.instance }} has not held one complete checkpoint for at least
+            ${checkpoint_stale} (threshold), while the primary location completed at least one
+            in that time: the copies to it fail, or never finish (look for .part files, a full
+            volume or a copy job that stopped). If the primary's volume is lost, nothing is
+            left.{{ else }}The newest complete checkpoint of run {{ $labels.run }} at location
             {{ $labels.location }} on {{ $labels.instance }} has not changed for at least
             ${checkpoint_stale} (threshold) while the run has been alive for at least that
-            long. Everything trained since then is lost if the run dies now.
+            long. Everything trained since then is lost if the run dies now.{{ end }}
             """,
         ),
         Alert(
