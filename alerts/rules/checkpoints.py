@@ -43,6 +43,9 @@ SNIPPETS = {
     ),
     "avail": query_bytes("trainguard_checkpoint_filesystem_avail_bytes{" + LOC_SEL + "}", LOC_ARGS),
     "largest": query_bytes("max(trainguard_checkpoint_size_bytes{" + LOC_SEL + "})", LOC_ARGS),
+    "largest_primary": query_bytes(
+        "max(trainguard_checkpoint_size_bytes{" + RUN_SEL + ',location="primary"})', RUN_ARGS
+    ),
     "avg_size": query_bytes(
         "trainguard_checkpoint_bytes{" + LOC_SEL + "} / trainguard_checkpoint_files", LOC_ARGS
     ),
@@ -331,10 +334,20 @@ GROUP = Group(
         Alert(
             "CheckpointWillNotFit",
             "critical",
+            # the largest of the location's own newest checkpoints, or of the primary's: a
+            # mirror too small for even one copy holds no checkpoint to compare with
             expr="""
-            trainguard_checkpoint_filesystem_avail_bytes
-              < on (${target_labels}, run, location) ${checkpoint_fit_margin}
-                * max by (${target_labels}, run, location) (trainguard_checkpoint_size_bytes)
+            (
+              trainguard_checkpoint_filesystem_avail_bytes
+                < on (${target_labels}, run, location) ${checkpoint_fit_margin}
+                  * max by (${target_labels}, run, location) (trainguard_checkpoint_size_bytes)
+              or
+              trainguard_checkpoint_filesystem_avail_bytes
+                < on (${target_labels}, run) group_left () ${checkpoint_fit_margin}
+                  * max by (${target_labels}, run) (
+                    trainguard_checkpoint_size_bytes{location="primary"}
+                  )
+            )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
             """,
             for_="${checkpoint_fit_for}",
@@ -345,8 +358,9 @@ GROUP = Group(
             description="""
             The volume holding checkpoints of run {{ $labels.run }} at location
             {{ $labels.location }} on {{ $labels.instance }} has ${avail} free, less than
-            ${checkpoint_fit_margin}x the largest of its newest checkpoints (${largest}): the
-            next save fails there, or leaves a .part file behind. Free space now (prune, move
+            ${checkpoint_fit_margin}x the largest of its newest checkpoints (${largest}) or of
+            the primary's (${largest_primary}): the next save or copy fails there, or leaves a
+            .part file behind. Free space now (prune, move
             old checkpoints) or point the run elsewhere.
             """,
         ),
