@@ -27,12 +27,13 @@ SNIPPETS = {
         + "} >= ${loss_nonfinite_steps}` "
         + RUN_ARGS
         + ' | query | sortByLabel "rank" }}'
-        "{{ if $i }}, {{ end }}{{ $s.Labels.rank }} ({{ $s.Value | printf \"%.0f\" }} steps)"
+        '{{ if $i }}, {{ end }}{{ $s.Labels.rank }} ({{ $s.Value | printf "%.0f" }} steps)'
         "{{ end }}"
     ),
     # "loss 12, grad_norm 3": the run's non-finite counts by scalar, summed over its ranks
     "nonfinite_counts": (
-        "{{ range $i, $s := printf `sum by (name) (trainguard_run_scalar_nonfinite_total{"
+        "{{ range $i, $s := printf `sum by (${target_labels}, name) ("
+        "trainguard_run_scalar_nonfinite_total{"
         + RUN_SEL
         + "}) > 0` "
         + RUN_ARGS
@@ -59,8 +60,10 @@ SNIPPETS = {
     # "exception, oom_killer": the causes of the run's deaths recorded within the window (the
     # cause of each newest death Prometheus saw)
     "loop_causes": (
-        "{{ range $i, $s := printf `count by (cause) (max_over_time("
-        "trainguard_run_last_death_info{" + RUN_SEL + "}[${restart_loop_window}]))` "
+        "{{ range $i, $s := printf `count by (${target_labels}, cause) (max_over_time("
+        "trainguard_run_last_death_info{"
+        + RUN_SEL
+        + "}[${restart_loop_window}]))` "
         + RUN_ARGS
         + ' | query | sortByLabel "cause" }}'
         "{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ else }}unknown{{ end }}"
@@ -134,8 +137,9 @@ GROUP = Group(
             """,
         ),
         # Deaths the restarted processes recorded (whether the supervisor restarted them at
-        # once or not) within the window, while no newer complete primary checkpoint came
-        # (or, for a run without any, its highest step never passed the window before's).
+        # once or not) within the window, while no newer complete primary checkpoint came, nor
+        # a first one. A run without any: unless its current process got further than every
+        # process that died within the window.
         Alert(
             "TrainingRestartLoop",
             "critical",
@@ -162,12 +166,9 @@ GROUP = Group(
             )
             unless on (${target_labels}, run)
             (
-              max by (${target_labels}, run) (
-                max_over_time(trainguard_run_step[${restart_loop_window}])
-              )
+              max by (${target_labels}, run) (trainguard_run_step)
               > max by (${target_labels}, run) (
-                max_over_time(trainguard_run_step[${restart_loop_window}]
-                  offset ${restart_loop_window})
+                max_over_time(trainguard_run_last_death_step[${restart_loop_window}])
               )
               unless on (${target_labels}, run)
               max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
@@ -181,9 +182,9 @@ GROUP = Group(
             description="""
             Run {{ $labels.run }} on {{ $labels.instance }} died and was restarted
             {{ $value | printf "%.0f" }} times in the last ${restart_loop_window} (threshold
-            ${restart_loop_restarts}) without getting past its newest complete primary
-            checkpoint (${checkpoint}; highest step in the window ${loop_step}): every
-            restart repeats the same work and dies again. Causes of the deaths:
+            ${restart_loop_restarts}) without progress: no newer complete primary checkpoint
+            than before (${checkpoint}); highest step reached in the window ${loop_step}.
+            Every restart repeats the same work and dies again. Causes of the deaths:
             ${loop_causes}. Restarting again will not help: look at why it dies.
             """,
         ),

@@ -1,4 +1,4 @@
-"""Thresholds of the alerts on training health beyond liveness (``alerts/rules/training_health.py``).
+"""Thresholds of the training health alerts (``alerts/rules/training_health.py``).
 
 They tune the alerts on a non-finite loss, a loss spike against the run's own recent level, and
 a run that keeps restarting without getting past its checkpoint.
@@ -57,7 +57,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "2h",
         DURATION,
         "TrainingRestartLoop: ...within this window, while its newest complete primary "
-        "checkpoint did not advance (without checkpoints: its highest step did not pass the "
-        "highest step of the window before).",
+        "checkpoint did not advance (without checkpoints: while its current process has not "
+        "got further than the deaths of the window).",
     ),
 )
