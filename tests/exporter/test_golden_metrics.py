@@ -41,6 +41,7 @@ from trainguard.shared.heartbeat import (
     heartbeat_filename,
     write_heartbeat,
 )
+from trainguard.shared.nonfinite import NonFinite
 
 PROMTOOL = shutil.which("promtool")
 GOLDEN = paths.DATA / "golden" / "metrics.txt"
@@ -112,6 +113,7 @@ def build_state(tmp: Path, live: list[int], dead: int) -> tuple[dict[str, str], 
             step=250,
             step_time=now,
             scalars={"loss": 0.5},
+            nonfinite=NonFinite(counts={"loss": 2, "grad_norm": 0}, loss_streak=0),
             world_size=1,
             checkpoint_dir=str(primary),
             mirrors={"backup": str(backup)},

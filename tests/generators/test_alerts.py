@@ -62,6 +62,9 @@ DESIGN_ALERTS = {
     "TrainguardExporterDown",
     "StepsAtRisk",
     "RepeatedDeathNearSameStep",
+    "TrainingLossNonFinite",
+    "TrainingLossSpike",
+    "TrainingRestartLoop",
     "Watchdog",
 }
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.

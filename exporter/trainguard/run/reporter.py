@@ -46,6 +46,7 @@ from trainguard.run.options import (
     resolve_rank,
     type_name,
 )
+from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.snapshots import Identity as SnapshotOwner
 from trainguard.run.snapshots import MemorySnapshots
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
@@ -173,6 +174,7 @@ class Run:
         self._step: int | None = None
         self._step_time: float | None = None
         self._scalars: dict[str, float] = {}
+        self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
         self._final: tuple[str, str | None] | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -371,6 +373,7 @@ class Run:
             deaths=self._deaths.count,
             death_history=self._deaths.recent,
             version=__version__,
+            nonfinite=self._health.state(),
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:
@@ -394,3 +397,4 @@ class Run:
         if step is not None:
             self._step, self._step_time = step, step_time
         self._scalars = checked_scalars(raw_scalars, self._warn_once)
+        self._health.observe(latest, self._scalars)

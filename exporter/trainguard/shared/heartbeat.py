@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.shared.fileio import replace_file
+from trainguard.shared.nonfinite import NonFinite
 
 FORMAT = 1
 SUFFIX = ".heartbeat.json"
@@ -193,9 +194,11 @@ class Heartbeat:
     start_ticks: int | None = None
     #: memory snapshots beyond the OOM count (None: a reporter without them, or they are off)
     snapshots: SnapshotState | None = None
+    #: NaN and infinite scalars the reporter observed (None: an older reporter)
+    nonfinite: NonFinite | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first; ``snapshots`` only when there is one."""
+        """The JSON document, ``format`` first; ``snapshots`` and ``nonfinite`` only when set."""
         out = {
             "format": FORMAT,
             "run": self.run,
@@ -228,6 +231,8 @@ class Heartbeat:
         }
         if self.snapshots is not None:
             out["snapshots"] = self.snapshots.to_dict()
+        if self.nonfinite is not None:
+            out["nonfinite"] = self.nonfinite.to_dict()
         return out
 
     @property

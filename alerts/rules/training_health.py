@@ -1,0 +1,192 @@
+"""Alerts on a run that is alive and stepping but lost all the same.
+
+TrainingLossNonFinite (its loss went NaN or infinite and stays so), TrainingLossSpike (its loss
+jumped far above its own recent level), TrainingRestartLoop (it keeps dying and restarting from
+the same checkpoint, never getting past it).
+
+The loss is the ``loss`` scalar the run reports (``trainguard_run_scalar{name="loss"}``, the
+name the framework callbacks give it too); the non-finite streak is counted by the reporter
+(``trainguard_run_loss_nonfinite_streak``, see docs/metrics.md for what an observed step is).
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+#: the run's loss, without NaN and infinities (those are TrainingLossNonFinite's): what the
+#: spike's median is taken over; a NaN in a quantile would poison it
+LOSS = "run_rank:trainguard_run_loss:finite"
+#: the run's newest complete primary checkpoint (progress that survives a restart)
+CKPT = 'trainguard_checkpoint_last_step{location="primary"}'
+
+SNIPPETS = {
+    # "0 (12 steps), 3 (4 steps)": the ranks whose loss is not finite, and for how long
+    "nonfinite_ranks": (
+        "{{ range $i, $s := printf `trainguard_run_loss_nonfinite_streak{"
+        + RUN_SEL
+        + "} >= ${loss_nonfinite_steps}` "
+        + RUN_ARGS
+        + ' | query | sortByLabel "rank" }}'
+        '{{ if $i }}, {{ end }}{{ $s.Labels.rank }} ({{ $s.Value | printf "%.0f" }} steps)'
+        "{{ end }}"
+    ),
+    # "loss 12, grad_norm 3": the run's non-finite counts by scalar, summed over its ranks
+    "nonfinite_counts": (
+        "{{ range $i, $s := printf `sum by (${target_labels}, name) ("
+        "trainguard_run_scalar_nonfinite_total{"
+        + RUN_SEL
+        + "}) > 0` "
+        + RUN_ARGS
+        + ' | query | sortByLabel "name" }}'
+        '{{ if $i }}, {{ end }}{{ $s.Labels.name }} {{ $s.Value | printf "%.0f" }}'
+        "{{ else }}none{{ end }}"
+    ),
+    "last_step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
+    "checkpoint": query_value(
+        "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
+        RUN_ARGS,
+        fmt='printf "at step %.0f"',
+        unknown="none known",
+    ),
+    "loss_median": query_value(
+        "max(quantile_over_time(0.5, " + LOSS + "{" + RUN_SEL + "}[${loss_spike_baseline}]))",
+        RUN_ARGS,
+        'printf "%.4g"',
+    ),
+    "loop_step": query_value(
+        "max(max_over_time(trainguard_run_step{" + RUN_SEL + "}[${restart_loop_window}]))",
+        RUN_ARGS,
+    ),
+    # "exception, oom_killer": the causes of the run's deaths recorded within the window (the
+    # cause of each newest death Prometheus saw)
+    "loop_causes": (
+        "{{ range $i, $s := printf `count by (${target_labels}, cause) (max_over_time("
+        "trainguard_run_last_death_info{"
+        + RUN_SEL
+        + "}[${restart_loop_window}]))` "
+        + RUN_ARGS
+        + ' | query | sortByLabel "cause" }}'
+        "{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ else }}unknown{{ end }}"
+    ),
+}
+
+GROUP = Group(
+    "trainguard-training-health",
+    run_context=True,
+    snippets=SNIPPETS,
+    rules=(
+        Record(
+            LOSS,
+            """
+            trainguard_run_scalar{name="loss"} > -Inf < +Inf
+            """,
+        ),
+        # The reporter counts the streak over the steps it observes (one per interval): a NaN
+        # on one step that the next step forgets never reaches the threshold.
+        Alert(
+            "TrainingLossNonFinite",
+            "critical",
+            expr="""
+            max by (${target_labels}, run) (
+              trainguard_run_loss_nonfinite_streak >= ${loss_nonfinite_steps}
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+            )
+            """,
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            The loss of training run {{ $labels.run }} on {{ $labels.instance }} is NaN or
+            infinite.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} has reported a NaN or infinite loss
+            for {{ $value | printf "%.0f" }} consecutive observed steps (threshold
+            ${loss_nonfinite_steps}) on rank(s) ${nonfinite_ranks}: every step since is
+            likely wasted. Non-finite values so far by scalar: ${nonfinite_counts}. Last step
+            ${last_step}; newest complete primary checkpoint ${checkpoint}.
+            """,
+        ),
+        # Against the run's own median over the baseline window, after a warm-up: a loss
+        # reported that long ago already and enough samples since. Only a positive median is
+        # judged: k times a negative or zero loss is no level to compare with.
+        Alert(
+            "TrainingLossSpike",
+            "warning",
+            expr="""
+            max by (${target_labels}, run) (
+              LOSS
+                > ${loss_spike_factor} * (
+                  quantile_over_time(0.5, LOSS[${loss_spike_baseline}]) > 0
+                )
+              and count_over_time(LOSS[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
+              and last_over_time(LOSS[10m] offset ${loss_spike_baseline})
+              unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+            )
+            """.replace("LOSS", LOSS),
+            for_="${loss_spike_for}",
+            summary="""
+            The loss of training run {{ $labels.run }} on {{ $labels.instance }} spiked.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} has reported a loss of
+            {{ $value | printf "%.4g" }} for ${loss_spike_for}, above ${loss_spike_factor}x
+            its median over the last ${loss_spike_baseline} (${loss_median}). A spike that
+            does not come back down is a diverging run (or corrupted data, or a silent
+            hardware error); last step ${last_step}; newest complete primary checkpoint
+            ${checkpoint}.
+            """,
+        ),
+        # Deaths the restarted processes recorded (whether the supervisor restarted them at
+        # once or not) within the window, while no newer complete primary checkpoint came, nor
+        # a first one. A run without any: unless its current process got further than every
+        # process that died within the window.
+        Alert(
+            "TrainingRestartLoop",
+            "critical",
+            expr="""
+            (
+              max by (${target_labels}, run) (
+                max_over_time(trainguard_run_deaths_total[${restart_loop_window}])
+              )
+              - max by (${target_labels}, run) (
+                min_over_time(trainguard_run_deaths_total[${restart_loop_window}])
+              )
+              >= ${restart_loop_restarts}
+            )
+            unless on (${target_labels}, run)
+            (
+              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
+              > max by (${target_labels}, run) (min_over_time(CKPT[${restart_loop_window}]))
+            )
+            unless on (${target_labels}, run)
+            (
+              max by (${target_labels}, run) (CKPT)
+              unless on (${target_labels}, run)
+              max by (${target_labels}, run) (CKPT offset ${restart_loop_window})
+            )
+            unless on (${target_labels}, run)
+            (
+              max by (${target_labels}, run) (trainguard_run_step)
+              > max by (${target_labels}, run) (
+                max_over_time(trainguard_run_last_death_step[${restart_loop_window}])
+              )
+              unless on (${target_labels}, run)
+              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
+            )
+            """.replace("CKPT", CKPT),
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Training run {{ $labels.run }} on {{ $labels.instance }} is restarting without
+            progress.
+            """,
+            description="""
+            Run {{ $labels.run }} on {{ $labels.instance }} died and was restarted
+            {{ $value | printf "%.0f" }} times in the last ${restart_loop_window} (threshold
+            ${restart_loop_restarts}) without progress: no newer complete primary checkpoint
+            than before (${checkpoint}); highest step reached in the window ${loop_step}.
+            Every restart repeats the same work and dies again. Causes of the deaths:
+            ${loop_causes}. Restarting again will not help: look at why it dies.
+            """,
+        ),
+    ),
+)

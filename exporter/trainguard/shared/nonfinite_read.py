@@ -1,0 +1,30 @@
+"""Reading the heartbeat's ``nonfinite`` object, every field checked and named in errors.
+
+Kept apart from :mod:`trainguard.shared.heartbeat_fields` so that the record and its checks
+(:mod:`trainguard.shared.nonfinite`) stay one concern.
+"""
+
+from __future__ import annotations
+
+from trainguard.shared.heartbeat import MAX_INT, SCALAR_NAME_RE, kind_of
+from trainguard.shared.heartbeat_fields import Fields
+from trainguard.shared.nonfinite import MAX_NONFINITE_NAMES, NonFinite
+
+
+def read_nonfinite(fields: Fields, key: str) -> NonFinite | None:
+    """The optional ``nonfinite`` object of a heartbeat; None when absent (older reporters)."""
+    value = fields.data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise fields.fail(key, f"expected an object, got {kind_of(value)}")
+    f = Fields(fields.source, f"{fields.where}{key}.", value)
+    counts = f.mapping("counts", MAX_NONFINITE_NAMES)
+    for name, count in counts.items():
+        if not SCALAR_NAME_RE.match(name):
+            raise f.fail("counts", "expected names of letters, digits and '_' (at most 64)")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_INT:
+            raise f.fail(f"counts.{name}", "expected an integer >= 0")
+    return NonFinite(
+        counts=dict(counts), loss_streak=f.integer("loss_streak", 0, MAX_INT, default=0)
+    )
