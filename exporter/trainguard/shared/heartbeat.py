@@ -47,6 +47,8 @@ MAX_XID = 65535
 #: why a memory snapshot was dumped (``trainguard.shared.snapshots``)
 SNAPSHOT_REASONS = ("oom", "periodic", "requested")
 MAX_RECENT_SNAPSHOTS = 8
+#: the longest ``stuck.where`` a reader takes (the reporter writes at most 200 characters)
+MAX_STUCK_WHERE = 256
 
 SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
@@ -157,6 +159,21 @@ class SnapshotState:
 
 
 @dataclass(frozen=True)
+class Stuck:
+    """Where the main thread of a rank whose step is overdue was when last sampled.
+
+    Written by ``trainguard.run.stack`` only while the step is overdue; absent otherwise.
+    """
+
+    since: float  # when the reporter first found the step overdue (this stall)
+    where: str  # "DataLoader.__next__ <- train.py:88 load_batch": names and lines only
+    collective: str | None = None  # the torch.distributed function it waits in, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     run: str
     rank: int
@@ -193,9 +210,11 @@ class Heartbeat:
     start_ticks: int | None = None
     #: memory snapshots beyond the OOM count (None: a reporter without them, or they are off)
     snapshots: SnapshotState | None = None
+    #: where the main thread is while the step is overdue (None: stepping, or not sampled)
+    stuck: Stuck | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first; ``snapshots`` only when there is one."""
+        """The JSON document, ``format`` first; ``snapshots`` and ``stuck`` only when set."""
         out = {
             "format": FORMAT,
             "run": self.run,
@@ -228,6 +247,8 @@ class Heartbeat:
         }
         if self.snapshots is not None:
             out["snapshots"] = self.snapshots.to_dict()
+        if self.stuck is not None:
+            out["stuck"] = self.stuck.to_dict()
         return out
 
     @property
