@@ -31,6 +31,7 @@ from alerts.thresholds import (
     gpu_health,
     runs,
     shared,
+    stuck,
 )
 from alerts.thresholds.threshold import Threshold, ThresholdError, Value
 
@@ -55,6 +56,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *exporter.THRESHOLDS,
     *deaths.THRESHOLDS,
     *gpu_health.THRESHOLDS,
+    *stuck.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
