@@ -121,3 +121,24 @@ def test_job_metrics_tell_the_rank_in_its_data_function_from_the_one_in_all_redu
             proc.wait(60)
         for log in logs:
             log.close()
+
+
+def test_a_rank_that_never_reached_its_first_step_says_where(tmp_path: Path) -> None:
+    train, marks = script(tmp_path)
+    state, block, stop = tmp_path / "state", tmp_path / "block", tmp_path / "stop"
+    block.touch()  # blocked before step 1
+    proc = subprocess.Popen(
+        [sys.executable, str(train), str(state), str(block), str(stop)],
+        env=child_env(ENV),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        hb = wait_heartbeat(heartbeat_path(state, "stuck"), lambda h: h.stuck is not None)
+        assert hb.step is None
+        assert hb.stuck is not None
+        assert hb.stuck.where.startswith(f"train.py:{marks['BLOCKED']} load_batch <- "), hb
+        assert hb.stuck.since - hb.started >= 2 * 1 - 0.5  # twice the floor before a first step
+    finally:
+        proc.kill()
+        proc.wait()
