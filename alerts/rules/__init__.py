@@ -16,6 +16,7 @@ from alerts.rules import (
     recording,
     runs,
     training_health,
+    stuck,
 )
 from alerts.rules.common import Alert, Group, Record
 
@@ -30,6 +31,7 @@ GROUPS: tuple[Group, ...] = (
     exporter.GROUP,
     gpu_health.GROUP,
     training_health.GROUP,
+    stuck.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
+from alerts.rules.stuck import STUCK_ANNOTATION
 
 SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
@@ -122,7 +123,8 @@ GROUP = Group(
             between steps (${step_gap}), at least ${stall} and at most ${stall_max}
             (${stall_max} until that interval is known). Last step ${last_step}.
             """,
-            annotations={"gpu_cause": GPU_CAUSE},  # what its GPUs say (gpu_health.py)
+            # what its GPUs say (gpu_health.py); where its ranks are, on every node (stuck.py)
+            annotations={"gpu_cause": GPU_CAUSE, "stuck": STUCK_ANNOTATION},
         ),
         Alert(
             "TrainingNoFirstStep",
@@ -148,6 +150,7 @@ GROUP = Group(
             reporter writes heartbeats, but it has not reported a single step: hung before
             training started (NCCL rendezvous or init, a data loader, loading a checkpoint).
             """,
+            annotations={"stuck": STUCK_ANNOTATION},  # where its ranks are (stuck.py)
         ),
         Alert(
             "TrainingThroughputDropped",

@@ -32,6 +32,7 @@ from alerts.thresholds import (
     runs,
     shared,
     training_health,
+    stuck,
 )
 from alerts.thresholds.threshold import Threshold, ThresholdError, Value
 
@@ -57,6 +58,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *deaths.THRESHOLDS,
     *gpu_health.THRESHOLDS,
     *training_health.THRESHOLDS,
+    *stuck.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

@@ -8,6 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
 from alerts.site import Site
+from grafana.boards import stuck
 from grafana.dashboard import dashboard
 from grafana.panels import (
     NONZERO_IS_BAD,
@@ -376,7 +377,7 @@ def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
         "Training runs",
         "Is each training run alive, progressing, checkpointed? Deaths and firing alerts.",
         [
-            ("Status", status(q, alert_names)),
+            ("Status", [*status(q, alert_names), *stuck.panels(q)]),
             ("Progress", progress(q)),
             ("Checkpoints", checkpoints(q)),
             ("Deaths", deaths(q)),

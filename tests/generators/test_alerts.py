@@ -66,6 +66,7 @@ DESIGN_ALERTS = {
     "TrainingLossSpike",
     "TrainingRestartLoop",
     "Watchdog",
+    "TrainingRankStuck",
 }
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.
 ALWAYS_FIRING = {"Watchdog"}
@@ -198,10 +199,11 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "on (region, job, instance, run, rank)" in text
     assert "region=%q,job=%q,instance=%q,run=%q" in text
     assert "$labels.region $labels.job $labels.instance $labels.run" in text
-    # nothing aggregates or joins by a list that leaves the target labels out
-    assert not re.search(r"\b(by|on) \((?!region, job, instance)[^)]*\)", text), re.findall(
-        r"\b(?:by|on) \((?!region, job, instance)[^)]*\)", text
-    )
+    # nothing aggregates or joins by a list that leaves the target labels out, but for a job's
+    # rules, which compare its ranks across nodes: all of them less instance, plus run
+    assert "count by (region, job, run)" in text
+    kept = r"\b(?:by|on) \((?!region, job, instance\b|region, job, run\b)[^)]*\)"
+    assert not re.search(kept, text), re.findall(kept, text)
 
 
 def test_overrides_from_config_file(tmp_path: Path) -> None:
@@ -488,6 +490,7 @@ ABSENT_WHILE_HEALTHY = {
     "trainguard_run_last_death_step",
     "trainguard_run_last_death_timestamp_seconds",
     "trainguard_checkpoint_newest_damaged_step",
+    "trainguard_run_stuck_info",  # only while a rank's step is overdue
 }
 
 

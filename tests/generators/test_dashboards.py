@@ -89,6 +89,7 @@ METRICS_WITH_RUN = {
     "trainguard_run_last_death_timestamp_seconds",
     "trainguard_run_last_death_age_seconds",
     "trainguard_run_last_death_info",
+    "trainguard_run_stuck_info",
     "trainguard_checkpoint_last_step",
     "trainguard_checkpoint_last_timestamp_seconds",
     "trainguard_checkpoint_files",
@@ -344,6 +345,10 @@ def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
     for name in RULE_ALERTS:
         assert re.fullmatch(alternatives, name), name
     assert runs["Run state per rank"]["type"] == "state-timeline"
+    stuck = runs["Where stuck ranks are"]
+    assert stuck["type"] == "table"
+    exprs = [t["expr"] for t in stuck["targets"]]
+    assert any("trainguard_run_stuck_info{" in e and "where, collective" in e for e in exprs)
     gpu = by_uid["trainguard-gpu-memory"]
     ghost = gpu["Driver vs allocator memory per rank"]["targets"]
     assert any("ghost gap" in t["legendFormat"] for t in ghost)

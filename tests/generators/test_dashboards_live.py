@@ -23,7 +23,7 @@ from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
 from helpers.wait import wait_for
 from trainguard import checkpoint
 from trainguard.run.allocator import allocator_stats
-from trainguard.shared.heartbeat import SnapshotRecord, SnapshotState
+from trainguard.shared.heartbeat import SnapshotRecord, SnapshotState, Stuck
 
 pytestmark = [
     pytest.mark.slow,
@@ -121,6 +121,8 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
                     ),
                 ),
                 memory_snapshots=1,
+                # its step overdue: where its main thread waits (the stuck ranks' table)
+                stuck=Stuck(time.time(), "all_reduce <- train.py:40 step", "all_reduce"),
                 snapshots=SnapshotState(
                     counts={"oom": 1, "periodic": 3, "requested": 0},
                     failures={},

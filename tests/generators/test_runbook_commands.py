@@ -17,7 +17,7 @@ import pytest
 from helpers.exporter_proc import REPO, Exporter, poll, select
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
-from trainguard.shared.heartbeat import AllocatorStats, Death
+from trainguard.shared.heartbeat import AllocatorStats, Death, Stuck
 
 RUNBOOK = REPO / "alerts" / "runbook.md"
 UUID = "GPU-7b000000-0000-0000-0000-000000000000"
@@ -74,7 +74,14 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
     )
     put(
         state,
-        own_heartbeat("llama-ft", step=1800, deaths=1, death_history=(death,), allocator=(stats,)),
+        own_heartbeat(
+            "llama-ft",
+            step=1800,
+            deaths=1,
+            death_history=(death,),
+            allocator=(stats,),
+            stuck=Stuck(now - 60, "train.py:88 load_batch <- train.py:120 main"),
+        ),
     )
     exp = Exporter(args=[f"--config.file={config}"], env=nvml.env(nvml_path), state_dir=state)
     try:

@@ -49,6 +49,7 @@ from trainguard.run.options import (
 from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.snapshots import Identity as SnapshotOwner
 from trainguard.run.snapshots import MemorySnapshots
+from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import procinfo
 from trainguard.shared.fileio import remove_orphan_temps
@@ -198,6 +199,7 @@ class Run:
             devices=lambda: snapshot_devices(self._warn_once, self._device_uuids),
         )
         self._snapshots.start()
+        self._stuck = StuckWatch(threading.get_ident(), stuck_after())  # run.stack: where stuck
         self._thread = threading.Thread(
             target=self._writer, name="trainguard-heartbeat", daemon=True
         )
@@ -285,21 +287,24 @@ class Run:
         finally:
             self._ready.set()
         written: object = None  # the _latest tuple last written (compared by identity:
-        written_snapshots = -1  # the script's scalars may be tensors with a strange __eq__)
+        written_snapshots = written_stuck = -1  # scalars may be tensors with a strange __eq__)
         last_write = -math.inf
         snapshots_on = self._snapshots.enabled
         while self._final is None:
             if snapshots_on:
                 self._snapshots.tick(self._progress)
             latest, snapshots = self._latest, self._snapshots.version
+            self._stuck.tick(latest)
             now = time.monotonic()
             if (
                 latest is not written
                 or snapshots != written_snapshots
+                or self._stuck.version != written_stuck
                 or now - last_write >= self._keepalive
             ):
                 self._write("running", None)
                 written, written_snapshots, last_write = latest, snapshots, now
+                written_stuck = self._stuck.version
             self._wake.wait(self._interval)
         self._write(*self._final)
 
@@ -374,6 +379,7 @@ class Run:
             death_history=self._deaths.recent,
             version=__version__,
             nonfinite=self._health.state(),
+            stuck=self._stuck.current if state == "running" else None,
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:

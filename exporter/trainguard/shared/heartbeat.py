@@ -48,6 +48,8 @@ MAX_XID = 65535
 #: why a memory snapshot was dumped (``trainguard.shared.snapshots``)
 SNAPSHOT_REASONS = ("oom", "periodic", "requested")
 MAX_RECENT_SNAPSHOTS = 8
+#: the longest ``stuck.where`` a reader takes (the reporter writes at most 200 characters)
+MAX_STUCK_WHERE = 256
 
 SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
@@ -158,6 +160,21 @@ class SnapshotState:
 
 
 @dataclass(frozen=True)
+class Stuck:
+    """Where the main thread of a rank whose step is overdue was when last sampled.
+
+    Written by ``trainguard.run.stack`` only while the step is overdue; absent otherwise.
+    """
+
+    since: float  # when the reporter first found the step overdue (this stall)
+    where: str  # "DataLoader.__next__ <- train.py:88 load_batch": names and lines only
+    collective: str | None = None  # the torch.distributed function it waits in, if any
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     run: str
     rank: int
@@ -196,9 +213,11 @@ class Heartbeat:
     snapshots: SnapshotState | None = None
     #: NaN and infinite scalars the reporter observed (None: an older reporter)
     nonfinite: NonFinite | None = None
+    #: where the main thread is while the step is overdue (None: stepping, or not sampled)
+    stuck: Stuck | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first; ``snapshots`` and ``nonfinite`` only when set."""
+        """The JSON document, ``format`` first; the optional sections only when set."""
         out = {
             "format": FORMAT,
             "run": self.run,
@@ -233,6 +252,8 @@ class Heartbeat:
             out["snapshots"] = self.snapshots.to_dict()
         if self.nonfinite is not None:
             out["nonfinite"] = self.nonfinite.to_dict()
+        if self.stuck is not None:
+            out["stuck"] = self.stuck.to_dict()
         return out
 
     @property

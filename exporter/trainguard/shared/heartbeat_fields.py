@@ -22,6 +22,7 @@ from trainguard.shared.heartbeat import (
     MAX_PATH,
     MAX_RECENT_SNAPSHOTS,
     MAX_SCALARS,
+    MAX_STUCK_WHERE,
     MAX_TIME,
     MAX_XID,
     MIRROR_NAME_RE,
@@ -32,6 +33,7 @@ from trainguard.shared.heartbeat import (
     HeartbeatError,
     SnapshotRecord,
     SnapshotState,
+    Stuck,
     kind_of,
     text_problem,
 )
@@ -233,6 +235,23 @@ class Fields:
             history=history,
             requests=requests,
             recent=tuple(recent),
+        )
+
+    def stuck(self, key: str) -> Stuck | None:
+        """The optional ``stuck`` object: when, where (bounded text), which collective."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        f = Fields(self.source, f"{self.where}{key}.", value)
+        collective = f.text("collective", 64, optional=True)
+        if collective is not None and not SCALAR_NAME_RE.match(collective):
+            raise f.fail("collective", "expected a function name (letters, digits and '_')")
+        return Stuck(
+            since=f.timestamp("since"),
+            where=f.text("where", MAX_STUCK_WHERE),
+            collective=collective,
         )
 
     def deaths(self, key: str) -> tuple[Death, ...]:

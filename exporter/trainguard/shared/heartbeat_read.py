@@ -147,4 +147,5 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         version=f.text("version", 64, optional=True),
         snapshots=f.snapshots("snapshots"),
         nonfinite=read_nonfinite(f, "nonfinite"),
+        stuck=f.stuck("stuck"),
     )

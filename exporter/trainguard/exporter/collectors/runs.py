@@ -20,6 +20,7 @@ from trainguard.exporter.nonfinite_series import METRICS as NONFINITE_METRICS
 from trainguard.exporter.nonfinite_series import add_nonfinite
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.stuck_rows import STUCK_INFO, add_stuck
 from trainguard.exporter.targets import ownership_problem
 from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Heartbeat
 
@@ -266,6 +267,7 @@ class RunsCollector(Collector):
         LAST_DEATH_XID,
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
+        STUCK_INFO,
     )
 
     @classmethod
@@ -329,6 +331,7 @@ class RunsCollector(Collector):
             if a.uuid is not None:
                 fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
         fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
+        add_stuck(fam, row)
         snaps = hb.snapshots
         if snaps is not None:
             for reason in SNAPSHOT_REASONS:

@@ -1,7 +1,6 @@
 """``trainguard status``: the runs this host knows, as a table, plain text or JSON.
 
-The runs are read with the exporter's own run table, checkpoint verdict and GPU collector: this
-command makes no judgement of its own.
+Read with the exporter's run table, checkpoint verdict and GPU collector: no judgement of its own.
 
 Stalled: alive, and no new step for longer than ``--stall`` (default 10m, the least stall the
 TrainingStalled alert pages on). The alert is adaptive (``stall_factor`` times the run's longest
@@ -31,6 +30,7 @@ from trainguard.exporter.death_events import last_death
 from trainguard.exporter.runtable import RunRow, RunTable
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget
+from trainguard.exporter.terminal.stuck_lines import stuck_lines, stuck_text
 from trainguard.shared.manifest import ManifestError
 
 
@@ -57,6 +57,7 @@ class RunStatus:
     checkpoints: list[Location] = field(default_factory=list)
     gpu_driver_bytes: dict[str, int | None] = field(default_factory=dict)  # gpu index -> bytes
     allocator_reserved_bytes: dict[str, int] = field(default_factory=dict)  # device -> bytes
+    stuck: str | None = None  # where its main thread is while its step is overdue
 
 
 @dataclass
@@ -200,6 +201,7 @@ class Status:
             deaths=hb.deaths if hb else 0,
             last_death_cause=death.cause if death else None,
             gpu_driver_bytes=run_mem.get(key, {}),
+            stuck=stuck_text(row),
             allocator_reserved_bytes={str(a.device): a.reserved_bytes for a in hb.allocator}
             if hb
             else {},
@@ -327,7 +329,7 @@ def plain(snap: Snapshot) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     if not snap.runs:
         lines.append("(no runs)")
-    lines += gpu_lines(snap)
+    lines += [*stuck_lines(snap.runs), *gpu_lines(snap)]
     lines += [f"error: {e}" for e in snap.errors]
     return "\n".join(lines) + "\n"
 
@@ -350,7 +352,7 @@ def rich_view(snap: Snapshot) -> Any:
         row = cells(r)
         row[2] = f"[{COLOURS.get(r.state, '')}]{r.state}[/]"
         table.add_row(*row)
-    extra = [Text(line, style="dim") for line in gpu_lines(snap)]
+    extra = [Text(line, style="dim") for line in [*stuck_lines(snap.runs), *gpu_lines(snap)]]
     extra += [Text(f"error: {e}", style="red") for e in snap.errors]
     return Group(table, *extra)
 

@@ -1,0 +1,113 @@
+"""Where a stalled job is stuck: the rank(s) whose location differs from the rest.
+
+TrainingRankStuck, and the ``stuck`` annotation of TrainingStalled and TrainingNoFirstStep.
+
+When one rank of a job hangs, the others soon wait for it inside a collective, and every rank
+stops stepping. Each rank's reporter then samples where its main thread is
+(``trainguard_run_stuck_info{where, collective}``, per run and rank). The rank that holds the
+job up is the one NOT inside the collective the others wait in; when no rank is inside a
+collective Python can see (DDP's all-reduce runs from C++ during ``backward()``), the ranks at a
+location fewer ranks share than the job's most common one. A job spans nodes (one exporter,
+one ``instance``, each): these rules compare its ranks across instances, by the target labels
+without ``instance`` (``${target_labels_job}``) plus ``run``.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import Alert, Group, Record
+
+#: the rank(s) stuck apart from the rest of their job (labels instance, rank, where, collective)
+APART = "run_rank:trainguard_run_stuck_apart:info"
+JOB = "${target_labels_job}, run"
+JOB_SEL = "${target_labels_job_sel},run=%q"
+JOB_ARGS = "${target_labels_job_args} $labels.run"
+
+# "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..."
+_APART_RANKS = (
+    "{{ range $i, $s := printf `" + APART + "{" + JOB_SEL + "} * on (${target_labels}, run, "
+    "rank) group_left (host) max by (${target_labels}, run, rank, host) (trainguard_run_info)` "
+    + JOB_ARGS
+    + ' | query | sortByLabel "rank" }}{{ if $i }}, {{ end }}rank {{ $s.Labels.rank }} on '
+    "{{ $s.Labels.host }} ({{ $s.Labels.instance }}) in `{{ $s.Labels.where }}`{{ end }}"
+)
+# " [127 rank(s) in all_reduce] [2 rank(s) in `Tensor.backward <- train.py:50 step`]": the rest
+_THE_REST = (
+    "{{ range printf `count by ("
+    + JOB
+    + ", collective) (trainguard_run_stuck_info{"
+    + JOB_SEL
+    + ',collective!=""} unless on (${target_labels}, run, rank) '
+    + APART
+    + ")` "
+    + JOB_ARGS
+    + ' | query | sortByLabel "collective" }} [{{ . | value | printf "%.0f" }} rank(s) in '
+    "{{ .Labels.collective }}]{{ end }}"
+    "{{ range printf `count by ("
+    + JOB
+    + ", where) (trainguard_run_stuck_info{"
+    + JOB_SEL
+    + ',collective=""} unless on (${target_labels}, run, rank) '
+    + APART
+    + ")` "
+    + JOB_ARGS
+    + ' | query | sortByLabel "where" }} [{{ . | value | printf "%.0f" }} rank(s) in '
+    "`{{ .Labels.where }}`]{{ end }}"
+)
+
+#: the ``stuck`` annotation of the stall alerts: where the job's ranks are, across its nodes
+STUCK_ANNOTATION = (
+    "{{ with printf `trainguard_run_stuck_info{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
+    "{{ with printf `" + APART + "{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
+    "Stuck apart from the rest: " + _APART_RANKS + ". Where the others are:"
+    "{{ else }}Where the ranks are:{{ end }}" + _THE_REST + ".{{ else }}No rank reported where it "
+    "is stuck.{{ end }}"
+)
+
+GROUP = Group(
+    "trainguard-stuck",
+    snippets={"apart_ranks": _APART_RANKS, "the_rest": _THE_REST},
+    rules=(
+        Record(
+            APART,
+            # outside any collective while others of the job wait in one...
+            """
+            (
+              trainguard_run_stuck_info{collective=""}
+              and on (${target_labels_job}, run) trainguard_run_stuck_info{collective!=""}
+            )
+            or
+            # ...else, with no rank in a collective, at a location fewer ranks share than the
+            # job's most common one
+            (
+              trainguard_run_stuck_info
+              and on (${target_labels_job}, run, where)
+                (
+                  count by (${target_labels_job}, run, where) (trainguard_run_stuck_info)
+                  < on (${target_labels_job}, run) group_left ()
+                  max by (${target_labels_job}, run) (
+                    count by (${target_labels_job}, run, where) (trainguard_run_stuck_info)
+                  )
+                )
+              unless on (${target_labels_job}, run) trainguard_run_stuck_info{collective!=""}
+            )
+            """,
+        ),
+        Alert(
+            "TrainingRankStuck",
+            "warning",
+            expr="count by (" + JOB + ") (" + APART + ")",
+            for_="${stuck_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Training run {{ $labels.run }} is held up by {{ $value }} rank(s) stuck apart from
+            the rest.
+            """,
+            description="""
+            Run {{ $labels.run }} has stopped stepping, held up by ${apart_ranks}. The other
+            ranks wait for it:${the_rest}. A collective cannot complete until every rank joins
+            it: look at what the rank(s) named first wait for (py-spy dump --pid on that host,
+            the runbook), then restart the job from its newest checkpoint.
+            """,
+        ),
+    ),
+)
