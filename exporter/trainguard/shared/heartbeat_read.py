@@ -145,4 +145,8 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         death_history=f.deaths("death_history"),
         version=f.text("version", 64, optional=True),
         snapshots=f.snapshots("snapshots"),
+        signal=f.signal_name("signal"),
+        exit_cause=f.exit_cause("exit_cause"),
+        last_signal=f.signal_name("last_signal"),
+        last_signal_time=f.timestamp("last_signal_time", optional=True),
     )
