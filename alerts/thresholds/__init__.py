@@ -7,8 +7,8 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
-``gpu_health``), and joined here in that order: the order of the generated file's header
-and of ``--list``.
+``gpu_health``, ``signals``), and joined here in that order: the order of the generated file's
+header and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -31,6 +31,7 @@ from alerts.thresholds import (
     gpu_health,
     runs,
     shared,
+    signals,
 )
 from alerts.thresholds.threshold import Threshold, ThresholdError, Value
 
@@ -55,6 +56,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *exporter.THRESHOLDS,
     *deaths.THRESHOLDS,
     *gpu_health.THRESHOLDS,
+    *signals.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
