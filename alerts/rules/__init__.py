@@ -15,8 +15,9 @@ from alerts.rules import (
     gpu_health,
     recording,
     runs,
-    training_health,
+    signals,
     stuck,
+    training_health,
 )
 from alerts.rules.common import Alert, Group, Record
 
@@ -32,6 +33,7 @@ GROUPS: tuple[Group, ...] = (
     gpu_health.GROUP,
     training_health.GROUP,
     stuck.GROUP,
+    signals.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

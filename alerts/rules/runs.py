@@ -13,6 +13,7 @@ from __future__ import annotations
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
+from alerts.rules.signals import stopped
 from alerts.rules.stuck import STUCK_ANNOTATION
 
 SNIPPETS = {
@@ -82,8 +83,11 @@ GROUP = Group(
             count by (${target_labels}, run) (
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) (
+                STOPPED
+              )
             )
-            """,
+            """.replace("STOPPED", stopped(16)),  # stopped by a signal: a warning for a while
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",

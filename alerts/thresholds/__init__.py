@@ -9,6 +9,8 @@ The tables are split by concern, one module per rule group they tune (``shared``
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
 ``gpu_health``, ``training_health``), and joined here in that order: the order of the
 generated file's header and of ``--list``.
+``gpu_health``, ``signals``), and joined here in that order: the order of the generated file's
+header and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -31,8 +33,9 @@ from alerts.thresholds import (
     gpu_health,
     runs,
     shared,
-    training_health,
+    signals,
     stuck,
+    training_health,
 )
 from alerts.thresholds.threshold import Threshold, ThresholdError, Value
 
@@ -59,6 +62,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *gpu_health.THRESHOLDS,
     *training_health.THRESHOLDS,
     *stuck.THRESHOLDS,
+    *signals.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

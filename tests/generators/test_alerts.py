@@ -30,6 +30,7 @@ TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 DESIGN_ALERTS = {
     "TrainingProcessDied",
     "TrainingProcessRestarted",
+    "TrainingProcessTerminated",
     "TrainingStalled",
     "TrainingNoFirstStep",
     "TrainingThroughputDropped",
@@ -489,6 +490,7 @@ ABSENT_WHILE_HEALTHY = {
     "trainguard_run_last_death_info",
     "trainguard_run_last_death_step",
     "trainguard_run_last_death_timestamp_seconds",
+    "trainguard_run_exit_info",
     "trainguard_checkpoint_newest_damaged_step",
     "trainguard_run_stuck_info",  # only while a rank's step is overdue
 }

@@ -11,8 +11,17 @@ from trainguard.shared.heartbeat import Death
 
 #: which of several ranks' records of one death event names it: the most specific cause (a
 #: GPU error before an exception: the other ranks' collectives fail because one rank's GPU
-#: did)
-_CAUSE_ORDER = {"reboot": 0, "oom_killer": 1, "gpu_xid": 2, "exception": 3, "unknown": 4}
+#: did). A signal comes last: torchrun's agent stops the surviving ranks with SIGTERM after one
+#: rank died of something else, which names the event.
+_CAUSE_ORDER = {
+    "reboot": 0,
+    "oom_killer": 1,
+    "gpu_xid": 2,
+    "exception": 3,
+    "unknown": 4,
+    "time_limit": 5,
+    "signal": 6,
+}
 #: restarts of different ranks noticed within this many seconds are one death event
 _SAME_EVENT_SECONDS = 60.0
 
@@ -31,7 +40,7 @@ def last_death(records: list[Death]) -> Death | None:
 
     The records of the latest restart (noticed within a minute of each other) are one event;
     the most specific cause among them names it (the rank the OOM killer chose says
-    ``oom_killer``, the ranks torchrun then stopped say ``unknown``), and its earliest
+    ``oom_killer``, the ranks torchrun then stopped say ``signal``), and its earliest
     last-heartbeat is when it died.
     """
     if not records:

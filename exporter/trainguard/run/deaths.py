@@ -58,17 +58,24 @@ def death_of(
     oom, xid = False, None
     if same_host and boot is not False:  # this boot's kernel log may say what happened
         oom, xid = _kernel_says(prev)
-    if prev.state == "failed":
+    signal = None
+    if prev.state == "failed" and prev.signal is None:
         cause = "exception"  # it said so itself; a GPU error behind it is told as xid
     elif same_host and boot is False:
-        cause, xid = "reboot", None  # that boot's kernel log is gone with it
+        cause, xid = "reboot", None  # that boot's kernel log is gone with it (and a
+        # shutdown's SIGTERM is the reboot's)
+    elif prev.signal is not None:  # it said so itself: ended by a signal it caught, or
+        # killed while that signal's handler ran (its state still "running")
+        cause, signal = prev.exit_cause or "signal", prev.signal
     elif oom:
         cause, xid = "oom_killer", None
     elif xid is not None:
         cause = "gpu_xid"
     else:
         cause = "unknown"
-    return Death(step=prev.step, time=prev.time, detected=time.time(), cause=cause, xid=xid)
+    return Death(
+        step=prev.step, time=prev.time, detected=time.time(), cause=cause, xid=xid, signal=signal
+    )
 
 
 def _kernel_says(prev: Heartbeat) -> tuple[bool, int | None]:

@@ -47,6 +47,7 @@ from trainguard.run.options import (
     type_name,
 )
 from trainguard.run.scalar_health import ScalarHealth
+from trainguard.run.signals import SignalGuard
 from trainguard.run.snapshots import Identity as SnapshotOwner
 from trainguard.run.snapshots import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
@@ -178,7 +179,7 @@ class Run:
         self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
         self._final: tuple[str, str | None] | None = None
         self._closed = False
-        self._close_lock = threading.Lock()
+        self._close_lock = threading.RLock()  # a signal's handler may end the run inside
         self._wake = threading.Event()
         self._ready = threading.Event()  # previous heartbeat read: history known
         self._warn_once = WarnOnce(log)
@@ -200,11 +201,13 @@ class Run:
         )
         self._snapshots.start()
         self._stuck = StuckWatch(threading.get_ident(), stuck_after())  # run.stack: where stuck
+        self._signals = SignalGuard(self._wake.set, lambda: self._finish("failed", None))
         self._thread = threading.Thread(
             target=self._writer, name="trainguard-heartbeat", daemon=True
         )
         self._thread.start()
         self._exits = ExitHooks(self._finish)
+        self._signals.install()
 
     # -- the training loop's side -------------------------------------------------------
 
@@ -263,7 +266,9 @@ class Run:
             if self._closed:
                 return
             self._closed = True
+        state = self._signals.end_state(state, error)  # a signal ends it: run/signals.py
         self._exits.remove()
+        self._signals.remove()
         self._final = (state, error)
         self._wake.set()
         self._thread.join(self._close_timeout)
@@ -287,24 +292,29 @@ class Run:
         finally:
             self._ready.set()
         written: object = None  # the _latest tuple last written (compared by identity:
-        written_snapshots = written_stuck = -1  # scalars may be tensors with a strange __eq__)
+        # the script's scalars may be tensors with a strange __eq__)
+        written_snapshots = written_stuck = written_signals = -1
         last_write = -math.inf
         snapshots_on = self._snapshots.enabled
         while self._final is None:
+            self._wake.clear()  # set again by a signal (run/signals.py) or the end
             if snapshots_on:
                 self._snapshots.tick(self._progress)
             latest, snapshots = self._latest, self._snapshots.version
             self._stuck.tick(latest)
+            signals = self._signals.version
             now = time.monotonic()
             if (
                 latest is not written
                 or snapshots != written_snapshots
                 or self._stuck.version != written_stuck
+                or signals != written_signals
                 or now - last_write >= self._keepalive
             ):
                 self._write("running", None)
                 written, written_snapshots, last_write = latest, snapshots, now
                 written_stuck = self._stuck.version
+                written_signals = signals
             self._wake.wait(self._interval)
         self._write(*self._final)
 
@@ -380,6 +390,7 @@ class Run:
             version=__version__,
             nonfinite=self._health.state(),
             stuck=self._stuck.current if state == "running" else None,
+            **self._signals.fields(),
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:

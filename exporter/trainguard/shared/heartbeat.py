@@ -41,9 +41,14 @@ MAX_MIRRORS = 16
 MAX_DEVICES = 64
 MAX_DEATH_HISTORY = 20
 STATES = ("running", "finished", "failed")
-#: causes of a death, as read; ``gpu_xid`` is written as ``unknown`` with ``xid`` set (see
-#: :meth:`Heartbeat.to_dict`)
-CAUSES = ("reboot", "oom_killer", "gpu_xid", "exception", "unknown")
+#: causes of a death, as read; ``gpu_xid`` is written as ``unknown`` with ``xid`` set, ``signal``
+#: and ``time_limit`` as ``exception`` with ``signal`` set (see :meth:`Death.to_dict`)
+CAUSES = ("reboot", "oom_killer", "gpu_xid", "exception", "signal", "time_limit", "unknown")
+#: how a process that caught the signal ending it says why (``exit_cause``): ``time_limit`` when
+#: it came at the end time the scheduler exported (docs/heartbeat.md, "How a run ends")
+SIGNAL_CAUSES = ("signal", "time_limit")
+#: a signal's name as written (``SIGTERM``)
+SIGNAL_NAME_RE = re.compile(r"^SIG[A-Z0-9+-]{1,13}$")
 MAX_XID = 65535
 #: why a memory snapshot was dumped (``trainguard.shared.snapshots``)
 SNAPSHOT_REASONS = ("oom", "periodic", "requested")
@@ -103,21 +108,34 @@ class Death:
     #: the GPU error (NVIDIA Xid) the kernel logged around the death: the cause when
     #: ``gpu_xid``, told beside an ``exception``
     xid: int | None = None
+    #: the signal that ended it (``SIGTERM``) when the cause is ``signal`` or ``time_limit``
+    signal: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object as written: ``gpu_xid`` as ``unknown`` plus ``xid``.
+        """The JSON object as written: the causes older readers do not know, as ones they do.
 
-        That way readers of format 1 that predate it (which refuse a cause they do not know, and
-        with it the whole file) read an unknown cause instead of losing the run.
+        ``gpu_xid`` is written as ``unknown`` plus ``xid``; ``signal`` and ``time_limit`` as
+        ``exception`` plus ``signal`` (and ``time_limit: true``). That way readers of format 1
+        that predate them (which refuse a cause they do not know, and with it the whole file)
+        read an unknown cause or an exception instead of losing the run.
         """
-        cause = "unknown" if self.cause == "gpu_xid" else self.cause
-        return {
+        cause = self.cause
+        if cause == "gpu_xid":
+            cause = "unknown"
+        elif cause in SIGNAL_CAUSES:
+            cause = "exception"
+        out: dict[str, Any] = {
             "step": self.step,
             "time": self.time,
             "detected": self.detected,
             "cause": cause,
             "xid": self.xid,
         }
+        if self.signal is not None and self.cause in SIGNAL_CAUSES:
+            out["signal"] = self.signal
+            if self.cause == "time_limit":
+                out["time_limit"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -215,6 +233,15 @@ class Heartbeat:
     nonfinite: NonFinite | None = None
     #: where the main thread is while the step is overdue (None: stepping, or not sampled)
     stuck: Stuck | None = None
+    #: the signal that ended (state "failed") or is ending (state "running": its handler runs,
+    #: or the main thread has not reached it yet) this process, with ``exit_cause``
+    #: (:data:`SIGNAL_CAUSES`); None otherwise (trainguard.run.signals)
+    signal: str | None = None
+    exit_cause: str | None = None
+    #: the newest watched signal the process caught that did not end it (a Slurm ``USR1``
+    #: warning to a script's own handler), and when
+    last_signal: str | None = None
+    last_signal_time: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first; the optional sections only when set."""
@@ -254,6 +281,9 @@ class Heartbeat:
             out["nonfinite"] = self.nonfinite.to_dict()
         if self.stuck is not None:
             out["stuck"] = self.stuck.to_dict()
+        for key in ("signal", "exit_cause", "last_signal", "last_signal_time"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @property

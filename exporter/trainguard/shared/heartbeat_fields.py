@@ -27,6 +27,8 @@ from trainguard.shared.heartbeat import (
     MAX_XID,
     MIRROR_NAME_RE,
     SCALAR_NAME_RE,
+    SIGNAL_CAUSES,
+    SIGNAL_NAME_RE,
     SNAPSHOT_REASONS,
     AllocatorStats,
     Death,
@@ -262,6 +264,12 @@ class Fields:
             xid = f.integer("xid", 0, MAX_XID, optional=True)
             if cause == "unknown" and xid is not None:
                 cause = "gpu_xid"  # how a death by a GPU error is written (see Death.to_dict)
+            signal = f.signal_name("signal")
+            limit = f.get("time_limit", _boolean, default=False)
+            if signal is not None and cause == "exception":
+                cause = "time_limit" if limit else "signal"  # as Death.to_dict writes them
+            elif cause not in SIGNAL_CAUSES:
+                signal = None
             out.append(
                 Death(
                     step=f.integer("step", 0, MAX_INT, optional=True),
@@ -269,9 +277,30 @@ class Fields:
                     detected=f.timestamp("detected"),
                     cause=cause,
                     xid=xid,
+                    signal=signal,
                 )
             )
         return tuple(out)
+
+    def signal_name(self, key: str) -> str | None:
+        """An optional signal name as written (``SIGTERM``)."""
+
+        def check(v: Any) -> str | None:
+            if not isinstance(v, str) or not SIGNAL_NAME_RE.match(v):
+                return "expected a signal name (SIG and up to 13 capitals or digits)"
+            return None
+
+        value: str | None = self.get(key, check, default=None)
+        return value
+
+    def exit_cause(self, key: str) -> str | None:
+        """The optional ``exit_cause`` of a process that caught its ending signal."""
+        value: str | None = self.get(key, one_of(SIGNAL_CAUSES), default=None)
+        return value
+
+
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"expected true or false, got {kind_of(v)}"
 
 
 def _file_name(v: Any) -> str | None:

@@ -148,4 +148,8 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         snapshots=f.snapshots("snapshots"),
         nonfinite=read_nonfinite(f, "nonfinite"),
         stuck=f.stuck("stuck"),
+        signal=f.signal_name("signal"),
+        exit_cause=f.exit_cause("exit_cause"),
+        last_signal=f.signal_name("last_signal"),
+        last_signal_time=f.timestamp("last_signal_time", optional=True),
     )

@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.death_events import age, last_death
+from trainguard.exporter.exit_rows import EXIT_INFO, add_exit
 from trainguard.exporter.nonfinite_series import METRICS as NONFINITE_METRICS
 from trainguard.exporter.nonfinite_series import add_nonfinite
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
@@ -207,7 +208,8 @@ LAST_DEATH_INFO = MetricSpec(
     "trainguard_run_last_death_info",
     "gauge",
     ("run", "cause"),
-    "Always 1; cause of the run's last death: reboot, oom_killer, gpu_xid, exception or unknown.",
+    "Always 1; cause of the run's last death: reboot, oom_killer, gpu_xid, exception, signal, "
+    "time_limit or unknown.",
 )
 LAST_DEATH_XID = MetricSpec(
     "trainguard_run_last_death_xid",
@@ -236,6 +238,7 @@ class RunsCollector(Collector):
         RUN_INFO,
         PROCESS_UP,
         FINISHED,
+        EXIT_INFO,
         STEP,
         STEP_TIMESTAMP,
         HEARTBEAT_TIMESTAMP,
@@ -299,6 +302,7 @@ class RunsCollector(Collector):
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
         if row.finished is not None:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
+        add_exit(fam, row)  # how its process ended, if it ended without finishing
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know

@@ -1,0 +1,80 @@
+"""Runs stopped by a signal: TrainingProcessTerminated.
+
+A rank whose process caught the signal that ended it (``trainguard_run_exit_info`` with cause
+``signal`` or ``time_limit``: a preemption, a time limit, scancel, a pod deleted, torchrun
+stopping the surviving ranks) was stopped, not crashed: a warning while it may be restarted.
+TrainingProcessDied (``alerts/rules/runs.py``) leaves such a rank out for the same window
+(:func:`stopped`), then pages for it: a run stopped and not restarted is down. A run with a
+rank that died otherwise pages as that death alone (torchrun stops the other ranks with
+SIGTERM after one crashed).
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group
+from alerts.rules.deaths import DIED_LABELS
+
+_STOPPED = (
+    'trainguard_run_exit_info{cause=~"signal|time_limit"}',
+    "  and on (${target_labels}, run, rank)",
+    "  trainguard_run_heartbeat_age_seconds < ${terminated_restart_window_s}",
+)
+
+
+def stopped(indent: int) -> str:
+    """The ranks stopped by a signal within ``terminated_restart_window``: not yet a death.
+
+    By their last heartbeat's age, on the trainer's clock. The lines after the first are
+    indented by ``indent`` spaces, to sit inside a rule's indented expression.
+    """
+    return ("\n" + " " * indent).join(_STOPPED)
+
+
+SNIPPETS = {
+    # "0 (SIGTERM, signal), 1 (SIGTERM, time_limit)"
+    "stopped_ranks": (
+        "{{ range $i, $s := printf `trainguard_run_exit_info{"
+        + RUN_SEL
+        + ',cause=~"signal|time_limit"}` '
+        + RUN_ARGS
+        + ' | query | sortByLabel "rank" }}'
+        "{{ if $i }}, {{ end }}{{ $s.Labels.rank }} ({{ $s.Labels.signal }}, "
+        "{{ $s.Labels.cause }}){{ end }}"
+    ),
+}
+
+GROUP = Group(
+    "trainguard-signals",
+    run_context=True,
+    snippets=SNIPPETS,
+    rules=(
+        Alert(
+            "TrainingProcessTerminated",
+            "warning",
+            expr="""
+            count by (${target_labels}, run) (
+              STOPPED
+            )
+            unless on (${target_labels}, run) (
+              trainguard_run_process_up == 0
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank)
+                trainguard_run_exit_info{cause=~"signal|time_limit"}
+            )
+            """.replace("STOPPED", stopped(14)),
+            keep_firing_for="${keep_firing_for}",
+            labels=DIED_LABELS,
+            summary="""
+            Training run {{ $labels.run }} on {{ $labels.instance }} was stopped by a signal.
+            """,
+            description="""
+            {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }} ended
+            on a signal they caught: rank (signal, cause) ${stopped_ranks}. A scheduler's
+            stop (time_limit: at the job's end time; signal: scancel, a preemption, a pod
+            deleted or evicted, torchrun stopping the ranks after another one died) rather
+            than a crash. Not restarted within ${terminated_restart_window} of its last
+            heartbeat, TrainingProcessDied pages for it.
+            """,
+        ),
+    ),
+)
