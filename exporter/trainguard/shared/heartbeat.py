@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.shared.fileio import replace_file
+from trainguard.shared.jobinfo import JobInfo
 
 FORMAT = 1
 SUFFIX = ".heartbeat.json"
@@ -193,9 +194,12 @@ class Heartbeat:
     start_ticks: int | None = None
     #: memory snapshots beyond the OOM count (None: a reporter without them, or they are off)
     snapshots: SnapshotState | None = None
+    #: the job of many ranks this rank belongs to (``trainguard.shared.jobinfo``); None: none
+    #: known (a lone process, or a reporter without it)
+    job: JobInfo | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first; ``snapshots`` only when there is one."""
+        """The JSON document, ``format`` first; ``snapshots`` and ``job`` only when there is one."""
         out = {
             "format": FORMAT,
             "run": self.run,
@@ -228,6 +232,8 @@ class Heartbeat:
         }
         if self.snapshots is not None:
             out["snapshots"] = self.snapshots.to_dict()
+        if self.job is not None:
+            out["job"] = self.job.to_dict()
         return out
 
     @property
