@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.death_events import age, last_death
+from trainguard.exporter.job_rows import JOB_METRICS, add_job_rows
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import ownership_problem
@@ -263,6 +264,7 @@ class RunsCollector(Collector):
         LAST_DEATH_XID,
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
+        *JOB_METRICS,
     )
 
     @classmethod
@@ -294,6 +296,7 @@ class RunsCollector(Collector):
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
         if row.finished is not None:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
+        add_job_rows(fam, row)
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know
