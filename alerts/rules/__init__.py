@@ -13,6 +13,7 @@ from alerts.rules import (
     exporter,
     gpu,
     gpu_health,
+    jobs,
     recording,
     runs,
 )
@@ -28,6 +29,7 @@ GROUPS: tuple[Group, ...] = (
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
+    jobs.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

@@ -18,7 +18,8 @@ SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
-        "unless on (${target_labels}, run, rank) trainguard_run_finished == 1` "
+        "unless on (${target_labels}, run, rank) trainguard_run_finished == 1 "
+        "unless on (${target_labels}, run, rank) trainguard_run_job_info` "
         + RUN_ARGS
         + ' | query | sortByLabel "rank" }}'
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
@@ -81,6 +82,7 @@ GROUP = Group(
             count by (${target_labels}, run) (
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,
             keep_firing_for="${keep_firing_for}",
