@@ -29,7 +29,6 @@ from trainguard.shared.heartbeat import (
     kind_of,
 )
 from trainguard.shared.heartbeat_fields import Fields, one_of
-from trainguard.shared.jobinfo import read_job
 
 
 def read_heartbeat(path: str | os.PathLike[str], *, check_name: bool = True) -> Heartbeat:
@@ -146,5 +145,5 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         death_history=f.deaths("death_history"),
         version=f.text("version", 64, optional=True),
         snapshots=f.snapshots("snapshots"),
-        job=read_job(f, "job"),
+        job=f.job("job"),
     )

@@ -4,15 +4,13 @@ The training side fills it from the launcher's environment (:mod:`trainguard.run
 exporter publishes it (``trainguard_run_job_info``) so that rules can judge a job's ranks
 together across the nodes (one exporter, one Prometheus ``instance`` each). An optional field of
 heartbeat format 1: older readers ignore it, and a heartbeat without it is a rank of no known job.
+Read and checked by :meth:`trainguard.shared.heartbeat_fields.Fields.job`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from trainguard.shared.heartbeat_fields import Fields
+from typing import Any
 
 #: who gave the job its identity
 LAUNCHERS = ("torchrun", "slurm", "kubernetes", "mpi", "user")
@@ -35,26 +33,3 @@ class JobInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return vars(self).copy()
-
-
-def read_job(f: Fields, key: str) -> JobInfo | None:
-    """The optional ``job`` object of a heartbeat document, every field checked."""
-    value = f.data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise f.fail(key, "expected an object")
-    # imported here: heartbeat_fields imports the heartbeat module, which imports this one
-    from trainguard.shared.heartbeat_fields import Fields, one_of
-
-    sub = Fields(f.source, f"{f.where}{key}.", value)
-    job_id = sub.text("id", MAX_JOB_ID)
-    if not job_id:
-        raise sub.fail("id", "expected 1 or more characters")
-    return JobInfo(
-        id=job_id,
-        launcher=sub.get("launcher", one_of(LAUNCHERS)),
-        node_rank=sub.integer("node_rank", 0, MAX_JOB_INT, optional=True),
-        local_rank=sub.integer("local_rank", 0, MAX_JOB_INT, optional=True),
-        restart_count=sub.integer("restart_count", 0, MAX_JOB_INT, optional=True),
-    )
