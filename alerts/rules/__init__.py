@@ -13,6 +13,7 @@ from alerts.rules import (
     exporter,
     gpu,
     gpu_health,
+    jobs,
     recording,
     runs,
     signals,
@@ -34,6 +35,7 @@ GROUPS: tuple[Group, ...] = (
     training_health.GROUP,
     stuck.GROUP,
     signals.GROUP,
+    jobs.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

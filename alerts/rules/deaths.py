@@ -79,16 +79,19 @@ GROUP = Group(
             "TrainingProcessRestarted",
             "warning",
             expr="""
-            max by (${target_labels}, run) (
-              trainguard_run_last_death_age_seconds < ${restart_window_s}
-            )
-            or
             (
-              max by (${target_labels}, run) (trainguard_run_deaths_total)
-              > max by (${target_labels}, run) (
-                trainguard_run_deaths_total offset ${restart_window}
+              max by (${target_labels}, run) (
+                trainguard_run_last_death_age_seconds < ${restart_window_s}
+              )
+              or
+              (
+                max by (${target_labels}, run) (trainguard_run_deaths_total)
+                > max by (${target_labels}, run) (
+                  trainguard_run_deaths_total offset ${restart_window}
+                )
               )
             )
+            unless on (${target_labels}, run) trainguard_run_job_info
             """,
             keep_firing_for="${keep_firing_for}",
             labels=RESTARTED_LABELS,

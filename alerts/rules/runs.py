@@ -20,7 +20,8 @@ SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
-        "unless on (${target_labels}, run, rank) trainguard_run_finished == 1` "
+        "unless on (${target_labels}, run, rank) trainguard_run_finished == 1 "
+        "unless on (${target_labels}, run, rank) trainguard_run_job_info` "
         + RUN_ARGS
         + ' | query | sortByLabel "rank" }}'
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
@@ -86,6 +87,7 @@ GROUP = Group(
               unless on (${target_labels}, run, rank) (
                 STOPPED
               )
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """.replace("STOPPED", stopped(16)),  # stopped by a signal: a warning for a while
             keep_firing_for="${keep_firing_for}",

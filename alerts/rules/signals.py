@@ -61,6 +61,16 @@ GROUP = Group(
               unless on (${target_labels}, run, rank)
                 trainguard_run_exit_info{cause=~"signal|time_limit"}
             )
+            # a job's rank that died otherwise, on any node: TrainingJobRankDied pages alone
+            unless on (${target_labels_across}, run) (
+              (
+                trainguard_run_process_up == 0
+                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+                unless on (${target_labels}, run, rank)
+                  trainguard_run_exit_info{cause=~"signal|time_limit"}
+              )
+              and on (${target_labels}, run, rank) trainguard_run_job_info
+            )
             """.replace("STOPPED", stopped(14)),
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,

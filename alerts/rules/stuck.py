@@ -9,7 +9,7 @@ job up is the one NOT inside the collective the others wait in; when no rank is 
 collective Python can see (DDP's all-reduce runs from C++ during ``backward()``), the ranks at a
 location fewer ranks share than the job's most common one. A job spans nodes (one exporter,
 one ``instance``, each): these rules compare its ranks across instances, by the target labels
-without ``instance`` (``${target_labels_job}``) plus ``run``.
+without ``instance`` (``${target_labels_across}``) plus ``run``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from alerts.rules.common import Alert, Group, Record
 
 #: the rank(s) stuck apart from the rest of their job (labels instance, rank, where, collective)
 APART = "run_rank:trainguard_run_stuck_apart:info"
-JOB = "${target_labels_job}, run"
-JOB_SEL = "${target_labels_job_sel},run=%q"
-JOB_ARGS = "${target_labels_job_args} $labels.run"
+JOB = "${target_labels_across}, run"
+JOB_SEL = "${target_labels_across_sel},run=%q"
+JOB_ARGS = "${target_labels_across_args} $labels.run"
 
 # "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..."
 _APART_RANKS = (
@@ -73,22 +73,22 @@ GROUP = Group(
             """
             (
               trainguard_run_stuck_info{collective=""}
-              and on (${target_labels_job}, run) trainguard_run_stuck_info{collective!=""}
+              and on (${target_labels_across}, run) trainguard_run_stuck_info{collective!=""}
             )
             or
             # ...else, with no rank in a collective, at a location fewer ranks share than the
             # job's most common one
             (
               trainguard_run_stuck_info
-              and on (${target_labels_job}, run, where)
+              and on (${target_labels_across}, run, where)
                 (
-                  count by (${target_labels_job}, run, where) (trainguard_run_stuck_info)
-                  < on (${target_labels_job}, run) group_left ()
-                  max by (${target_labels_job}, run) (
-                    count by (${target_labels_job}, run, where) (trainguard_run_stuck_info)
+                  count by (${target_labels_across}, run, where) (trainguard_run_stuck_info)
+                  < on (${target_labels_across}, run) group_left ()
+                  max by (${target_labels_across}, run) (
+                    count by (${target_labels_across}, run, where) (trainguard_run_stuck_info)
                   )
                 )
-              unless on (${target_labels_job}, run) trainguard_run_stuck_info{collective!=""}
+              unless on (${target_labels_across}, run) trainguard_run_stuck_info{collective!=""}
             )
             """,
         ),

@@ -11,6 +11,8 @@ group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``d
 generated file's header and of ``--list``.
 ``gpu_health``, ``signals``), and joined here in that order: the order of the generated file's
 header and of ``--list``.
+``gpu_health``, ``jobs``), and joined here in that order: the order of the generated file's header
+and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -31,6 +33,7 @@ from alerts.thresholds import (
     exporter,
     gpu,
     gpu_health,
+    jobs,
     runs,
     shared,
     signals,
@@ -63,6 +66,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *training_health.THRESHOLDS,
     *stuck.THRESHOLDS,
     *signals.THRESHOLDS,
+    *jobs.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

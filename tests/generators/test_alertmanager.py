@@ -176,3 +176,79 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
         am.stop()
         hook.close()
         chat.close()
+
+
+@needs_alertmanager
+def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
+    tmp_path: Path,
+) -> None:
+    # one job's page for all its nodes; the same run name and job id in another cluster is
+    # another job: its own notification, and nothing of it inhibited
+    hook, chat = Webhook(), Webhook()
+    am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
+
+    def job_alert(name: str, severity: str, cluster: str, **labels: str) -> dict[str, Any]:
+        alert = _alert(name, severity, "-", cluster=cluster, job_id="j1", **labels)
+        del alert["labels"]["instance"]
+        return alert
+
+    try:
+        alerts = [
+            job_alert("TrainingJobRankDied", "critical", "a"),
+            job_alert("TrainingJobRankDied", "critical", "b"),
+            # a node's alert of the dead job (job-aware: it carries job_id): part of the page
+            _alert("TrainingStalled", "warning", "node-2:9636", cluster="a", job_id="j1"),
+            # another job of the same run name in the same cluster, and a lone process's alert
+            _alert("TrainingStalled", "warning", "node-3:9636", cluster="a", job_id="j2"),
+            _alert("TrainingStalled", "warning", "node-4:9636", cluster="a"),
+        ]
+        request = urllib.request.Request(
+            am.url + "/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        seen: list[Any] = []
+
+        def key(a: dict[str, Any]) -> tuple[str, str, str, str]:
+            lbl = a["labels"]
+            return (
+                lbl["alertname"],
+                lbl["cluster"],
+                lbl.get("instance", ""),
+                lbl.get("job_id", ""),
+            )
+
+        def applied() -> dict[tuple[str, str, str, str], bool] | None:
+            with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=30) as response:
+                seen[:] = json.loads(response.read())
+            inhibited = {key(a): bool(a["status"]["inhibitedBy"]) for a in seen}
+            ok = len(inhibited) == 5 and inhibited[("TrainingStalled", "a", "node-2:9636", "j1")]
+            return inhibited if ok else None
+
+        inhibited = wait_for(applied, 60, 0.1, lambda: f"the inhibition applied: {seen}")
+        assert inhibited == {
+            ("TrainingJobRankDied", "a", "", "j1"): False,
+            ("TrainingJobRankDied", "b", "", "j1"): False,
+            ("TrainingStalled", "a", "node-2:9636", "j1"): True,
+            ("TrainingStalled", "a", "node-3:9636", "j2"): False,
+            ("TrainingStalled", "a", "node-4:9636", ""): False,
+        }
+        # one notification per job: cluster a's and cluster b's, each of one alert
+        for cluster in ("a", "b"):
+            message = hook.wait_message(
+                lambda m, c=cluster: (
+                    m.get("groupLabels", {}).get("alertname") == "TrainingJobRankDied"
+                    and m["groupLabels"].get("cluster") == c
+                ),
+                60,
+                f"cluster {cluster}'s job page",
+            )
+            assert message["groupLabels"]["job_id"] == "j1"
+            assert len(message["alerts"]) == 1
+    finally:
+        am.stop()
+        hook.close()
+        chat.close()

@@ -32,22 +32,33 @@ from trainguard.shared.steps import layout_problem
 log = logging.getLogger("trainguard.reporter")
 
 
+#: a rank's place in the whole job, in order of preference: torchrun's (or the user's own),
+#: Slurm's, Open MPI's, MPICH/Intel MPI's (PMI); see trainguard.run.job
+RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+WORLD_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
 def resolve_rank(rank: int | None) -> int:
+    """``Run``'s rank: the argument, else the launcher's global rank, else $LOCAL_RANK, else 0."""
     if rank is not None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= MAX_RANK:
             raise ValueError(
                 f"trainguard.Run: rank: expected an integer 0..{MAX_RANK}, got {rank!r}"
             )
         return rank
-    for var in ("RANK", "LOCAL_RANK"):
+    for var in (*RANK_VARS, "LOCAL_RANK"):
         value = env_int(var, 0, MAX_RANK)
         if value is not None:
             return value
     return 0
 
 
-def env_int(var: str, lo: int, hi: int) -> int | None:
-    raw = os.environ.get(var)
+def env_int(var: str, lo: int, hi: int, env: Mapping[str, str] | None = None) -> int | None:
+    """``$var`` (of ``env``, default the process's environment) as an int in lo..hi, else None.
+
+    A value that is set but out of range or not a number is logged and ignored.
+    """
+    raw = (os.environ if env is None else env).get(var)
     if raw is None or raw.strip() == "":
         return None
     try:

@@ -32,6 +32,7 @@ from trainguard._version import __version__
 from trainguard.run.allocator import DeviceUuids, read_allocator, snapshot_devices
 from trainguard.run.deaths import DeathHistory, Identity, predecessor
 from trainguard.run.exits import ExitHooks
+from trainguard.run.job import check_job_id, resolve_job, world_size
 from trainguard.run.oom import OomGuard
 from trainguard.run.options import (
     abspath,
@@ -41,7 +42,6 @@ from trainguard.run.options import (
     check_seconds,
     checked_scalars,
     checked_step,
-    env_int,
     mirror_dirs,
     resolve_rank,
     type_name,
@@ -54,13 +54,7 @@ from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import procinfo
 from trainguard.shared.fileio import remove_orphan_temps
-from trainguard.shared.heartbeat import (
-    MAX_RANK,
-    SUFFIX,
-    Heartbeat,
-    heartbeat_filename,
-    write_heartbeat,
-)
+from trainguard.shared.heartbeat import SUFFIX, Heartbeat, heartbeat_filename, write_heartbeat
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
@@ -86,7 +80,10 @@ class Run:
         state_dir: the heartbeat directory; default ``$TRAINGUARD_STATE_DIR``, else the
             per-user state directory (the exporter's default too).
         interval: seconds between the writer thread's wake-ups (default 1).
-        rank: default ``$RANK``, else ``$LOCAL_RANK``, else 0.
+        rank: default the launcher's global rank (``$RANK``, ``$SLURM_PROCID``, MPI's),
+            else ``$LOCAL_RANK``, else 0.
+        job: the job of many ranks this one belongs to, the same on every node; default
+            the launcher's (torchrun, Slurm, ``$TRAINGUARD_JOB``, MPI: docs/heartbeat.md).
         oom_snapshots: record the CUDA allocator's history, dump a memory snapshot at an OOM
             inside ``capture_oom()`` and answer ``trainguard snapshot RUN``
             (docs/snapshots.md).
@@ -136,6 +133,7 @@ class Run:
         config: Any = None,
         checkpoint_pattern: str | None = None,
         checkpoint_layout: str | None = None,
+        job: str | None = None,
     ) -> None:
         check_naming(name, checkpoint_pattern, checkpoint_layout)
         for label, value in (
@@ -150,7 +148,8 @@ class Run:
         experiment = check_config(config)
         self.name = name
         self.rank = resolve_rank(rank)
-        self.world_size = env_int("WORLD_SIZE", 1, MAX_RANK + 1)
+        self.world_size = world_size()
+        self.job = resolve_job(None if job is None else check_job_id(job))
         base = Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
@@ -391,6 +390,7 @@ class Run:
             nonfinite=self._health.state(),
             stuck=self._stuck.current if state == "running" else None,
             **self._signals.fields(),
+            job=self.job,
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:

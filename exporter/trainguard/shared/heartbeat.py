@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainguard.shared.fileio import replace_file
+from trainguard.shared.jobinfo import JobInfo
 from trainguard.shared.nonfinite import NonFinite
 
 FORMAT = 1
@@ -243,6 +244,10 @@ class Heartbeat:
     last_signal: str | None = None
     last_signal_time: float | None = None
 
+    #: the job of many ranks this rank belongs to (``trainguard.shared.jobinfo``); None: none
+    #: known (a lone process, or a reporter without it)
+    job: JobInfo | None = None
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first; the optional sections only when set."""
         out = {
@@ -284,6 +289,8 @@ class Heartbeat:
         for key in ("signal", "exit_cause", "last_signal", "last_signal_time"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.job is not None:
+            out["job"] = self.job.to_dict()
         return out
 
     @property

@@ -39,6 +39,7 @@ from trainguard.shared.heartbeat import (
     kind_of,
     text_problem,
 )
+from trainguard.shared.jobinfo import LAUNCHERS, MAX_JOB_ID, MAX_JOB_INT, JobInfo
 
 _MISSING = object()
 
@@ -297,6 +298,25 @@ class Fields:
         """The optional ``exit_cause`` of a process that caught its ending signal."""
         value: str | None = self.get(key, one_of(SIGNAL_CAUSES), default=None)
         return value
+
+    def job(self, key: str) -> JobInfo | None:
+        """The optional ``job`` object (``trainguard.shared.jobinfo``), every field checked."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        f = Fields(self.source, f"{self.where}{key}.", value)
+        job_id = f.text("id", MAX_JOB_ID)
+        if not job_id:
+            raise f.fail("id", "expected 1 or more characters")
+        return JobInfo(
+            id=job_id,
+            launcher=f.get("launcher", one_of(LAUNCHERS)),
+            node_rank=f.integer("node_rank", 0, MAX_JOB_INT, optional=True),
+            local_rank=f.integer("local_rank", 0, MAX_JOB_INT, optional=True),
+            restart_count=f.integer("restart_count", 0, MAX_JOB_INT, optional=True),
+        )
 
 
 def _boolean(v: Any) -> str | None:

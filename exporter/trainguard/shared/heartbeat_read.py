@@ -152,4 +152,5 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         exit_cause=f.exit_cause("exit_cause"),
         last_signal=f.signal_name("last_signal"),
         last_signal_time=f.timestamp("last_signal_time", optional=True),
+        job=f.job("job"),
     )

@@ -17,6 +17,7 @@ from prometheus_client.core import Metric
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.death_events import age, last_death
 from trainguard.exporter.exit_rows import EXIT_INFO, add_exit
+from trainguard.exporter.job_rows import JOB_METRICS, add_job_rows
 from trainguard.exporter.nonfinite_series import METRICS as NONFINITE_METRICS
 from trainguard.exporter.nonfinite_series import add_nonfinite
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
@@ -271,6 +272,7 @@ class RunsCollector(Collector):
         HEARTBEAT_FILES,
         HEARTBEAT_FILE_ERRORS,
         STUCK_INFO,
+        *JOB_METRICS,
     )
 
     @classmethod
@@ -303,6 +305,7 @@ class RunsCollector(Collector):
         if row.finished is not None:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
         add_exit(fam, row)  # how its process ended, if it ended without finishing
+        add_job_rows(fam, row)
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know

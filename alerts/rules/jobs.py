@@ -1,0 +1,248 @@
+"""Jobs of many ranks over many nodes: one page per job, naming the rank that died first.
+
+TrainingJobRankDied (a rank of a job is gone: one page for the whole job, whatever the number
+of nodes), TrainingJobRestarted (the launcher restarted the job's ranks: one notice per
+restart).
+
+A job's ranks are those with the same ``job_id`` in ``trainguard_run_job_info``; each node has
+its own exporter (``instance``), so these rules aggregate by the target labels without
+``instance`` (``${target_labels_across}``), the run and the job. The ranks of a job are left
+out of the per-node TrainingProcessDied and TrainingProcessRestarted (``alerts/rules/runs.py``,
+``deaths.py``): a 16-node job that loses a rank pages once, not sixteen times.
+
+The rank that died first: among the job's dead ranks, the one with the oldest last heartbeat
+whose cause is not ``signal`` in ``trainguard_run_exit_info`` (a rank its launcher stopped
+with SIGTERM after the first death is counted, not named), else the one with the oldest last
+heartbeat. Ranks that raise because a peer died (a collective's connection closed) write
+their final heartbeat after that death, so the rank that died on its own is the earliest.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
+from alerts.rules.signals import stopped
+
+#: the job's ranks that are gone without a clean exit: their job_info series
+DEAD = "job_rank:trainguard_run_dead:job_info"
+#: the job's rank that died first (see the module's docstring), valued its last heartbeat
+FIRST = "job_rank:trainguard_run_first_death:heartbeat_timestamp"
+
+ON_RANK = "on (${target_labels}, run, rank)"
+#: an annotation query's selector of the alert's job, and its printf arguments
+JOB_SEL = "${target_labels_across_sel},run=%q,job_id=%q"
+JOB_ARGS = "${target_labels_across_args} $labels.run $labels.job_id"
+#: the same for a run's series across the job's nodes (checkpoints are per run, not rank)
+RUN_SEL = "${target_labels_across_sel},run=%q"
+RUN_ARGS = "${target_labels_across_args} $labels.run"
+
+_JOB_STEP = "max(trainguard_run_step and " + ON_RANK + " trainguard_run_job_info{" + JOB_SEL + "})"
+_JOB_CHECKPOINT = "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})'
+
+
+def _first(query: str, label: str) -> str:
+    """Template text printing ``label`` of the first sample of ``query`` (about the job)."""
+    return (
+        "{{ with printf `" + query + "` " + JOB_ARGS + " | query }}"
+        '{{ . | first | label "' + label + '" }}{{ else }}unknown{{ end }}'
+    )
+
+
+#: what every alert about a job says (deploy/trainguard.tmpl prints them): the job's step (its
+#: ranks step together), the run's newest complete checkpoint on any of the job's nodes, and
+#: the steps between them
+JOB_CONTEXT = {
+    "step": query_value(_JOB_STEP, JOB_ARGS, unknown="none reported yet"),
+    "checkpoint_step": query_value(_JOB_CHECKPOINT, RUN_ARGS, unknown="none"),
+    "steps_at_risk": query_value(
+        "clamp_min(" + _JOB_STEP + " - " + _JOB_CHECKPOINT + ", 0)",
+        JOB_ARGS + " " + RUN_ARGS,
+        unknown="{{ with printf `"
+        + _JOB_STEP
+        + "` "
+        + JOB_ARGS
+        + " | query }}"
+        + NO_CHECKPOINT
+        + "{{ else }}unknown{{ end }}",
+    ),
+}
+
+#: TrainingJobRestarted's ``restart`` label: the deaths the job's ranks recorded (each restart
+#: is one more on every rank), over keep_firing_for so a missed scrape does not change it; each
+#: restart is its own alert, hence its own notice. Annotations do not see templated labels: they
+#: print the same query.
+RESTARTS = (
+    "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"
+    + RUN_SEL
+    + "}[${keep_firing_for}]) and on (${target_labels}, run) trainguard_run_job_info{"
+    + JOB_SEL
+    + "})` "
+    + RUN_ARGS
+    + " "
+    + JOB_ARGS
+    + ' | query }}{{ . | first | value | printf "%.0f" }}{{ else }}1{{ end }}'
+)
+
+SNIPPETS = {
+    "restarts": RESTARTS,
+    "first_rank": _first(FIRST + "{" + JOB_SEL + "}", "rank"),
+    "first_instance": _first(FIRST + "{" + JOB_SEL + "}", "instance"),
+    "first_host": _first(
+        "trainguard_run_info and " + ON_RANK + " " + FIRST + "{" + JOB_SEL + "}", "host"
+    ),
+    # "oom_killer", "signal SIGTERM": from the signal handler's exit info; unknown without it
+    "first_cause": (
+        "{{ with printf `trainguard_run_exit_info and "
+        + ON_RANK
+        + " "
+        + FIRST
+        + "{"
+        + JOB_SEL
+        + "}` "
+        + JOB_ARGS
+        + ' | query }}{{ . | first | label "cause" }}'
+        '{{ with . | first | label "signal" }} {{ . }}{{ end }}{{ else }}unknown{{ end }}'
+    ),
+    "job_ranks": query_value("count(trainguard_run_job_info{" + JOB_SEL + "})", JOB_ARGS),
+    "dead_nodes": query_value(
+        "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
+    ),
+    "by_signal": query_value(
+        "count("
+        + DEAD
+        + "{"
+        + JOB_SEL
+        + "} and "
+        + ON_RANK
+        + ' trainguard_run_exit_info{cause="signal"})',
+        JOB_ARGS,
+        unknown="0",
+    ),
+    # "oom_killer on 1 node(s), exception on 3 node(s)": each node's last recorded death
+    "restart_causes": (
+        "{{ range $i, $s := printf `count by (${target_labels_across}, run, cause) ("
+        + "trainguard_run_last_death_info{"
+        + RUN_SEL
+        + "} and on (${target_labels}, run) trainguard_run_job_info{"
+        + JOB_SEL
+        + "})` "
+        + RUN_ARGS
+        + " "
+        + JOB_ARGS
+        + ' | query | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }} on '
+        "{{ $s.Value }} node(s){{ end }}"
+    ),
+    "restart_step": query_value(
+        "max(trainguard_run_last_death_step{"
+        + RUN_SEL
+        + "} and on (${target_labels}, run) trainguard_run_job_info{"
+        + JOB_SEL
+        + "})",
+        RUN_ARGS + " " + JOB_ARGS,
+    ),
+}
+
+GROUP = Group(
+    "trainguard-jobs",
+    snippets=SNIPPETS,
+    rules=(
+        Record(
+            DEAD,
+            """
+            trainguard_run_job_info
+            and ON_RANK trainguard_run_process_up == 0
+            unless ON_RANK trainguard_run_finished == 1
+            """.replace("ON_RANK", ON_RANK),
+        ),
+        Record(
+            FIRST,
+            """
+            bottomk by (${target_labels_across}, run, job_id) (
+              1,
+              trainguard_run_heartbeat_timestamp_seconds
+              * ON_RANK group_left (job_id) DEAD
+              unless ON_RANK trainguard_run_exit_info{cause="signal"}
+            )
+            or on (${target_labels_across}, run, job_id)
+            bottomk by (${target_labels_across}, run, job_id) (
+              1,
+              trainguard_run_heartbeat_timestamp_seconds * ON_RANK group_left (job_id) DEAD
+            )
+            """.replace("ON_RANK", ON_RANK).replace("DEAD", DEAD),
+        ),
+        Alert(
+            "TrainingJobRankDied",
+            "critical",
+            # not while every dead rank was stopped by a signal within terminated_restart_window
+            # (a preempted or time-limited job: TrainingProcessTerminated's warning)
+            expr="""
+            count by (${target_labels_across}, run, job_id) (DEAD)
+            unless on (${target_labels_across}, run, job_id) (
+              count by (${target_labels_across}, run, job_id) (DEAD)
+              == count by (${target_labels_across}, run, job_id) (
+                DEAD and on (${target_labels}, run, rank) (
+                  STOPPED
+                )
+              )
+            )
+            """.replace("DEAD", DEAD).replace("STOPPED", stopped(18)),
+            for_="${job_death_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Job {{ $labels.job_id }} of run {{ $labels.run }}: rank ${first_rank} on
+            ${first_host} died first (cause: ${first_cause}).
+            """,
+            description="""
+            {{ $value }} of the ${job_ranks} rank(s) of job {{ $labels.job_id }} (run
+            {{ $labels.run }}) are gone without a clean exit, on ${dead_nodes} node(s). The
+            first to die: rank ${first_rank} on ${first_host} (exporter ${first_instance}),
+            cause: ${first_cause}. ${by_signal} rank(s) were stopped by a signal, the
+            launcher's teardown after it: counted here, not paged on their own.
+            """,
+            annotations={
+                **JOB_CONTEXT,
+                "first_rank": "${first_rank}",
+                "first_host": "${first_host}",
+                "first_instance": "${first_instance}",
+                "first_cause": "${first_cause}",
+            },
+        ),
+        # A death recorded by the job's restarted ranks less than restart_window ago, or one
+        # Prometheus saw the count of within it (as TrainingProcessRestarted, per job).
+        Alert(
+            "TrainingJobRestarted",
+            "warning",
+            expr="""
+            max by (${target_labels_across}, run, job_id) (
+              trainguard_run_job_info
+              * on (${target_labels}, run) group_left ()
+              (
+                max by (${target_labels}, run) (
+                  trainguard_run_last_death_age_seconds < ${restart_window_s}
+                )
+                or
+                (
+                  max by (${target_labels}, run) (trainguard_run_deaths_total)
+                  > max by (${target_labels}, run) (
+                    trainguard_run_deaths_total offset ${restart_window}
+                  )
+                )
+              )
+            )
+            """,
+            keep_firing_for="${keep_firing_for}",
+            labels={"restart": RESTARTS},
+            summary="""
+            Job {{ $labels.job_id }} of run {{ $labels.run }} was restarted (restart
+            ${restarts}).
+            """,
+            description="""
+            Ranks of job {{ $labels.job_id }} (run {{ $labels.run }}) died without a clean
+            exit less than ${restart_window} ago and were started again, by the launcher
+            (torchrun --max-restarts, a Slurm requeue, a pod restart): the death may never
+            have paged. Last recorded deaths: ${restart_causes}; step reached before it:
+            ${restart_step}. Restarts recorded so far: ${restarts}.
+            """,
+            annotations=JOB_CONTEXT,
+        ),
+    ),
+)
