@@ -1,5 +1,9 @@
 """Suite-wide settings."""
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +18,13 @@ from helpers.zygote import Zygote
 settings.register_profile("default", derandomize=True, deadline=None, database=None)
 settings.register_profile("explore", max_examples=5000, deadline=None)
 settings.load_profile("default")
+
+# Every checkpoint save records its outcome in the per-user state directory
+# (trainguard.checkpoint.outcomes): the tests' saves, and their children's, record it in a
+# directory of this session's, never in the home directory. A test's exporter that names its
+# state directory (flag, config file) is unaffected.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="trainguard-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
