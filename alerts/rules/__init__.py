@@ -15,6 +15,7 @@ from alerts.rules import (
     gpu_health,
     recording,
     runs,
+    saves,
 )
 from alerts.rules.common import Alert, Group, Record
 
@@ -28,6 +29,7 @@ GROUPS: tuple[Group, ...] = (
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
+    saves.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

@@ -35,6 +35,7 @@ DESIGN_ALERTS = {
     "TrainingThroughputDropped",
     "TrainingLogStale",
     "CheckpointStale",
+    "CheckpointSavesFailing",
     "CheckpointNeverCompleted",
     "CheckpointUnknownMtime",
     "CheckpointUnrecordedFiles",
@@ -485,6 +486,7 @@ ABSENT_WHILE_HEALTHY = {
     "trainguard_run_last_death_step",
     "trainguard_run_last_death_timestamp_seconds",
     "trainguard_checkpoint_newest_damaged_step",
+    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
 }
 
 
