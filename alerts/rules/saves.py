@@ -17,7 +17,7 @@ LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 SNIPPETS = {
     # "enospc 3, other 1": the failures of the last hour by reason
     "reasons": (
-        "{{ range $i, $s := printf `sum by (reason) (increase("
+        "{{ range $i, $s := printf `sum by (${target_labels}, reason) (increase("
         "trainguard_checkpoint_save_failures_total{" + LOC_SEL + "}[1h])) > 0` "
         + LOC_ARGS
         + ' | query | sortByLabel "reason" }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }} '
