@@ -1,6 +1,8 @@
 """Suite-wide settings."""
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 
@@ -20,6 +22,13 @@ settings.load_profile("default")
 # The exporters the tests start keep their hash verdicts (checkpoints.verify_cache) in this
 # pytest worker's own cache directory, never in the user's.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="trainguard-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+# Every checkpoint save records its outcome in the per-user state directory
+# (trainguard.checkpoint.outcomes): the tests' saves, and their children's, record it in a
+# directory of this session's, never in the home directory. A test's exporter that names its
+# state directory (flag, config file) is unaffected.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="trainguard-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

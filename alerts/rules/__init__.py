@@ -16,6 +16,7 @@ from alerts.rules import (
     jobs,
     recording,
     runs,
+    saves,
     signals,
     stuck,
     training_health,
@@ -36,6 +37,7 @@ GROUPS: tuple[Group, ...] = (
     stuck.GROUP,
     signals.GROUP,
     jobs.GROUP,
+    saves.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

@@ -261,6 +261,27 @@ SLOW = Group(
     "trainguard.rules.slow",
     interval="${slow_rules_interval}",
     rules=(
+        # The location's usual interval between successful saves (alerts/rules/saves.py).
+        Record(
+            "run_location:trainguard_checkpoint_save_interval_seconds:avg",
+            """
+            max by (${target_labels}, run, location) (
+              (
+                max_over_time(
+                  trainguard_checkpoint_last_save_success_timestamp_seconds[${checkpoint_cadence_window}]
+                )
+                - min_over_time(
+                  trainguard_checkpoint_last_save_success_timestamp_seconds[${checkpoint_cadence_window}]
+                )
+              )
+              / (
+                changes(
+                  trainguard_checkpoint_last_save_success_timestamp_seconds[${checkpoint_cadence_window}]
+                ) > 0
+              )
+            ) > 0
+            """,
+        ),
         Record(
             "run:trainguard_checkpoint_step_cadence:avg",
             """

@@ -12,6 +12,7 @@ generated file's header and of ``--list``.
 ``gpu_health``, ``signals``), and joined here in that order: the order of the generated file's
 header and of ``--list``.
 ``gpu_health``, ``jobs``), and joined here in that order: the order of the generated file's header
+``gpu_health``, ``saves``), and joined here in that order: the order of the generated file's header
 and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
@@ -35,6 +36,7 @@ from alerts.thresholds import (
     gpu_health,
     jobs,
     runs,
+    saves,
     shared,
     signals,
     stuck,
@@ -67,6 +69,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *stuck.THRESHOLDS,
     *signals.THRESHOLDS,
     *jobs.THRESHOLDS,
+    *saves.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

@@ -38,6 +38,7 @@ DESIGN_ALERTS = {
     "TrainingThroughputDropped",
     "TrainingLogStale",
     "CheckpointStale",
+    "CheckpointSavesFailing",
     "CheckpointNeverCompleted",
     "CheckpointUnknownMtime",
     "CheckpointUnrecordedFiles",
@@ -498,6 +499,7 @@ ABSENT_WHILE_HEALTHY = {
     "trainguard_run_exit_info",
     "trainguard_checkpoint_newest_damaged_step",
     "trainguard_run_stuck_info",  # only while a rank's step is overdue
+    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
 }
 
 

@@ -11,6 +11,10 @@ are published, and pruning never deletes what is being written, copied, or of un
     state = torch.load(checkpoint.latest("/data/ckpt"))
     with checkpoint.save_dir("/data/ckpt/step-200", pattern="step-{step}") as tmp:
         torch.distributed.checkpoint.save(state, checkpoint_id=tmp)   # a directory per step
+    checkpoint.watch_save(dcp.async_save(state, checkpoint_id=path), path)  # counted when done
+
+Every save's outcome (failures by reason, the last success) is counted for the exporter
+(``outcomes``; docs/checkpoints.md, "Saves that fail"), also when the script catches the error.
 
 torch is imported only when an object has to go through ``torch.save``. A checkpoint is a
 single regular file or a directory per step (written by ``save_dir`` or by a framework, see
@@ -18,13 +22,15 @@ docs/checkpoints.md). Locking uses ``flock`` where the platform
 has it (POSIX); elsewhere the grace period alone protects files in flight.
 
 Modules, by the verbs they hold: ``save`` (``save``, ``save_dir``), ``mirror`` (``mirror``,
-``mirror_dir``), ``retention`` (``prune``, ``latest``), with ``part`` (the ``.part``
-discipline all writers follow) and ``transfer`` (moving and hashing the bytes) beneath them.
-The package re-exports the functions under the same names as the ``save`` and ``mirror``
-modules, so ``trainguard.checkpoint.save`` is the function: import the functions from here.
+``mirror_dir``), ``retention`` (``prune``, ``latest``), ``outcomes`` (``watch_save``), with
+``part`` (the ``.part`` discipline all writers follow) and ``transfer`` (moving and hashing
+the bytes) beneath them. The package re-exports the functions under the same names as the
+``save`` and ``mirror`` modules, so ``trainguard.checkpoint.save`` is the function: import the
+functions from here.
 """
 
 from trainguard.checkpoint.mirror import mirror
+from trainguard.checkpoint.outcomes import watch_save
 from trainguard.checkpoint.part import CheckpointError
 from trainguard.checkpoint.retention import Checkpoint, latest, prune
 from trainguard.checkpoint.save import save, save_dir
@@ -39,4 +45,5 @@ __all__ = [
     "prune",
     "save",
     "save_dir",
+    "watch_save",
 ]

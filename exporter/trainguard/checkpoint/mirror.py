@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from trainguard.checkpoint.outcomes import tracked
 from trainguard.checkpoint.part import (
     DIR_FLAGS,
     CheckpointError,
@@ -73,13 +74,16 @@ def mirror(
                           pattern="checkpoint-{step}")    # a step directory, file by file
     """
     src = Path(path)
-    if stat.S_ISDIR(os.lstat(src).st_mode):
-        return _mirror_tree(
-            src, mirror_dir, pattern=pattern, layout=layout, verify_hash=verify_hash
-        )
+    with tracked(mirror_dir):  # its outcome counted for the exporter (outcomes.py)
+        if stat.S_ISDIR(os.lstat(src).st_mode):
+            return _copy_tree(src, Path(mirror_dir), pattern, layout, verify_hash)
+        return _copy_file(src, Path(mirror_dir), pattern, verify_hash)
+
+
+def _copy_file(src: Path, dst_dir: Path, pattern: str, verify_hash: bool) -> Record:
+    """``mirror`` of a single file."""
     name = src.name
     step = step_of(name, pattern)
-    dst_dir = Path(mirror_dir)
     with _held_source(src, dst_dir, directory=False) as (sfd, st):
         src_record = read_record(src.parent, name)
         expected = src_record.size if src_record is not None else st.st_size
@@ -125,9 +129,14 @@ def mirror_dir(
     every file committed. The source directory is held with a shared lock during the copy, so
     that ``prune`` does not delete it.
     """
+    with tracked(mirror_dir):  # its outcome counted for the exporter (outcomes.py)
+        return _copy_tree(Path(src), Path(mirror_dir), pattern, layout, verify_hash)
+
+
+def _copy_tree(src: Path, dst_dir: Path, pattern: str, layout: str, verify_hash: bool) -> Record:
+    """``mirror_dir``: a step directory copied file by file."""
     name = src.name
     step = dir_step(src, pattern)
-    dst_dir = Path(mirror_dir)
     final = dst_dir / name
     with _held_source(src, dst_dir, directory=True):
         if os.path.lexists(final):
@@ -151,11 +160,6 @@ def mirror_dir(
             os.close(lock_fd)
     size = sum(size for _, size, _ in files)
     return _commit_copy(src, dst_dir, step, size, None, tuple(files))
-
-
-#: ``mirror`` hands a directory on through this name: its argument ``mirror_dir`` hides the
-#: function of that name inside it
-_mirror_tree = mirror_dir
 
 
 @contextlib.contextmanager

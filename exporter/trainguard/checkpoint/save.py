@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
+from trainguard.checkpoint.outcomes import tracked
 from trainguard.checkpoint.part import (
     CheckpointError,
     dir_step,
@@ -79,6 +80,11 @@ def save(
         checkpoint.save(lambda f: f.write(blob), "/data/ckpt/step_100.bin")  # any writer
     """
     path = Path(path)
+    with tracked(path.parent):  # its outcome counted for the exporter (outcomes.py)
+        return _save(obj, path, pattern)
+
+
+def _save(obj: Any, path: Path, pattern: str) -> Record:
     step = step_of(path.name, pattern)
     directory = path.parent
     part = path.with_name(path.name + PARTIAL_SUFFIX)
@@ -180,6 +186,19 @@ def save_dir(
     that step.
     """
     final = Path(path)
+    # its outcome counted for the exporter (outcomes.py): any rank's failure, rank 0's success
+    with tracked(final.parent, success=rank == 0):
+        yield from _save_dir(final, pattern, rank, world_size, barrier, hashing)
+
+
+def _save_dir(
+    final: Path,
+    pattern: str,
+    rank: int,
+    world_size: int,
+    barrier: Callable[[], object] | None,
+    hashing: bool,
+) -> Iterator[Path]:
     step = dir_step(final, pattern)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} of world_size {world_size}")

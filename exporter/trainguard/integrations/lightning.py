@@ -34,6 +34,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from trainguard.checkpoint.outcomes import record_failure, tracked
 from trainguard.checkpoint.save import save
 from trainguard.integrations._common import RunLife, as_float, missing_framework, run_name
 from trainguard.run.reporter import Run
@@ -130,7 +131,11 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
     can call it complete; a save killed midway leaves a ``.part`` and nothing complete under its
     name. Other names (``last.ckpt``) and remote paths (``s3://``) are written by Lightning as
     before, unrecorded. Loading is Lightning's; removing a checkpoint (``save_top_k``) removes its
-    record too. ``TrainguardCallback`` installs it by itself; pass it yourself as
+    record too. Every local save's outcome is counted for the exporter (failures by reason,
+    the last success: :mod:`trainguard.checkpoint.outcomes`), in the thread that writes: under
+    Lightning's ``AsyncCheckpointIO`` (which wraps this one) a failure in its background
+    thread is counted when it happens, not when Lightning re-raises it at the next save.
+    ``TrainguardCallback`` installs it by itself; pass it yourself as
     ``Trainer(plugins=[TrainguardCheckpointIO()])`` without the callback.
     """
 
@@ -157,10 +162,20 @@ class TrainguardCheckpointIO(TorchCheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None or not self._recorded(path):
-            super().save_checkpoint(checkpoint, path, storage_options)  # its own TypeError too
+            text = os.fspath(path)
+            if not _is_local_file_protocol(text):  # remote: no location to count it in
+                super().save_checkpoint(checkpoint, path, storage_options)
+                return
+            with tracked(os.path.dirname(os.path.abspath(text))):  # last.ckpt: counted too
+                super().save_checkpoint(checkpoint, path, storage_options)
             return
-        os.makedirs(os.path.dirname(os.path.abspath(os.fspath(path))), exist_ok=True)
-        save(checkpoint, os.fspath(path), pattern=self.pattern)
+        directory = os.path.dirname(os.path.abspath(os.fspath(path)))
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            record_failure(directory, exc)
+            raise
+        save(checkpoint, os.fspath(path), pattern=self.pattern)  # counts its own outcome
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove the file first, then its record, as ``prune`` does.

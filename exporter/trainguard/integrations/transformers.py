@@ -11,8 +11,10 @@ rate, grad norm and throughput; ``args.output_dir`` is announced as the checkpoi
 with the Trainer's ``checkpoint-{step}`` directories, each recorded (every file's size and
 SHA-256, :func:`trainguard.checkpoint.adopt.record_dir`) by rank 0 at the Trainer's
 ``on_save``, once every rank has finished its part, so that it is complete at once and a file
-of it cut short later is caught; the end of ``train()`` is a clean finish; a ``train()`` that
-raises (nothing tells a callback: seen at exit, or by the next ``train()``) a failure. The run
+of it cut short later is caught; a save that fails (the Trainer's own, which ends ``train()``,
+or the record) is counted by reason for the exporter (:mod:`trainguard.checkpoint.outcomes`);
+the end of ``train()`` is a clean finish; a ``train()`` that raises (nothing tells a callback:
+seen at exit, or by the next ``train()``) a failure. The run
 is named ``name``, else ``$TRAINGUARD_RUN``, else ``args.run_name``, else the last component of
 ``args.output_dir``; under ``torchrun`` or ``accelerate launch`` each process reports as its
 global rank (``args.process_index``).
@@ -20,11 +22,14 @@ global rank (``args.process_index``).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import sys
 from typing import Any
 
 from trainguard.checkpoint.adopt import forget_removed, record_dir
+from trainguard.checkpoint.outcomes import record_failure, record_success
 from trainguard.integrations._common import RunLife, missing_framework, run_name
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import ManifestError
@@ -92,12 +97,18 @@ class TrainguardCallback(TrainerCallback):
         self._name = name
         self._hashes = checkpoint_hashes
         self._life = RunLife(run_kwargs)
+        #: the output_dir of a save the Trainer is about to make (None: none pending), and
+        #: whether an evaluation comes before it: see _save_aborted
+        self._pending_save: str | None = None
+        self._evaluating = False
+        atexit.register(lambda: self._save_aborted(getattr(sys, "last_value", None)))
 
     @property
     def run(self) -> Run | None:
         return self._life.run
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._save_aborted(None)  # a train() before this one raised inside its save
         if self._life.run is not None and not self._life.ended:
             self._life.fail(None)  # a train() before this one raised, and the script went on
         output_dir = os.fspath(args.output_dir) if args.output_dir else None
@@ -108,6 +119,39 @@ class TrainguardCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._life.step(state.global_step)
+        self._expect_save(args, control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._expect_save(args, control)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._evaluating = False
+
+    def _expect_save(self, args: Any, control: Any) -> None:
+        """The Trainer saves right after this callback when ``should_save`` is set.
+
+        A save still pending at the next step went nowhere (``save_strategy="best"`` changed
+        its mind), since a failed one ends ``train()``.
+        """
+        save = bool(getattr(control, "should_save", False)) and bool(args.output_dir)
+        self._pending_save = os.fspath(args.output_dir) if save else None
+        self._evaluating = save and bool(getattr(control, "should_evaluate", False))
+
+    def _save_aborted(self, exc: BaseException | None) -> None:
+        """Count a failed save if ``train()`` ended inside the Trainer's save.
+
+        The Trainer's own save raises out of ``train()`` and no callback hears of it: a save
+        announced (``should_save``) whose ``on_save`` never came, with no evaluation still
+        running before it, failed. Seen at the next ``train()`` (the script caught it and
+        went on; the reason then from the disk's state) or at exit (``exc``: the uncaught
+        exception, if any).
+        """
+        pending, self._pending_save = self._pending_save, None
+        if pending is not None and not self._evaluating:
+            reason = record_failure(pending, exc)
+            log.warning(
+                "trainguard: the Trainer's save into %s failed (%s); counted", pending, reason
+            )
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
@@ -119,6 +163,7 @@ class TrainguardCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # after the Trainer's _save_checkpoint (model, optimizer, RNG, trainer_state.json and
         # the rotation); each rank saved its own RNG state, so all wait for all
+        self._pending_save = None
         _barrier()
         if not state.is_world_process_zero or not args.output_dir:
             return
@@ -129,9 +174,12 @@ class TrainguardCallback(TrainerCallback):
                 record_dir(step_dir, pattern=CHECKPOINT_PATTERN, hashing=self._hashes)
             forget_removed(output_dir, pattern=CHECKPOINT_PATTERN)
         except (OSError, ValueError, ManifestError) as exc:  # training goes on, unrecorded
+            record_failure(output_dir, exc)  # its record is part of a complete save
             log.warning(
                 "trainguard: %s not recorded (complete only once settled): %s", step_dir, exc
             )
+        else:
+            record_success(output_dir)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._life.finish()

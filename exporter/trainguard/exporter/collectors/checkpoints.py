@@ -19,6 +19,7 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
+from trainguard.exporter import save_outcomes
 from trainguard.exporter.checkpoint_verdicts import (
     JUDGED,
     VERDICT_MAX_AGE,
@@ -140,11 +141,14 @@ class CheckpointsCollector(Collector):
         PARTIAL,
         PARTIAL_AGE,
         AVAIL,
+        *save_outcomes.METRICS,
     )
 
     @classmethod
     def build(cls, setup: Setup) -> CheckpointsCollector:
-        return cls(setup.table.checkpoint_targets, setup.config.checkpoints)
+        return cls(
+            setup.table.checkpoint_targets, setup.config.checkpoints, state_dir=setup.state_dir
+        )
 
     def __init__(
         self,
@@ -154,8 +158,10 @@ class CheckpointsCollector(Collector):
         verifier: Verifier | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
+        state_dir: Path | None = None,
     ) -> None:
         self._targets = targets
+        self._state_dir = state_dir  # where the saves' outcomes are (None: not published)
         self._settings = settings
         # not `verifier or ...`: a Verifier that knows no file yet has len() 0
         self._verifier = (
@@ -194,6 +200,8 @@ class CheckpointsCollector(Collector):
             families[LOCATION_INFO.name].add_metric(
                 [*labels, "true" if t.trust_unrecorded else "false"], 1
             )
+            if self._state_dir is not None:  # also while the directory cannot be read
+                save_outcomes.publish(families, self._state_dir, t, scrape)
             try:
                 w = watched[at] = self._watched.get(at) or self._watch(t)
                 if t.location != PRIMARY and t.run in primaries:
