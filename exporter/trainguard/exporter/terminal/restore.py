@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import trainguard.exporter.terminal.verify as vf
 from trainguard.exporter.restore_result import (
     LOCATION_RE,
     Result,
@@ -32,7 +33,6 @@ from trainguard.exporter.restore_result import (
     result_filename,
     write_result,
 )
-from trainguard.exporter.terminal import verify as vf
 from trainguard.shared.heartbeat import check_run_name
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.statedir import default_state_dir
