@@ -14,6 +14,7 @@ from alerts.rules import (
     gpu,
     gpu_health,
     recording,
+    restore,
     runs,
 )
 from alerts.rules.common import Alert, Group, Record
@@ -28,6 +29,7 @@ GROUPS: tuple[Group, ...] = (
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
+    restore.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

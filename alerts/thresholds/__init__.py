@@ -7,8 +7,8 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
-``gpu_health``), and joined here in that order: the order of the generated file's header
-and of ``--list``.
+``gpu_health``, ``restore``), and joined here in that order: the order of the generated file's
+header and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -29,6 +29,7 @@ from alerts.thresholds import (
     exporter,
     gpu,
     gpu_health,
+    restore,
     runs,
     shared,
 )
@@ -55,6 +56,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *exporter.THRESHOLDS,
     *deaths.THRESHOLDS,
     *gpu_health.THRESHOLDS,
+    *restore.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
@@ -91,6 +93,12 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
         table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
     # how far a reader of the slow group's series looks back: three of its intervals
     table["slow_rules_lookback"] = format_duration(3 * int(table["slow_rules_interval_s"]))
+    # the target labels that stay the same across a run's exporters: for joins of series that
+    # two exporters may publish (a drill's result and the location it checked)
+    names = [n.strip() for n in table["target_labels"].split(",") if n.strip() != "instance"]
+    table["target_labels_without_instance"] = ", ".join(names)
+    table["target_labels_without_instance_sel"] = ",".join(n + "=%q" for n in names)
+    table["target_labels_without_instance_args"] = " ".join("$labels." + n for n in names)
     return table
 
 
