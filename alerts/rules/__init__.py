@@ -15,6 +15,7 @@ from alerts.rules import (
     gpu_health,
     jobs,
     recording,
+    restore,
     runs,
     saves,
     signals,
@@ -38,6 +39,7 @@ GROUPS: tuple[Group, ...] = (
     signals.GROUP,
     jobs.GROUP,
     saves.GROUP,
+    restore.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

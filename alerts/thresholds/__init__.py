@@ -7,13 +7,8 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
-``gpu_health``, ``training_health``), and joined here in that order: the order of the
-generated file's header and of ``--list``.
-``gpu_health``, ``signals``), and joined here in that order: the order of the generated file's
-header and of ``--list``.
-``gpu_health``, ``jobs``), and joined here in that order: the order of the generated file's header
-``gpu_health``, ``saves``), and joined here in that order: the order of the generated file's header
-and of ``--list``.
+``gpu_health``, ``training_health``, ``stuck``, ``signals``, ``jobs``, ``saves``, ``restore``),
+and joined here in that order: the order of the generated file's header and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
 provides ``${name_s}`` (its seconds, for comparisons with ages) and a byte size ``${name_h}``
@@ -35,6 +30,7 @@ from alerts.thresholds import (
     gpu,
     gpu_health,
     jobs,
+    restore,
     runs,
     saves,
     shared,
@@ -70,6 +66,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *signals.THRESHOLDS,
     *jobs.THRESHOLDS,
     *saves.THRESHOLDS,
+    *restore.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

@@ -48,9 +48,9 @@ def test_collectors_can_be_switched_off(tmp_path) -> None:
         s = exp.scrape()
         log = exp.stop()
     collectors = {dict(lbl)["collector"] for (n, lbl) in s if n == "trainguard_collector_success"}
-    assert collectors == {"runs", "checkpoints"}
+    assert collectors == {"runs", "checkpoints", "restore"}
     assert not [n for (n, _) in s if n.startswith(("trainguard_gpu_", "trainguard_process_count"))]
-    assert "collectors runs,checkpoints" in log
+    assert "collectors runs,checkpoints,restore" in log
     # and on again explicitly: the default
     with Exporter(args=["--collector.gpu"], state_dir=tmp_path) as exp:
         s = exp.scrape()

@@ -47,6 +47,8 @@ DESIGN_ALERTS = {
     "CheckpointPartialOrphaned",
     "CheckpointVolumeFillingUp",
     "CheckpointWillNotFit",
+    "CheckpointRestoreUnverified",
+    "CheckpointRestoreFailed",
     "GPUGhostMemory",
     "GPUUnattributedMemory",
     "GPUXidError",
@@ -208,6 +210,7 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     # but instance (then the run follows)
     assert "count by (region, job, run, job_id)" in text
     assert "count by (region, job, run)" in text
+    assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
     assert not re.search(kept, flat), re.findall(kept, flat)

@@ -485,3 +485,109 @@ def test_systemd_tmpfiles_makes_a_shared_sticky_state_dir(tmp_path: Path) -> Non
     assert oct(st.st_mode & 0o7777) == oct(0o1777)
     unit = (SYSTEMD / "trainguard-exporter.service").read_text(encoding="utf-8")
     assert "--state.dir=/var/lib/trainguard" in unit
+
+
+# --- the restore drill's schedules ------------------------------------------------------------
+
+DRILL_UNITS = ("trainguard-restore-drill@.service", "trainguard-restore-drill@.timer")
+
+
+def _trainguard_help(*args: str) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "trainguard.exporter.terminal", *args, "--help"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _verify_units(analyze: str, directory: Path) -> str:
+    """systemd-analyze's output on the units instantiated as @llama (a template alone is not
+    loaded with its instance's settings)."""
+    for name in DRILL_UNITS:
+        instance = directory / name.replace("@.", "@llama.")
+        if not instance.exists():
+            instance.symlink_to(directory / name)
+    units = [str(directory / n.replace("@.", "@llama.")) for n in DRILL_UNITS]
+    r = subprocess.run(
+        [analyze, "verify", "--man=no", *units], capture_output=True, text=True, timeout=60
+    )
+    return r.stdout + r.stderr + ("" if r.returncode == 0 else f"exit {r.returncode}")
+
+
+def test_restore_drill_units_verify(tmp_path: Path) -> None:
+    analyze = _tool("systemd-analyze", "apt-get install systemd")
+    exe = Path(sys.executable).parent / "trainguard"
+    service = (SYSTEMD / DRILL_UNITS[0]).read_text(encoding="utf-8")
+    assert "ExecStart=/opt/trainguard/bin/trainguard verify --restore " in service
+    (tmp_path / DRILL_UNITS[0]).write_text(
+        service.replace("/opt/trainguard/bin/trainguard ", f"{exe} ")
+    )
+    (tmp_path / DRILL_UNITS[1]).write_text((SYSTEMD / DRILL_UNITS[1]).read_text(encoding="utf-8"))
+    assert _verify_units(analyze, tmp_path) == ""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for name in DRILL_UNITS:
+        (bad / name).write_text(
+            (tmp_path / name).read_text().replace("LockPersonality=", "LockPersonalty=")
+        )
+        (bad / name).write_text((bad / name).read_text().replace("OnCalendar=", "OnCalender="))
+    out = _verify_units(analyze, bad)
+    assert "LockPersonalty" in out and "OnCalender" in out, out
+
+
+def test_restore_drill_unit_runs_the_drill_as_the_exporter_reads_it() -> None:
+    service = (SYSTEMD / DRILL_UNITS[0]).read_text(encoding="utf-8")
+    settings = dict(
+        line.split("=", 1) for line in service.splitlines() if "=" in line and line[0].isalpha()
+    )
+    exec_start = settings["ExecStart"].split()
+    assert exec_start[1:3] == ["verify", "--restore"]
+    assert "--state.dir=/var/lib/trainguard" in exec_start  # the exporter's (its own unit)
+    assert (
+        "--state.dir=/var/lib/trainguard" in (SYSTEMD / "trainguard-exporter.service").read_text()
+    )
+    assert settings["ReadWritePaths"] == "/var/lib/trainguard"
+    assert settings["Type"] == "oneshot" and settings["SuccessExitStatus"] == "1 3"
+    assert settings["PrivateNetwork"] == "yes" and settings["NoNewPrivileges"] == "yes"
+    helped = _trainguard_help("verify")
+    for flag in (a for a in exec_start[1:] if a.startswith("--")):
+        assert flag.split("=")[0] in helped, flag
+    timer = (SYSTEMD / DRILL_UNITS[1]).read_text(encoding="utf-8")
+    assert "OnCalendar=00/6:17" in timer  # well within restore_verified_within (24h)
+
+
+def _drill_job() -> dict[str, Any]:
+    return dict(_k8s_docs()["CronJob/trainguard-restore-drill"])
+
+
+def test_restore_drill_cronjob_invariants() -> None:
+    from trainguard.exporter.terminal import build_parser
+    from trainguard.exporter.terminal.restore import memory_limit
+
+    cron = _drill_job()
+    daemon = _k8s_docs()["DaemonSet/trainguard-exporter"]["spec"]["template"]["spec"]
+    assert cron["spec"]["suspend"] is True  # applied with the rest, it waits for its settings
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = cron["spec"]["jobTemplate"]["spec"]
+    pod = job["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args([*container["args"]])
+    assert container["command"] == ["trainguard"] and args.restore
+    # where the node's exporter reads, on a node that has one, without a GPU
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    exporter_state = next(v for v in daemon["volumes"] if v["name"] == "state")
+    assert state["hostPath"]["path"] == exporter_state["hostPath"]["path"] == args.state_dir
+    assert pod["nodeSelector"] == daemon["nodeSelector"]
+    assert "nvidia.com/gpu" not in str(container["resources"])
+    # the drill's own limits come first: its load is killed with a message, not the pod
+    assert job["activeDeadlineSeconds"] > args.timeout
+    limit = container["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi")
+    assert 0 < memory_limit(args.memory_limit, 0) < int(limit[:-2]) * 2**30
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["checkpoints"]["readOnly"] is True
+    assert str(args.path) == mounts["checkpoints"]["mountPath"]

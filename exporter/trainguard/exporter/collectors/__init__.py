@@ -12,6 +12,7 @@ from trainguard.exporter.collector import Collector
 from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
 from trainguard.exporter.collectors.gpu import GpuCollector
 from trainguard.exporter.collectors.processes import ProcessesCollector
+from trainguard.exporter.collectors.restore import RestoreCollector
 from trainguard.exporter.collectors.runs import RunsCollector
 
 COLLECTORS: tuple[type[Collector], ...] = (
@@ -19,4 +20,5 @@ COLLECTORS: tuple[type[Collector], ...] = (
     ProcessesCollector,
     RunsCollector,
     CheckpointsCollector,
+    RestoreCollector,
 )

@@ -1,0 +1,99 @@
+"""Would the newest checkpoint load? The restore drill alerts.
+
+CheckpointRestoreUnverified, CheckpointRestoreFailed. Both are opt-in: they need a restore
+drill's result (``trainguard verify --restore`` on a schedule, deploy/), so a run without one is
+never alerted on. The drill's result may be exported by another exporter than the one watching
+the location (a CronJob's node, a timer on another host): the newest complete checkpoint is
+joined across a run's exporters, by the target labels without ``instance``.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.checkpoints import LOC_ARGS, LOC_SEL
+from alerts.rules.common import Alert, Group, query_value
+
+#: a location's series across the run's exporters (any instance)
+ANY_SEL = "${target_labels_across_sel},run=%q,location=%q"
+ANY_ARGS = "${target_labels_across_args} $labels.run $labels.location"
+BY = "${target_labels}, run, location"
+BY_ANY = "${target_labels_across}, run, location"
+
+SNIPPETS = {
+    "verified_step": query_value(
+        "trainguard_checkpoint_restore_verified_step{" + LOC_SEL + "}", LOC_ARGS, unknown="none"
+    ),
+    "verified_ago": query_value(
+        "time() - trainguard_checkpoint_restore_verified_timestamp_seconds{" + LOC_SEL + "}",
+        LOC_ARGS,
+        fmt="humanizeDuration",
+        suffix=" ago",
+        unknown="never",
+    ),
+    "checked_ago": query_value(
+        "time() - trainguard_checkpoint_restore_last_check_timestamp_seconds{" + LOC_SEL + "}",
+        LOC_ARGS,
+        fmt="humanizeDuration",
+        suffix=" ago",
+    ),
+    "newest_step": query_value(
+        "max(trainguard_checkpoint_last_step{" + ANY_SEL + "})", ANY_ARGS, unknown="none"
+    ),
+}
+
+GROUP = Group(
+    "trainguard-restore",
+    snippets=SNIPPETS,
+    rules=(
+        # The checkpoint that was the newest complete one restore_verified_within ago (at any of
+        # the run's exporters) is newer than the newest step a drill loaded: nothing that
+        # recent has been shown to load. A failing drill is CheckpointRestoreFailed instead.
+        Alert(
+            "CheckpointRestoreUnverified",
+            "warning",
+            expr="""
+            max by (BY) (trainguard_checkpoint_restore_verified_step)
+            < on (BY_ANY) group_left ()
+              max by (BY_ANY) (
+                last_over_time(
+                  trainguard_checkpoint_last_step[${slow_rules_lookback}]
+                  offset ${restore_verified_within}
+                )
+              )
+            unless on (BY)
+              max by (BY) (trainguard_checkpoint_restore_last_check_success) == 0
+            """.replace("BY_ANY", BY_ANY).replace("BY)", BY + ")"),
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Run {{ $labels.run }}: no checkpoint at {{ $labels.location }} as recent as
+            ${restore_verified_within} ago has been shown to load.
+            """,
+            description="""
+            The newest complete checkpoint of run {{ $labels.run }} at {{ $labels.location }}
+            ${restore_verified_within} ago was at a newer step than any a restore drill has
+            loaded: the newest step a drill loaded is ${verified_step} (${verified_ago}); the
+            newest complete checkpoint now is step ${newest_step}. The drill's last run was
+            ${checked_ago}. Is the scheduled drill (trainguard verify --restore) still running,
+            and on the directory the run writes to?
+            """,
+        ),
+        Alert(
+            "CheckpointRestoreFailed",
+            "warning",
+            expr="""
+            max by (BY) (trainguard_checkpoint_restore_last_check_success) == 0
+            """.replace("BY)", BY + ")"),
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Run {{ $labels.run }}: the restore drill could not load the checkpoint at
+            {{ $labels.location }}.
+            """,
+            description="""
+            The last restore drill of run {{ $labels.run }} at {{ $labels.location }}
+            (${checked_ago}, reported by {{ $labels.instance }}) did not load the checkpoint a
+            resume would load, or could not check it. A resume from it may fail the same way.
+            The newest step a drill loaded is ${verified_step} (${verified_ago}). Run
+            trainguard verify --restore on the location to see the file and what failed.
+            """,
+        ),
+    ),
+)
