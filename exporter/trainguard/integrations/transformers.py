@@ -26,6 +26,7 @@ from typing import Any
 
 from trainguard.checkpoint.adopt import forget_removed, record_dir
 from trainguard.integrations._common import RunLife, missing_framework, run_name
+from trainguard.integrations.timing import StepClock
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import ManifestError
 
@@ -92,6 +93,10 @@ class TrainguardCallback(TrainerCallback):
         self._name = name
         self._hashes = checkpoint_hashes
         self._life = RunLife(run_kwargs)
+        self._clock = StepClock()
+        self._in_step = False  # between on_step_begin and on_step_end: forwards are training's
+        self._cuda = False
+        self._hooks: list[Any] = []
 
     @property
     def run(self) -> Run | None:
@@ -105,13 +110,51 @@ class TrainguardCallback(TrainerCallback):
         self._life.start(
             name, int(args.process_index), output_dir, CHECKPOINT_PATTERN, CHECKPOINT_LAYOUT
         )
+        self._hook_forward(kwargs.get("model"), args)
+
+    # Who is slow: the Trainer has no hook between forward and backward, so computing is timed
+    # by forward hooks on the model (the part of a step surely before the gradient all-reduce);
+    # the wait for data runs from one step's end to the next one's first forward, unless a log,
+    # save or evaluation came between (docs/integrations.md#who-is-slow).
+    def _hook_forward(self, model: Any, args: Any) -> None:
+        self._unhook()
+        if model is None or not hasattr(model, "register_forward_pre_hook"):
+            return
+        self._cuda = getattr(getattr(args, "device", None), "type", None) == "cuda"
+        self._clock = StepClock()
+        self._hooks = [
+            model.register_forward_pre_hook(self._forward_start),
+            model.register_forward_hook(self._forward_end),
+        ]
+
+    def _unhook(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _forward_start(self, module: Any, inputs: Any) -> None:
+        if self._in_step:
+            self._clock.compute_started(cuda=self._cuda)
+
+    def _forward_end(self, module: Any, inputs: Any, output: Any) -> None:
+        if self._in_step:
+            self._clock.compute_ended()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._in_step = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._life.step(state.global_step)
+        self._in_step = False
+        self._life.step(state.global_step, self._clock.take())
+        self._clock.step_ended()
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._clock.interrupted()
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
+        self._clock.interrupted()
         if logs:
             self._life.log(logs)
             self._life.step(state.global_step)  # with the scalars just logged
@@ -119,6 +162,7 @@ class TrainguardCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # after the Trainer's _save_checkpoint (model, optimizer, RNG, trainer_state.json and
         # the rotation); each rank saved its own RNG state, so all wait for all
+        self._clock.interrupted()
         _barrier()
         if not state.is_world_process_zero or not args.output_dir:
             return
@@ -134,4 +178,5 @@ class TrainguardCallback(TrainerCallback):
             )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._unhook()
         self._life.finish()

@@ -157,6 +157,21 @@ class SnapshotState:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """A process's running totals of time waiting for data and computing (``Run.step``).
+
+    ``steps`` counts the steps that carried a duration; all three start at 0 with each process.
+    """
+
+    data_seconds: float
+    compute_seconds: float
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     run: str
     rank: int
@@ -193,9 +208,12 @@ class Heartbeat:
     start_ticks: int | None = None
     #: memory snapshots beyond the OOM count (None: a reporter without them, or they are off)
     snapshots: SnapshotState | None = None
+    #: time waiting for data and computing, summed over this process's steps (None: the
+    #: process never gave ``data_seconds``/``compute_seconds`` to ``step``)
+    timing: Timing | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document, ``format`` first; ``snapshots`` only when there is one."""
+        """The JSON document, ``format`` first; ``snapshots`` and ``timing`` only when set."""
         out = {
             "format": FORMAT,
             "run": self.run,
@@ -228,6 +246,8 @@ class Heartbeat:
         }
         if self.snapshots is not None:
             out["snapshots"] = self.snapshots.to_dict()
+        if self.timing is not None:
+            out["timing"] = self.timing.to_dict()
         return out
 
     @property

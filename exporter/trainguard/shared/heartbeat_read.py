@@ -145,4 +145,5 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         death_history=f.deaths("death_history"),
         version=f.text("version", 64, optional=True),
         snapshots=f.snapshots("snapshots"),
+        timing=f.timing("timing"),
     )

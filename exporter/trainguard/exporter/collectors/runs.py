@@ -16,6 +16,8 @@ from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
 from trainguard.exporter.death_events import age, last_death
+from trainguard.exporter.run_timing import METRICS as TIMING
+from trainguard.exporter.run_timing import add_timing
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import ownership_problem
@@ -242,6 +244,7 @@ class RunsCollector(Collector):
         START_AGE,
         LOG_MODIFIED,
         SCALAR,
+        *TIMING,
         ALLOCATED,
         RESERVED,
         MAX_ALLOCATED,
@@ -312,6 +315,7 @@ class RunsCollector(Collector):
                 fam[spec.name].add_metric(labels, age(now, then))
         for name, value in sorted(hb.scalars.items()):
             fam[SCALAR.name].add_metric([*labels, name], value)
+        add_timing(fam, labels, hb)
         for a in hb.allocator:
             dev = [*labels, str(a.device)]
             fam[ALLOCATED.name].add_metric(dev, a.allocated_bytes)
