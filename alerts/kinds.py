@@ -173,10 +173,15 @@ def _labels_placeholders(value: object) -> dict[str, str]:
     names = parse_labels(value)
     # ${k}: for by (...) and on (...); ${k_sel}, ${k_args}: a printf selector of an annotation
     # query and its arguments (a label the alert lacks is "" there: it matches the same absence)
+    # ${k_job}...: the same without instance, for rules that judge a job across its nodes
+    job = [name for name in names if name != "instance"]
     return {
         "": ", ".join(names),
         "_sel": ",".join(name + "=%q" for name in names),
         "_args": " ".join("$labels." + name for name in names),
+        "_job": ", ".join(job),
+        "_job_sel": ",".join(name + "=%q" for name in job),
+        "_job_args": " ".join("$labels." + name for name in job),
     }
 
 

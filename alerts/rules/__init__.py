@@ -11,8 +11,10 @@ from alerts.rules import (
     checkpoints,
     deaths,
     exporter,
+    goodput,
     gpu,
     gpu_health,
+    jobs_slow,
     recording,
     runs,
 )
@@ -28,6 +30,9 @@ GROUPS: tuple[Group, ...] = (
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
+    jobs_slow.GROUP,
+    goodput.GROUP,
+    goodput.SLOW,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

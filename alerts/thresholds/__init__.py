@@ -7,7 +7,7 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
-``gpu_health``), and joined here in that order: the order of the generated file's header
+``gpu_health``, ``jobs``), and joined here in that order: the order of the generated file's header
 and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
@@ -29,6 +29,7 @@ from alerts.thresholds import (
     exporter,
     gpu,
     gpu_health,
+    jobs,
     runs,
     shared,
 )
@@ -55,6 +56,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *exporter.THRESHOLDS,
     *deaths.THRESHOLDS,
     *gpu_health.THRESHOLDS,
+    *jobs.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

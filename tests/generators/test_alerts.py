@@ -62,6 +62,8 @@ DESIGN_ALERTS = {
     "TrainguardExporterDown",
     "StepsAtRisk",
     "RepeatedDeathNearSameStep",
+    "TrainingRankSlow",
+    "TrainingGoodputLow",
     "Watchdog",
 }
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.
@@ -195,10 +197,11 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "on (region, job, instance, run, rank)" in text
     assert "region=%q,job=%q,instance=%q,run=%q" in text
     assert "$labels.region $labels.job $labels.instance $labels.run" in text
-    # nothing aggregates or joins by a list that leaves the target labels out
-    assert not re.search(r"\b(by|on) \((?!region, job, instance)[^)]*\)", text), re.findall(
-        r"\b(?:by|on) \((?!region, job, instance)[^)]*\)", text
-    )
+    # a job is judged across its nodes: the target labels but instance (jobs_slow, goodput)
+    assert "quantile by (region, job, run)" in text
+    # nothing aggregates or joins by a list that leaves the other target labels out
+    kept = r"\b(?:by|on) \((?!region, job, instance|region, job, run\))[^)]*\)"
+    assert not re.search(kept, text), re.findall(kept, text)
 
 
 def test_overrides_from_config_file(tmp_path: Path) -> None:
@@ -385,22 +388,25 @@ def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str,
     # interval is slow_rules_interval, and its readers look back over several of its intervals
     # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
     slow = [g for g in groups if "interval" in g]
-    assert [g["name"] for g in slow] == ["trainguard.rules.slow"]
-    assert slow[0]["interval"] == "5m"
-    assert all("record" in rule for rule in slow[0]["rules"]), "alerts belong to fast groups"
+    assert [g["name"] for g in slow] == ["trainguard.rules.slow", "trainguard-goodput.slow"]
+    assert all(g["interval"] == "5m" for g in slow)
+    assert all("record" in rule for g in slow for rule in g["rules"]), (
+        "alerts belong to fast groups"
+    )
     for group in groups:
         for rule in group["rules"]:
             if "record" in rule and LONG_RANGE.search(rule["expr"]):
                 assert group in slow, f"{rule['record']}: a [days] range in a fast group"
-    records = {rule["record"] for rule in slow[0]["rules"]}
+    records = {rule["record"] for g in slow for rule in g["rules"]}
     assert "run:trainguard_checkpoint_step_cadence:avg" in records
-    # every reader of a slow series tolerates the gaps between its evaluations
+    # every reader of a slow series outside the slow groups (evaluated in order, they read
+    # their own series of the same evaluation) tolerates the gaps between their evaluations
     text = RULES.read_text(encoding="utf-8")
+    outside = yaml.safe_dump({"groups": [g for g in groups if g not in slow]}, width=10**6)
     for record in records:
-        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", text):
-            if text[use.start() - 8 : use.start()] == "record: ":
-                continue
+        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", outside):
             assert use.group(2) == "[15m]", f"{record} read without last_over_time[15m]"
+    assert "last_over_time(job:trainguard_run_goodput:ratio_24h[15m])" in text
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:
