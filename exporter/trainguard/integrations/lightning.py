@@ -281,7 +281,7 @@ class TrainguardCallback(Callback):
 
     # Who is slow: the wait for a batch runs from one batch's end to the next one's start;
     # computing from there to the backward, whose gradient all-reduce waits for the slowest
-    # rank (docs/integrations.md#who-is-slow).
+    # rank (docs/metrics.md#who-is-slow).
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
     ) -> None:

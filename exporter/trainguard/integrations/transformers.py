@@ -115,7 +115,7 @@ class TrainguardCallback(TrainerCallback):
     # Who is slow: the Trainer has no hook between forward and backward, so computing is timed
     # by forward hooks on the model (the part of a step surely before the gradient all-reduce);
     # the wait for data runs from one step's end to the next one's first forward, unless a log,
-    # save or evaluation came between (docs/integrations.md#who-is-slow).
+    # save or evaluation came between (docs/metrics.md#who-is-slow).
     def _hook_forward(self, model: Any, args: Any) -> None:
         self._unhook()
         if model is None or not hasattr(model, "register_forward_pre_hook"):
