@@ -11,9 +11,11 @@ from alerts.rules import (
     checkpoints,
     deaths,
     exporter,
+    goodput,
     gpu,
     gpu_health,
     jobs,
+    jobs_slow,
     recording,
     restore,
     runs,
@@ -40,6 +42,9 @@ GROUPS: tuple[Group, ...] = (
     jobs.GROUP,
     saves.GROUP,
     restore.GROUP,
+    jobs_slow.GROUP,
+    goodput.GROUP,
+    goodput.SLOW,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

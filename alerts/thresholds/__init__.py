@@ -7,7 +7,8 @@ naming the threshold and the kind of value it expects instead of a rule file Pro
 
 The tables are split by concern, one module per rule group they tune (``shared``: what every
 group uses; ``runs``, ``checkpoints``, ``gpu``, ``allocator``, ``exporter``, ``deaths``,
-``gpu_health``, ``training_health``, ``stuck``, ``signals``, ``jobs``, ``saves``, ``restore``),
+``gpu_health``, ``training_health``, ``stuck``, ``signals``, ``jobs``, ``saves``, ``restore``,
+``jobs_slow``),
 and joined here in that order: the order of the generated file's header and of ``--list``.
 
 The rule modules (``alerts/rules/``) refer to a threshold as ``${name}``. A duration also
@@ -30,6 +31,7 @@ from alerts.thresholds import (
     gpu,
     gpu_health,
     jobs,
+    jobs_slow,
     restore,
     runs,
     saves,
@@ -67,6 +69,7 @@ THRESHOLDS: tuple[Threshold, ...] = (
     *jobs.THRESHOLDS,
     *saves.THRESHOLDS,
     *restore.THRESHOLDS,
+    *jobs_slow.THRESHOLDS,
 )
 
 BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
 from alerts.site import Site
-from grafana.boards import stuck
+from grafana.boards import runs_jobs, stuck
 from grafana.dashboard import dashboard
 from grafana.panels import (
     NONZERO_IS_BAD,
@@ -381,6 +381,7 @@ def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
             ("Progress", progress(q)),
             ("Checkpoints", checkpoints(q)),
             ("Deaths", deaths(q)),
+            ("Jobs: who is slow, goodput", runs_jobs.panels(q)),
             ("Exporter", exporter(q)),
         ],
     )

@@ -38,6 +38,7 @@ from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import (
     AllocatorStats,
     Heartbeat,
+    Timing,
     heartbeat_filename,
     write_heartbeat,
 )
@@ -114,6 +115,7 @@ def build_state(tmp: Path, live: list[int], dead: int) -> tuple[dict[str, str], 
             step_time=now,
             scalars={"loss": 0.5},
             nonfinite=NonFinite(counts={"loss": 2, "grad_norm": 0}, loss_streak=0),
+            timing=Timing(data_seconds=12.5, compute_seconds=400.0, steps=250),
             world_size=1,
             checkpoint_dir=str(primary),
             mirrors={"backup": str(backup)},

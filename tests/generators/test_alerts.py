@@ -71,6 +71,8 @@ DESIGN_ALERTS = {
     "TrainingLossNonFinite",
     "TrainingLossSpike",
     "TrainingRestartLoop",
+    "TrainingRankSlow",
+    "TrainingGoodputLow",
     "Watchdog",
     "TrainingRankStuck",
 }
@@ -211,6 +213,7 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "count by (region, job, run, job_id)" in text
     assert "count by (region, job, run)" in text
     assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
+    assert "quantile by (region, job, run)" in text  # jobs_slow, goodput
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
     assert not re.search(kept, flat), re.findall(kept, flat)
@@ -400,22 +403,25 @@ def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str,
     # interval is slow_rules_interval, and its readers look back over several of its intervals
     # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
     slow = [g for g in groups if "interval" in g]
-    assert [g["name"] for g in slow] == ["trainguard.rules.slow"]
-    assert slow[0]["interval"] == "5m"
-    assert all("record" in rule for rule in slow[0]["rules"]), "alerts belong to fast groups"
+    assert [g["name"] for g in slow] == ["trainguard.rules.slow", "trainguard-goodput.slow"]
+    assert all(g["interval"] == "5m" for g in slow)
+    assert all("record" in rule for g in slow for rule in g["rules"]), (
+        "alerts belong to fast groups"
+    )
     for group in groups:
         for rule in group["rules"]:
             if "record" in rule and LONG_RANGE.search(rule["expr"]):
                 assert group in slow, f"{rule['record']}: a [days] range in a fast group"
-    records = {rule["record"] for rule in slow[0]["rules"]}
+    records = {rule["record"] for g in slow for rule in g["rules"]}
     assert "run:trainguard_checkpoint_step_cadence:avg" in records
-    # every reader of a slow series tolerates the gaps between its evaluations
+    # every reader of a slow series outside the slow groups (evaluated in order, they read
+    # their own series of the same evaluation) tolerates the gaps between their evaluations
     text = RULES.read_text(encoding="utf-8")
+    outside = yaml.safe_dump({"groups": [g for g in groups if g not in slow]}, width=10**6)
     for record in records:
-        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", text):
-            if text[use.start() - 8 : use.start()] == "record: ":
-                continue
+        for use in re.finditer(re.escape(record) + r"(\{[^}]*\})?(\[\w+\])?", outside):
             assert use.group(2) == "[15m]", f"{record} read without last_over_time[15m]"
+    assert "last_over_time(job:trainguard_run_goodput:ratio_24h[15m])" in text
 
 
 def test_recording_rule_names(groups: list[dict[str, Any]]) -> None:

@@ -31,7 +31,7 @@ TRAIN = textwrap.dedent(
             step = 0
             while True:
                 step += 1
-                run.step(step, loss=1.0 / step)
+                run.step(step, loss=1.0 / step, data_seconds=0.005, compute_seconds=0.015)
                 time.sleep(0.02)
     """
 )

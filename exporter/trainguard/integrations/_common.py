@@ -150,10 +150,11 @@ class RunLife:
                 self._hooked = True
             return self.run
 
-    def step(self, step: int) -> None:
+    def step(self, step: int, timing: tuple[float | None, float | None] = (None, None)) -> None:
+        """Report ``step`` with the kept scalars and (data, compute) seconds measured for it."""
         run = self.run
         if run is not None:
-            run.step(step, **self._scalars)
+            run.step(step, data_seconds=timing[0], compute_seconds=timing[1], **self._scalars)
 
     def log(self, logs: Mapping[str, Any]) -> None:
         """Keep the scalars of a framework's log line for the following steps."""

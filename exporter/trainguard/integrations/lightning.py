@@ -37,6 +37,7 @@ from typing import Any
 from trainguard.checkpoint.outcomes import record_failure, tracked
 from trainguard.checkpoint.save import save
 from trainguard.integrations._common import RunLife, as_float, missing_framework, run_name
+from trainguard.integrations.timing import StepClock
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import remove_record
 from trainguard.shared.pattern import CheckpointPattern, checkpoint_pattern_problem
@@ -255,6 +256,7 @@ class TrainguardCallback(Callback):
                 )
         self._name = name
         self._life = RunLife(run_kwargs)
+        self._clock = StepClock()
 
     @property
     def run(self) -> Run | None:
@@ -292,6 +294,23 @@ class TrainguardCallback(Callback):
         # single files, written in place: no step directories to judge
         self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern, "files")
 
+    # Who is slow: the wait for a batch runs from one batch's end to the next one's start;
+    # computing from there to the backward, whose gradient all-reduce waits for the slowest
+    # rank (docs/metrics.md#who-is-slow).
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._clock.compute_started(cuda=pl_module.device.type == "cuda")
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._clock.compute_ended()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._clock.interrupted()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._clock.interrupted()
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -299,7 +318,8 @@ class TrainguardCallback(Callback):
         every = trainer.log_every_n_steps
         if every and step % every == 0:
             self._life.log(self._logged(trainer, outputs))
-        self._life.step(step)
+        self._life.step(step, self._clock.take())
+        self._clock.step_ended()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self._life.finish()

@@ -31,6 +31,7 @@ from typing import Any
 from trainguard.checkpoint.adopt import forget_removed, record_dir
 from trainguard.checkpoint.outcomes import record_failure, record_success
 from trainguard.integrations._common import RunLife, missing_framework, run_name
+from trainguard.integrations.timing import StepClock
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import ManifestError
 
@@ -102,6 +103,10 @@ class TrainguardCallback(TrainerCallback):
         self._pending_save: str | None = None
         self._evaluating = False
         atexit.register(lambda: self._save_aborted(getattr(sys, "last_value", None)))
+        self._clock = StepClock()
+        self._in_step = False  # between on_step_begin and on_step_end: forwards are training's
+        self._cuda = False
+        self._hooks: list[Any] = []
 
     @property
     def run(self) -> Run | None:
@@ -116,9 +121,43 @@ class TrainguardCallback(TrainerCallback):
         self._life.start(
             name, int(args.process_index), output_dir, CHECKPOINT_PATTERN, CHECKPOINT_LAYOUT
         )
+        self._hook_forward(kwargs.get("model"), args)
+
+    # Who is slow: the Trainer has no hook between forward and backward, so computing is timed
+    # by forward hooks on the model (the part of a step surely before the gradient all-reduce);
+    # the wait for data runs from one step's end to the next one's first forward, unless a log,
+    # save or evaluation came between (docs/metrics.md#who-is-slow).
+    def _hook_forward(self, model: Any, args: Any) -> None:
+        self._unhook()
+        if model is None or not hasattr(model, "register_forward_pre_hook"):
+            return
+        self._cuda = getattr(getattr(args, "device", None), "type", None) == "cuda"
+        self._clock = StepClock()
+        self._hooks = [
+            model.register_forward_pre_hook(self._forward_start),
+            model.register_forward_hook(self._forward_end),
+        ]
+
+    def _unhook(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _forward_start(self, module: Any, inputs: Any) -> None:
+        if self._in_step:
+            self._clock.compute_started(cuda=self._cuda)
+
+    def _forward_end(self, module: Any, inputs: Any, output: Any) -> None:
+        if self._in_step:
+            self._clock.compute_ended()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._in_step = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._life.step(state.global_step)
+        self._in_step = False
+        self._life.step(state.global_step, self._clock.take())
+        self._clock.step_ended()
         self._expect_save(args, control)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -126,6 +165,7 @@ class TrainguardCallback(TrainerCallback):
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._evaluating = False
+        self._clock.interrupted()
 
     def _expect_save(self, args: Any, control: Any) -> None:
         """The Trainer saves right after this callback when ``should_save`` is set.
@@ -156,6 +196,7 @@ class TrainguardCallback(TrainerCallback):
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
     ) -> None:
+        self._clock.interrupted()
         if logs:
             self._life.log(logs)
             self._life.step(state.global_step)  # with the scalars just logged
@@ -164,6 +205,7 @@ class TrainguardCallback(TrainerCallback):
         # after the Trainer's _save_checkpoint (model, optimizer, RNG, trainer_state.json and
         # the rotation); each rank saved its own RNG state, so all wait for all
         self._pending_save = None
+        self._clock.interrupted()
         _barrier()
         if not state.is_world_process_zero or not args.output_dir:
             return
@@ -182,4 +224,5 @@ class TrainguardCallback(TrainerCallback):
             record_success(output_dir)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._unhook()
         self._life.finish()

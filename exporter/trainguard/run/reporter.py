@@ -51,6 +51,7 @@ from trainguard.run.signals import SignalGuard
 from trainguard.run.snapshots import Identity as SnapshotOwner
 from trainguard.run.snapshots import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
+from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import procinfo
 from trainguard.shared.fileio import remove_orphan_temps
@@ -182,6 +183,7 @@ class Run:
         self._wake = threading.Event()
         self._ready = threading.Event()  # previous heartbeat read: history known
         self._warn_once = WarnOnce(log)
+        self._timing = StepTiming(self._warn_once)
         self._boot_id: str | None = None
         self._boot_time: float | None = None
         self._pid_ns: int | None = None
@@ -210,13 +212,24 @@ class Run:
 
     # -- the training loop's side -------------------------------------------------------
 
-    def step(self, step: int, **scalars: float) -> None:
+    def step(
+        self,
+        step: int,
+        *,
+        data_seconds: float | None = None,
+        compute_seconds: float | None = None,
+        **scalars: float,
+    ) -> None:
         """Record the current step and numeric scalars (loss, tokens/s...).
 
         Costs well under a microsecond: the values are converted and written by the background
-        thread.
+        thread. ``data_seconds`` and ``compute_seconds`` (this step's time waiting for its
+        batch and computing before the gradient all-reduce) are added to the rank's totals,
+        which tell a slow rank apart (docs/metrics.md#who-is-slow); they are not scalars.
         """
         self._latest = (step, time.time(), scalars)
+        if data_seconds is not None or compute_seconds is not None:
+            self._timing.add(data_seconds, compute_seconds)
 
     def close(self, *, finished: bool = True) -> None:
         """Write the final heartbeat; ``finished=False`` records the run as failed.
@@ -391,6 +404,7 @@ class Run:
             stuck=self._stuck.current if state == "running" else None,
             **self._signals.fields(),
             job=self.job,
+            timing=self._timing.totals,
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:

@@ -194,6 +194,21 @@ class Stuck:
 
 
 @dataclass(frozen=True)
+class Timing:
+    """A process's running totals of time waiting for data and computing (``Run.step``).
+
+    ``steps`` counts the steps that carried a duration; all three start at 0 with each process.
+    """
+
+    data_seconds: float
+    compute_seconds: float
+    steps: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     run: str
     rank: int
@@ -247,6 +262,9 @@ class Heartbeat:
     #: the job of many ranks this rank belongs to (``trainguard.shared.jobinfo``); None: none
     #: known (a lone process, or a reporter without it)
     job: JobInfo | None = None
+    #: time waiting for data and computing, summed over this process's steps (None: the
+    #: process never gave ``data_seconds``/``compute_seconds`` to ``step``)
+    timing: Timing | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first; the optional sections only when set."""
@@ -291,6 +309,8 @@ class Heartbeat:
                 out[key] = getattr(self, key)
         if self.job is not None:
             out["job"] = self.job.to_dict()
+        if self.timing is not None:
+            out["timing"] = self.timing.to_dict()
         return out
 
     @property

@@ -36,6 +36,7 @@ from trainguard.shared.heartbeat import (
     SnapshotRecord,
     SnapshotState,
     Stuck,
+    Timing,
     kind_of,
     text_problem,
 )
@@ -256,6 +257,34 @@ class Fields:
             where=f.text("where", MAX_STUCK_WHERE),
             collective=collective,
         )
+
+    def timing(self, key: str) -> Timing | None:
+        """The optional ``timing`` object: seconds waiting for data and computing, steps."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        f = Fields(self.source, f"{self.where}{key}.", value)
+        return Timing(
+            data_seconds=f.seconds("data_seconds"),
+            compute_seconds=f.seconds("compute_seconds"),
+            steps=f.integer("steps", 0, MAX_INT),
+        )
+
+    def seconds(self, key: str) -> float:
+        """A finite number of seconds >= 0 (a duration or a sum of them)."""
+
+        def check(v: Any) -> str | None:
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                return f"expected a number of seconds, got {kind_of(v)}"
+            f = _as_float(v)
+            if f is None or not (math.isfinite(f) and 0 <= f <= MAX_TIME):
+                shown = _short_int(v) if isinstance(v, int) else repr(v)
+                return f"expected seconds in 0..{MAX_TIME:.0f}, got {shown}"
+            return None
+
+        return float(self.get(key, check))
 
     def deaths(self, key: str) -> tuple[Death, ...]:
         out = []

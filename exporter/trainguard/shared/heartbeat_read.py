@@ -153,4 +153,5 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         last_signal=f.signal_name("last_signal"),
         last_signal_time=f.timestamp("last_signal_time", optional=True),
         job=f.job("job"),
+        timing=f.timing("timing"),
     )

@@ -20,6 +20,8 @@ from trainguard.exporter.exit_rows import EXIT_INFO, add_exit
 from trainguard.exporter.job_rows import JOB_METRICS, add_job_rows
 from trainguard.exporter.nonfinite_series import METRICS as NONFINITE_METRICS
 from trainguard.exporter.nonfinite_series import add_nonfinite
+from trainguard.exporter.run_timing import METRICS as TIMING
+from trainguard.exporter.run_timing import add_timing
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.stuck_rows import STUCK_INFO, add_stuck
@@ -250,6 +252,7 @@ class RunsCollector(Collector):
         LOG_MODIFIED,
         SCALAR,
         *NONFINITE_METRICS,
+        *TIMING,
         ALLOCATED,
         RESERVED,
         MAX_ALLOCATED,
@@ -325,6 +328,7 @@ class RunsCollector(Collector):
         for name, value in sorted(hb.scalars.items()):
             fam[SCALAR.name].add_metric([*labels, name], value)
         add_nonfinite(fam, labels, hb)
+        add_timing(fam, labels, hb)
         for a in hb.allocator:
             dev = [*labels, str(a.device)]
             fam[ALLOCATED.name].add_metric(dev, a.allocated_bytes)

@@ -1,0 +1,193 @@
+"""Goodput per job: how much of a job's time went into training that was kept.
+
+At each evaluation a job that is accounted (not finished, and some rank wrote a heartbeat
+within ``goodput_gone_after``) is in exactly one state, recorded as a 0/1 series each:
+
+- ``productive``: a live rank is stepping (its last step within its stall threshold) beyond
+  the step of the job's last death;
+- ``recompute``: stepping, but below the step the job had reached when it last died: redoing
+  the steps lost since the newest complete checkpoint (time lost to deaths, measured as it is
+  spent again, at the run's pace);
+- ``restart``: no rank stepping while a rank is dead, or after a death before the restarted
+  ranks' first step (restart downtime: from the death to the first step after the restart);
+- ``idle``: no rank stepping otherwise (starting up before the first step, stalled).
+
+The slow group sums each state's seconds per ``slow_rules_interval`` block, then over 24h and
+7d; goodput is the productive share of them (docs/metrics.md#goodput). A job is judged across
+its nodes: by the site's target labels without ``instance``, plus ``run``.
+"""
+
+from __future__ import annotations
+
+from alerts.rules.common import Alert, Group, Record, query_value
+from alerts.rules.jobs_slow import JOB, JOB_ARGS, JOB_SEL
+
+#: the conditions, each a job's series present (value 1) while it holds
+ACCOUNTED = "job:trainguard_run_accounted:max"
+STEPPING = "job:trainguard_run_stepping:max"
+RECOMPUTING = "job:trainguard_run_recomputing:max"
+DOWN = "job:trainguard_run_down:max"
+
+
+#: a live rank that stepped within its stall threshold
+def _j(text: str) -> str:
+    """``text`` with JOB the job's labels and STEPPING_RANK a stepping rank's condition."""
+    return text.replace("STEPPING_RANK", STEPPING_RANK).replace("JOB", JOB)
+
+
+STEPPING_RANK = (
+    "run_rank:trainguard_run_step_age_seconds:running"
+    " <= run_rank:trainguard_run_stall_threshold_seconds:clamp"
+)
+CONDITIONS = (
+    # unfinished, and some rank wrote a heartbeat within goodput_gone_after
+    Record(
+        ACCOUNTED,
+        _j("""
+        max by (JOB) (trainguard_run_finished == 0) * 0 + 1
+        and on (JOB)
+        min by (JOB) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
+        """),
+    ),
+    Record(STEPPING, _j("max by (JOB) (STEPPING_RANK) * 0 + 1")),
+    # stepping below the step the job had reached when it last died
+    Record(
+        RECOMPUTING,
+        _j("""
+        max by (JOB) (
+          trainguard_run_step
+          and on (${target_labels}, run, rank) (STEPPING_RANK)
+        )
+        < on (JOB) max by (JOB) (trainguard_run_last_death_step)
+        """),
+    ),
+    # a rank dead (gone, unfinished), or a restarted rank without a step in a job that died
+    Record(
+        DOWN,
+        _j("""
+        max by (JOB) (
+          trainguard_run_process_up == 0
+          unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+        ) * 0 + 1
+        or
+        max by (JOB) (
+          trainguard_run_process_up == 1
+          unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+          unless on (${target_labels}, run, rank) trainguard_run_step
+        ) * 0 + 1
+        and on (JOB) max by (JOB) (trainguard_run_deaths_total) > 0
+        """),
+    ),
+)
+
+STATES = {
+    "productive": ACCOUNTED + " and " + STEPPING + " unless " + RECOMPUTING,
+    "recompute": ACCOUNTED + " and " + RECOMPUTING,
+    "restart": ACCOUNTED + " and " + DOWN + " unless " + STEPPING,
+    "idle": ACCOUNTED + " unless " + STEPPING + " unless " + DOWN,
+}
+
+
+def state(name: str) -> str:
+    """The 0/1 series of one state: 1 in it, 0 in another, absent when not accounted."""
+    return "job:trainguard_run_" + name + ":bool"
+
+
+def seconds(name: str, window: str) -> str:
+    return "job:trainguard_run_" + name + "_seconds:" + window
+
+
+def _state_record(name: str) -> Record:
+    return Record(state(name), "(" + STATES[name] + ") * 0 + 1 or " + ACCOUNTED + " * 0")
+
+
+def _sum_of_states(window: str) -> str:
+    return "\n+ ".join(seconds(name, window) for name in STATES)
+
+
+def _goodput(window: str) -> Record:
+    return Record(
+        "job:trainguard_run_goodput:ratio_" + window,
+        seconds("productive", window) + "\n/ ((" + _sum_of_states(window) + ") > 0)",
+    )
+
+
+GROUP = Group(
+    "trainguard-goodput",
+    snippets={
+        "goodput_7d": query_value(
+            "last_over_time(job:trainguard_run_goodput:ratio_7d{"
+            + JOB_SEL
+            + "}[${slow_rules_lookback}]) * 100",
+            JOB_ARGS,
+            'printf "%.1f%%"',
+        ),
+        "lost_24h": " ".join(
+            name
+            + " "
+            + query_value(
+                "last_over_time(" + seconds(name, "24h") + "{" + JOB_SEL + "}"
+                "[${slow_rules_lookback}])",
+                JOB_ARGS,
+                "humanizeDuration",
+            )
+            + sep
+            for name, sep in (("recompute", ","), ("restart", ","), ("idle", ""))
+        ),
+    },
+    rules=(
+        *CONDITIONS,
+        *(_state_record(name) for name in STATES),
+        # a job with a live rank now: an abandoned job's goodput is history, not a page
+        Alert(
+            "TrainingGoodputLow",
+            "warning",
+            expr=_j("""
+            last_over_time(job:trainguard_run_goodput:ratio_24h[${slow_rules_lookback}])
+              < ${goodput_min}
+            and on (JOB)
+            max by (JOB) (
+              trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+            )
+            """),
+            summary="""
+            Training run {{ $labels.run }} kept {{ $value | humanizePercentage }} of its
+            time in productive steps over 24h.
+            """,
+            description="""
+            Over its accounted time of the last 24h run {{ $labels.run }} trained
+            productively {{ $value | humanizePercentage }} of the time (threshold
+            ${goodput_min}; 7 days: ${goodput_7d}). Lost in 24h: ${lost_24h} (recompute:
+            redoing steps lost since the last complete checkpoint; restart: from a death to
+            the first step after the restart; idle: starting up or stalled). Checkpoint more
+            often, restart faster, or fix what keeps killing it.
+            """,
+        ),
+    ),
+)
+
+SLOW = Group(
+    "trainguard-goodput.slow",
+    interval="${slow_rules_interval}",
+    rules=(
+        *(
+            Record(
+                seconds(name, "block"),
+                "avg_over_time(" + state(name) + "[${slow_rules_interval}]) "
+                "* ${slow_rules_interval_s}",
+            )
+            for name in STATES
+        ),
+        *(
+            Record(
+                seconds(name, window),
+                "sum_over_time(" + seconds(name, "block") + "[" + window + "])",
+            )
+            for window in ("24h", "7d")
+            for name in STATES
+        ),
+        _goodput("24h"),
+        _goodput("7d"),
+    ),
+)
