@@ -1,6 +1,7 @@
 """Fleet scale: a real Prometheus evaluating the shipped rules over N simulated 8-GPU nodes.
 
     python bench/bench_fleet.py --nodes 100 --minutes 3 [--nodes 100,250,1000]
+                                [--history-hours 6] [--rule-cpu-runs 3]
                                 [--nodes-per-job 8] [--json OUT]
 
 Each node is the real exporter's page (bench/fleet_node.py: 8 GPUs of the test NVML library,
@@ -21,12 +22,15 @@ nodes), the quantiles of ``prometheus_rule_evaluation_duration_seconds``, each r
 ``process_resident_memory_bytes`` (maximum seen), Prometheus's CPU, missed group iterations,
 and the firing alerts (a healthy fleet should fire only Watchdog).
 
-The group durations are wall-clock: on a machine shared with other work they include the
-time Prometheus waited for a CPU. Prometheus's CPU seconds per 15 s cycle (printed with its
-CPU use) do not, and bound the work of all groups together when no iteration was missed.
+The group durations are wall-clock: on a machine shared with other work they mostly measure
+the wait for a CPU. So after the live session each rule's expression is also run on an idle
+Prometheus serving a snapshot of the same data, and its CPU time is taken
+(bench/fleet_rules.py, ``--rule-cpu-runs``; 0 skips it): the sum over a group is what the
+group costs per evaluation, whatever else the machine does.
 
-What a short run cannot show: rules with long ranges (``[6h]``, ``[1d]``, ``[7d]``) read only
-the minutes of data the run has, so their cost here is a lower bound; see bench/RESULTS.md.
+A run of minutes gives long ranges (``[6h]``, ``[1d]``) only minutes of samples;
+``--history-hours H`` backfills H hours for every series the rules read over a range
+(bench/fleet_history.py). Figures and how they were taken: bench/RESULTS.md, "Fleet scale".
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from typing import Any
 
 import fleet_history
 import fleet_node
+import fleet_rules
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -144,7 +149,12 @@ def short_group(name: str) -> str:
 
 
 def run_fleet(
-    capture: Path, nodes: int, nodes_per_job: int, minutes: float, history_hours: float = 0
+    capture: Path,
+    nodes: int,
+    nodes_per_job: int,
+    minutes: float,
+    history_hours: float = 0,
+    rule_cpu_runs: int = 3,
 ) -> dict[str, Any]:
     """One Prometheus over ``nodes`` simulated nodes for ``minutes``; the figures."""
     prom_exe, promtool = shutil.which("prometheus"), shutil.which("promtool")
@@ -163,6 +173,7 @@ def run_fleet(
             f"--storage.tsdb.path={work / 'data'}",
             f"--web.listen-address=127.0.0.1:{prom_port}",
             "--log.level=warn",
+            "--web.enable-admin-api",  # the snapshot for fleet_rules
         ]
         with process(serve, work / "server.log") as server:
             wait_for(
@@ -179,9 +190,11 @@ def run_fleet(
                     )
                     first = time.time()
                     time.sleep(PRIME)  # the recording rules write their series
-                    series = fleet_history.snapshot(base, history_hours)
+                    at = time.time()
+                    series = fleet_history.snapshot(base, RULES, history_hours)
                 t = time.monotonic()
-                samples = fleet_history.write_openmetrics(work / "history.om", series, first - STEP)
+                om = work / "history.om"
+                samples = fleet_history.write_openmetrics(om, series, first - STEP, at)
                 fleet_history.backfill(promtool, work / "history.om", work / "data")
                 (work / "history.om").unlink()
                 extra = {
@@ -194,10 +207,19 @@ def run_fleet(
             with process(prom, work / "prometheus.log") as proc:
                 wait_for(lambda: get(f"{base}/-/ready", 5), 300, what="Prometheus", ignore=OSError)
                 try:
-                    return {**measure(base, proc.pid, server.pid, nodes, minutes), **extra}
+                    result = {**measure(base, proc.pid, server.pid, nodes, minutes), **extra}
                 except BaseException:
                     print((work / "prometheus.log").read_text()[-3000:], file=sys.stderr)
                     raise
+                at = time.time() - 1
+                snapshot = fleet_rules.take_snapshot(base) if rule_cpu_runs else ""
+        # the fleet and its Prometheus are stopped: the quiet one has the CPUs we get to itself
+        if rule_cpu_runs:
+            snap = work / "data" / "snapshots" / snapshot
+            result |= fleet_rules.measure_rules(
+                prom_exe, snap, work, free_port(), at, rule_cpu_runs
+            )
+        return result
 
 
 def measure(
@@ -324,6 +346,20 @@ def report(result: dict[str, Any]) -> None:
     q = result["rule_evaluation_quantiles_s"]
     print("rule evaluation quantiles (ms):", {k: round(1000 * v, 3) for k, v in q.items()})
     print("firing:", result["firing"])
+    if "group_cpu" in result:
+        print("CPU per evaluation on a quiet Prometheus (fleet_rules.py):")
+        print("| group | interval s | CPU ms | CPU / interval |")
+        print("|---|---|---|---|")
+        for name, g in sorted(result["group_cpu"].items(), key=lambda kv: -kv[1]["cpu_s"]):
+            print(
+                f"| {name} | {g['interval_s']:.0f} | {1000 * g['cpu_s']:.1f}"
+                f" | {100 * g['share_of_interval']:.2f} % |"
+            )
+        for r in sorted(result["rule_cpu"], key=lambda r: -r["cpu_s"])[:10]:
+            print(
+                f"  {1000 * r['cpu_s']:8.2f} ms CPU ({1000 * r['wall_s']:.2f} ms wall)"
+                f"  {r['group']}[{r['index']}] {r['rule']}"
+            )
     if "history_hours" in result:
         print(
             f"history: {result['history_hours']} h backfilled, {result['history_series']} series, "
@@ -342,6 +378,12 @@ def main() -> None:
         default=0,
         help="backfill this much history for the series rules read over long ranges "
         "(bench/fleet_history.py)",
+    )
+    parser.add_argument(
+        "--rule-cpu-runs",
+        type=int,
+        default=3,
+        help="queries per rule on the quiet Prometheus (bench/fleet_rules.py); 0: skip",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
@@ -364,7 +406,9 @@ def main() -> None:
         print("series per node:", budget)
         results = []
         for n in sizes:
-            result = run_fleet(capture, n, args.nodes_per_job, args.minutes, args.history_hours)
+            result = run_fleet(
+                capture, n, args.nodes_per_job, args.minutes, args.history_hours, args.rule_cpu_runs
+            )
             result["series_per_node"] = budget
             report(result)
             results.append(result)

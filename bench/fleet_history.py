@@ -2,59 +2,63 @@
 
 A run of a few minutes gives ``max_over_time(x[6h])`` a few minutes of samples; a Prometheus
 that has watched the fleet for hours gives it 1440 per series. ``--history-hours H`` closes that
-gap for the series the rules read over ranges of 30 minutes or more (:data:`LONG_RANGE`): after
+gap for every series the rules read over a range or at an offset (:func:`ranged_series`): after
 a short first session, in which the recording rules have written their series, the bench asks
 Prometheus for each such series and its value, writes the hours before that session as
 OpenMetrics (every 15 s, each series back to its rule's range or ``H``, whichever is shorter;
 values moving as the live simulation moves them) and turns it into TSDB blocks with
 ``promtool tsdb create-blocks-from openmetrics``; the measured session then starts on that
-data directory. Series read only over short ranges are not backfilled: their windows fill
-within the run.
+data directory. Series the rules read only at the present are not backfilled.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-STEP = 15  # seconds: the scrape and evaluation interval
+import yaml
 
-#: the series the shipped rules read over ranges of 30 minutes or more, with that range in
-#: hours (alerts/trainguard.rules.yml; the longest where a series is read over several)
-LONG_RANGE: tuple[tuple[str, float], ...] = (
-    ("run_rank:trainguard_run_step_age_seconds:running", 6),
-    ("run_rank:trainguard_run_step_gap_seconds:max", 4),
-    ("run_rank:trainguard_run_steps_per_second:deriv", 6),
-    ("trainguard_checkpoint_filesystem_avail_bytes", 6),
-    ("trainguard_checkpoint_last_timestamp_seconds", 3),
-    ("trainguard_checkpoint_location_up", 3),
-    ("trainguard_checkpoint_last_step", 24 * 7),
-    ("run:trainguard_run_step:max", 3),
-    ('up{job="trainguard"}', 24),
-    ("instance:trainguard_run_active_ranks:sum", 24),
-    ("run:trainguard_run_death_step_distance:new", 24),
-    ("trainguard_gpu_memory_unattributed_bytes", 1),
-    ("uuid_run:trainguard_gpu_training:group", 1),
-    ("trainguard_gpu_ecc_uncorrected_errors_total", 1),
-    ("trainguard_gpu_xid_errors_total", 1),
-    ("trainguard_run_allocator_allocated_bytes", 0.5),
-    ("run_rank_device:trainguard_run_allocator_allocated_bytes:floor", 0.5),
-    ("trainguard_run_allocator_ooms_total", 0.5),
-    ("trainguard_run_memory_snapshots_total", 0.5),
-    ("trainguard_run_log_modified_timestamp_seconds", 0.5),
+STEP = 15  # seconds: the scrape and evaluation interval
+STEPS_PER_S = 2.0  # bench/fleet_node.py's pace
+
+#: a range or offset in PromQL: ``name{...}[6h]`` or ``name{...} offset 30m``
+_RANGED = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(\{[^}]*\})?\s*(?:\[(\d+)([smhd])\]|offset (\d+)([smhd]))"
 )
+_UNIT = {"s": 1 / 3600, "m": 1 / 60, "h": 1.0, "d": 24.0}
+_LOOKBACK_H = 5 / 60  # an instant selector with an offset looks back 5 minutes from there
+_NOT_SERIES = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset"}
+
+
+def ranged_series(rules: Path) -> dict[str, float]:
+    """Each series the rules' expressions read over a range or at an offset, with the longest
+    such reach in hours (``up`` as the fleet's ``up{job="trainguard"}``)."""
+    out: dict[str, float] = {}
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        for rule in group["rules"]:
+            for m in _RANGED.finditer(rule["expr"]):
+                name = m[1]
+                if name in _NOT_SERIES:
+                    continue
+                ranged = int(m[3]) * _UNIT[m[4]] if m[3] else None
+                hours = ranged if ranged is not None else int(m[5]) * _UNIT[m[6]] + _LOOKBACK_H
+                key = 'up{job="trainguard"}' if name == "up" else name
+                out[key] = max(out.get(key, 0.0), hours)
+    return out
+
 
 Series = tuple[dict[str, str], float, float]  # labels (with __name__), value now, hours back
 
 
-def snapshot(base: str, hours: float) -> list[Series]:
-    """Each long-range series Prometheus at ``base`` holds now, its value, how far back."""
+def snapshot(base: str, rules: Path, hours: float) -> list[Series]:
+    """Each ranged series Prometheus at ``base`` holds now, its value, how far back."""
     out: list[Series] = []
-    for selector, window in LONG_RANGE:
+    for selector, window in ranged_series(rules).items():
         url = f"{base}/api/v1/query?query={urllib.parse.quote(selector)}"
         with urllib.request.urlopen(url, timeout=60) as r:
             result = json.loads(r.read())["data"]["result"]
@@ -63,13 +67,22 @@ def snapshot(base: str, hours: float) -> list[Series]:
     return out
 
 
-def past_value(name: str, now_value: float, ago: float, phase: float) -> float:
-    """The value ``ago`` seconds before ``now_value``, moving as bench/fleet_node.py moves it."""
-    if "timestamp" in name and now_value > 1e9:
+def past_value(name: str, now_value: float, ago: float, phase: float, at: float) -> float:
+    """The value ``ago`` seconds before ``now_value`` (read at ``at``), moving as
+    bench/fleet_node.py moves it: the clock's timestamps and the step go back, counters,
+    flags, steps of checkpoints and deaths stay, measured values wander by about 1 %."""
+    if "timestamp" in name and now_value > at - 300:
         return now_value - ago
-    if name == "run:trainguard_run_step:max":
-        return max(0.0, float(int(now_value - 2.0 * ago)))
-    if now_value in (0.0, 1.0) or name == "up" or "last_step" in name or "death_step" in name:
+    if name in ("trainguard_run_step", "run:trainguard_run_step:max"):
+        return max(0.0, float(int(now_value - STEPS_PER_S * ago)))
+    if (
+        now_value in (0.0, 1.0)
+        or name == "up"
+        or name.endswith("_total")
+        or "timestamp" in name
+        or "last_step" in name
+        or "death_step" in name
+    ):
         return now_value
     v = now_value * (1 + 0.01 * math.sin((-ago) / 97 + phase))
     return float(round(v)) if now_value.is_integer() and abs(now_value) >= 1000 else v
@@ -79,7 +92,7 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def write_openmetrics(path: Path, series: list[Series], end: float) -> int:
+def write_openmetrics(path: Path, series: list[Series], end: float, at: float) -> int:
     """The history of ``series`` up to ``end`` (Unix seconds) as OpenMetrics; the sample count."""
     by_name: dict[str, list[Series]] = {}
     for s in series:
@@ -101,7 +114,7 @@ def write_openmetrics(path: Path, series: list[Series], end: float) -> int:
                 for i in range(steps, 0, -1):
                     ago = i * STEP
                     lines.append(
-                        f"{prefix}{past_value(name, value, ago, phase)!r} {end - ago:.3f}\n"
+                        f"{prefix}{past_value(name, value, ago, phase, at)!r} {end - ago:.3f}\n"
                     )
                 f.writelines(lines)
                 count += steps
