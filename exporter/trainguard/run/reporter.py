@@ -12,6 +12,13 @@ script already imported it (or asked for OOM snapshots).
 
 How a run ends, as the exporter will see it (``finished``, ``failed``, or a death when
 nothing was recorded): docs/heartbeat.md, "How a run ends".
+
+This module is longer than 400 lines because ``Run`` is the one public class of the training
+side: its constructor wires every part and its docstring is the user's reference. The parts
+themselves live in modules of their own (``run/signals.py``, ``run/stack.py``,
+``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots.py``, ``run/deaths.py``,
+``run/job.py``); what stays here is the wiring, the writer thread's loop and the heartbeat it
+assembles.
 """
 
 from __future__ import annotations
