@@ -24,9 +24,10 @@ from trainguard.exporter.run_timing import METRICS as TIMING
 from trainguard.exporter.run_timing import add_timing
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.snapshot_rows import SNAPSHOT_METRICS, add_snapshots
 from trainguard.exporter.stuck_rows import STUCK_INFO, add_stuck
 from trainguard.exporter.targets import ownership_problem
-from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Heartbeat
+from trainguard.shared.heartbeat import Heartbeat
 
 RR = ("run", "rank")
 RUN_INFO = MetricSpec(
@@ -149,40 +150,6 @@ DEVICE_INFO = MetricSpec(
     "Always 1 for each allocator device whose GPU is known; uuid is the GPU's (as in "
     "trainguard_gpu_info), to join the allocator's bytes to the driver's view of that GPU.",
 )
-SNAPSHOTS = MetricSpec(
-    "trainguard_run_memory_snapshots_total",
-    "counter",
-    RR,
-    "CUDA memory snapshots dumped at an OOM (carried across restarts of the run).",
-)
-SNAPSHOT_DUMPS = MetricSpec(
-    "trainguard_run_memory_snapshot_dumps_total",
-    "counter",
-    ("run", "rank", "reason"),
-    "CUDA memory snapshots written, by reason: oom, periodic, requested (carried across "
-    "restarts of the run).",
-)
-SNAPSHOT_FAILURES = MetricSpec(
-    "trainguard_run_memory_snapshot_failures_total",
-    "counter",
-    ("run", "rank", "reason"),
-    "CUDA memory snapshots that could not be taken (no CUDA, no snapshot API, disk full), by "
-    "reason; training went on.",
-)
-SNAPSHOT_HISTORY = MetricSpec(
-    "trainguard_run_memory_history_recording",
-    "gauge",
-    RR,
-    "1 if torch records the CUDA allocation history the run's snapshots show, 0 if it could "
-    "not start recording.",
-)
-SNAPSHOT_RECENT = MetricSpec(
-    "trainguard_run_memory_snapshot_timestamp_seconds",
-    "gauge",
-    ("run", "rank", "reason", "file", "step"),
-    "When each of the run's newest memory snapshots was written; file is its name in the "
-    "state directory.",
-)
 DEATHS = MetricSpec(
     "trainguard_run_deaths_total",
     "counter",
@@ -261,11 +228,7 @@ class RunsCollector(Collector):
         OOMS,
         DEVICE_TOTAL,
         DEVICE_INFO,
-        SNAPSHOTS,
-        SNAPSHOT_DUMPS,
-        SNAPSHOT_FAILURES,
-        SNAPSHOT_HISTORY,
-        SNAPSHOT_RECENT,
+        *SNAPSHOT_METRICS,
         DEATHS,
         LAST_DEATH_STEP,
         LAST_DEATH_TIMESTAMP,
@@ -341,22 +304,8 @@ class RunsCollector(Collector):
                 fam[DEVICE_TOTAL.name].add_metric(dev, a.total_bytes)
             if a.uuid is not None:
                 fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
-        fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
         add_stuck(fam, row)
-        snaps = hb.snapshots
-        if snaps is not None:
-            for reason in SNAPSHOT_REASONS:
-                fam[SNAPSHOT_DUMPS.name].add_metric([*labels, reason], snaps.counts.get(reason, 0))
-                fam[SNAPSHOT_FAILURES.name].add_metric(
-                    [*labels, reason], snaps.failures.get(reason, 0)
-                )
-            if snaps.history is not None:
-                fam[SNAPSHOT_HISTORY.name].add_metric(labels, 1 if snaps.history else 0)
-            for rec in snaps.recent:
-                step = "" if rec.step is None else str(rec.step)
-                fam[SNAPSHOT_RECENT.name].add_metric(
-                    [*labels, rec.reason, rec.file, step], rec.time
-                )
+        add_snapshots(fam, labels, hb)
 
     def _deaths(self, fam: dict[str, Any], view: RunView, now: float) -> None:
         by_run: dict[str, list[Heartbeat]] = {}
