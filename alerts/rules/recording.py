@@ -261,6 +261,18 @@ SLOW = Group(
     "trainguard.rules.slow",
     interval="${slow_rules_interval}",
     rules=(
+        # A rank's usual step rate: the 90th percentile over throughput_baseline (6h), which
+        # TrainingThroughputDropped compares the rate now with. Recorded here, not in the
+        # alert: sorting 6 hours of samples per rank every 15 s was the costliest rule of the
+        # set at fleet scale (bench/RESULTS.md, "Fleet scale").
+        Record(
+            "run_rank:trainguard_run_steps_per_second:baseline_p90",
+            """
+            quantile_over_time(
+              0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
+            )
+            """,
+        ),
         # The location's usual interval between successful saves (alerts/rules/saves.py).
         Record(
             "run_location:trainguard_checkpoint_save_interval_seconds:avg",

@@ -54,9 +54,9 @@ SNIPPETS = {
         'printf "%.3g"',
     ),
     "rate_usual": query_value(
-        "max(quantile_over_time(0.9, run_rank:trainguard_run_steps_per_second:deriv{"
+        "max(last_over_time(run_rank:trainguard_run_steps_per_second:baseline_p90{"
         + RUN_SEL
-        + "}[${throughput_baseline}])) * 60",
+        + "}[${slow_rules_lookback}])) * 60",
         RUN_ARGS,
         'printf "%.3g"',
     ),
@@ -165,8 +165,8 @@ GROUP = Group(
             min by (${target_labels}, run) (
               (run_rank:trainguard_run_steps_per_second:deriv > 0)
               / on (${target_labels}, run, rank)
-              quantile_over_time(
-                0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
+              last_over_time(
+                run_rank:trainguard_run_steps_per_second:baseline_p90[${slow_rules_lookback}]
               )
             ) < ${throughput_ratio}
             """,
