@@ -7,6 +7,7 @@ import contextlib
 import errno
 import itertools
 import logging
+import math
 import os
 import pickle
 import subprocess
@@ -167,7 +168,7 @@ def test_bad_scalars_and_steps_are_dropped_and_logged_once(
     caplog.set_level(logging.WARNING, "trainguard")
     run = Run("scalars", state_dir=tmp_path, interval=0.01)
     for i in range(5):
-        run.step(i, loss=0.5, text="x", flag=True, tensor=torch.tensor(1.0), **{"bad name": 1.0})
+        run.step(i, loss=0.5, text="x", flag=True, **{"bad name": 1.0})
         wait_heartbeat(run.path, lambda hb, i=i: hb.step == i)
     for _ in range(1000):  # tensors whose == is elementwise must not upset the writer
         run.step(6, vec=torch.ones(3))
@@ -183,12 +184,38 @@ def test_bad_scalars_and_steps_are_dropped_and_logged_once(
     for needle in (
         "'text' ignored",
         "'flag' ignored",
-        "'tensor' ignored",
         "'bad name' ignored",
         "'vec' ignored",
         "step must be an integer",
     ):
         assert sum(needle in m for m in messages) == 1, (needle, messages)
+
+
+def test_a_one_element_tensor_is_read_on_the_reporters_thread(tmp_path: Path) -> None:
+    """``run.step(i, loss=loss_tensor)`` costs the training loop no GPU synchronisation: the
+    tensor's value is read (``.item()``) on the reporter's thread, and counted like a float
+    (a NaN loss tensor is a non-finite loss)."""
+    readers: list[int] = []
+
+    class Probe:
+        """A one-element tensor as the reporter sees one, telling which thread read it."""
+
+        def numel(self) -> int:
+            return 1
+
+        def item(self) -> float:
+            readers.append(threading.get_ident())
+            return 2.5
+
+    run = Run("tensors", state_dir=tmp_path, interval=0.01)
+    run.step(1, loss=torch.tensor(0.25), probe=Probe(), bad=torch.tensor(float("nan")))
+    wait_heartbeat(run.path, lambda hb: hb.step == 1 and "loss" in hb.scalars)
+    run.close()
+    hb = read(run)
+    assert hb.scalars["loss"] == 0.25 and hb.scalars["probe"] == 2.5
+    assert math.isnan(hb.scalars["bad"])
+    assert hb.nonfinite is not None and hb.nonfinite.counts["bad"] >= 1
+    assert readers and threading.get_ident() not in readers
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])

@@ -138,16 +138,39 @@ def checked_scalars(raw: Mapping[str, Any], warn: Callable[..., None]) -> dict[s
                 key[:64],
             )
             continue
+        if not isinstance(value, bool) and not isinstance(value, numbers.Real):
+            value = _tensor_value(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             warn(
                 f"scalar:{key}",
-                "trainguard: scalar %r ignored: expected a number, got %s (pass .item())",
+                "trainguard: scalar %r ignored: expected a number or a one-element tensor, got %s",
                 key,
                 type(value).__name__,
             )
             continue
         scalars[key] = float(value)
     return scalars
+
+
+def _tensor_value(value: Any) -> Any:
+    """A one-element tensor's number, read here (the reporter's thread), else ``value``.
+
+    ``run.step(i, loss=loss)`` with the loss tensor itself costs the training loop nothing:
+    reading it (``.item()``, which waits for the GPU to have computed it) happens on the
+    reporter's thread, once a second, never on the training thread. Duck-typed, so torch is
+    never imported for it.
+    """
+    numel = getattr(value, "numel", None)
+    item = getattr(value, "item", None)
+    if not callable(numel) or not callable(item):
+        return value
+    try:
+        if numel() != 1:
+            return value
+        number = item()
+    except Exception:  # a freed or broken tensor: dropped and logged like any bad value
+        return value
+    return number if isinstance(number, numbers.Real) else value
 
 
 #: the experiment configuration kept with each snapshot, as JSON, at most this long
