@@ -16,6 +16,7 @@ from alerts.rules import (
     gpu_health,
     jobs,
     jobs_slow,
+    jobs_stall,
     recording,
     restore,
     runs,
@@ -45,6 +46,7 @@ GROUPS: tuple[Group, ...] = (
     jobs_slow.GROUP,
     goodput.GROUP,
     goodput.SLOW,
+    jobs_stall.GROUP,
 )
 
 __all__ = ["GROUPS", "Alert", "Group", "Record"]

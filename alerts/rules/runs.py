@@ -3,6 +3,9 @@
 TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingThroughputDropped,
 TrainingLogStale.
 
+The ranks of a job of many nodes (``trainguard_run_job_info``) are judged per job, not per node,
+for deaths and stalls: ``jobs.py`` and ``jobs_stall.py`` page once for the whole job.
+
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
 trainer clock off by an hour must not page a healthy run.
@@ -105,14 +108,18 @@ GROUP = Group(
             "warning",
             expr="""
             max by (${target_labels}, run) (
-              run_rank:trainguard_run_step_age_seconds:running
-                > run_rank:trainguard_run_stall_threshold_seconds:clamp
-              or
               (
-                trainguard_run_heartbeat_age_seconds > ${stall_s}
-                and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+                run_rank:trainguard_run_step_age_seconds:running
+                  > run_rank:trainguard_run_stall_threshold_seconds:clamp
+                or
+                (
+                  trainguard_run_heartbeat_age_seconds > ${stall_s}
+                  and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+                  unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+                )
               )
+              # a job's ranks: one alert for the job (TrainingJobStalled, jobs_stall.py)
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,
             for_="2m",
@@ -143,6 +150,8 @@ GROUP = Group(
               unless on (${target_labels}, run, rank) trainguard_run_step
               unless on (${target_labels}, run, rank)
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
+              # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs_stall.py)
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,
             keep_firing_for="${keep_firing_for}",

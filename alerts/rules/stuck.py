@@ -22,8 +22,9 @@ JOB = "${target_labels_across}, run"
 JOB_SEL = "${target_labels_across_sel},run=%q"
 JOB_ARGS = "${target_labels_across_args} $labels.run"
 
-# "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..."
-_APART_RANKS = (
+#: "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..." (also
+#: in the job stall alerts' summaries, jobs_stall.py)
+APART_RANKS = (
     "{{ range $i, $s := printf `" + APART + "{" + JOB_SEL + "} * on (${target_labels}, run, "
     "rank) group_left (host) max by (${target_labels}, run, rank, host) (trainguard_run_info)` "
     + JOB_ARGS
@@ -58,14 +59,14 @@ _THE_REST = (
 STUCK_ANNOTATION = (
     "{{ with printf `trainguard_run_stuck_info{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
     "{{ with printf `" + APART + "{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
-    "Stuck apart from the rest: " + _APART_RANKS + ". Where the others are:"
+    "Stuck apart from the rest: " + APART_RANKS + ". Where the others are:"
     "{{ else }}Where the ranks are:{{ end }}" + _THE_REST + ".{{ else }}No rank reported where it "
     "is stuck.{{ end }}"
 )
 
 GROUP = Group(
     "trainguard-stuck",
-    snippets={"apart_ranks": _APART_RANKS, "the_rest": _THE_REST},
+    snippets={"apart_ranks": APART_RANKS, "the_rest": _THE_REST},
     rules=(
         Record(
             APART,

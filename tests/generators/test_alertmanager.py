@@ -95,6 +95,12 @@ def _alert(name: str, severity: str, instance: str, **labels: str) -> dict[str, 
     }
 
 
+def _no_instance(alert: dict[str, Any]) -> dict[str, Any]:
+    """An alert about a run across its nodes (no ``instance`` label)."""
+    del alert["labels"]["instance"]
+    return alert
+
+
 def _shipped_config(hook: Webhook, chat: Webhook) -> dict[str, Any]:
     """deploy/alertmanager.yml as shipped, its placeholder URLs on 127.0.0.1 and its waits
     short."""
@@ -183,12 +189,15 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
     tmp_path: Path,
 ) -> None:
     # one job's page for all its nodes; the same run name and job id in another cluster is
-    # another job: its own notification, and nothing of it inhibited
+    # another job: its own notification, and nothing of it inhibited. A job's stall is part of
+    # its death's page; another job's stall is its own, and hides TrainingRankStuck of its run.
     hook, chat = Webhook(), Webhook()
     am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
 
-    def job_alert(name: str, severity: str, cluster: str, **labels: str) -> dict[str, Any]:
-        alert = _alert(name, severity, "-", cluster=cluster, job_id="j1", **labels)
+    def job_alert(
+        name: str, severity: str, cluster: str, job_id: str = "j1", **labels: str
+    ) -> dict[str, Any]:
+        alert = _alert(name, severity, "-", cluster=cluster, job_id=job_id, **labels)
         del alert["labels"]["instance"]
         return alert
 
@@ -201,6 +210,12 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             # another job of the same run name in the same cluster, and a lone process's alert
             _alert("TrainingStalled", "warning", "node-3:9636", cluster="a", job_id="j2"),
             _alert("TrainingStalled", "warning", "node-4:9636", cluster="a"),
+            # the dead job's stall: part of its page; another job's stall: its own page
+            job_alert("TrainingJobStalled", "warning", "a"),
+            job_alert("TrainingJobStalled", "warning", "a", job_id="j2"),
+            # where the stalled run is stuck: said by its job's stall; in cluster c, no stall
+            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="a")),
+            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="c")),
         ]
         request = urllib.request.Request(
             am.url + "/api/v2/alerts",
@@ -225,7 +240,14 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=30) as response:
                 seen[:] = json.loads(response.read())
             inhibited = {key(a): bool(a["status"]["inhibitedBy"]) for a in seen}
-            ok = len(inhibited) == 5 and inhibited[("TrainingStalled", "a", "node-2:9636", "j1")]
+            ok = len(inhibited) == 9 and all(
+                inhibited[k]
+                for k in (
+                    ("TrainingStalled", "a", "node-2:9636", "j1"),
+                    ("TrainingJobStalled", "a", "", "j1"),
+                    ("TrainingRankStuck", "a", "", ""),
+                )
+            )
             return inhibited if ok else None
 
         inhibited = wait_for(applied, 60, 0.1, lambda: f"the inhibition applied: {seen}")
@@ -235,6 +257,10 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             ("TrainingStalled", "a", "node-2:9636", "j1"): True,
             ("TrainingStalled", "a", "node-3:9636", "j2"): False,
             ("TrainingStalled", "a", "node-4:9636", ""): False,
+            ("TrainingJobStalled", "a", "", "j1"): True,
+            ("TrainingJobStalled", "a", "", "j2"): False,
+            ("TrainingRankStuck", "a", "", ""): True,
+            ("TrainingRankStuck", "c", "", ""): False,
         }
         # one notification per job: cluster a's and cluster b's, each of one alert
         for cluster in ("a", "b"):
@@ -248,6 +274,16 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             )
             assert message["groupLabels"]["job_id"] == "j1"
             assert len(message["alerts"]) == 1
+        # the other job's stall: one notification of its own, for that job alone
+        message = hook.wait_message(
+            lambda m: (
+                m.get("groupLabels", {}).get("alertname") == "TrainingJobStalled"
+                and m["groupLabels"].get("job_id") == "j2"
+            ),
+            60,
+            "job j2's stall page",
+        )
+        assert [a["labels"]["job_id"] for a in message["alerts"]] == ["j2"]
     finally:
         am.stop()
         hook.close()

@@ -33,6 +33,8 @@ DESIGN_ALERTS = {
     "TrainingProcessTerminated",
     "TrainingJobRankDied",
     "TrainingJobRestarted",
+    "TrainingJobStalled",
+    "TrainingJobNoFirstStep",
     "TrainingStalled",
     "TrainingNoFirstStep",
     "TrainingThroughputDropped",
