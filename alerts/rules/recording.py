@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from alerts.rules.common import Group, Record
 
+#: a rank of slow steps: its longest recent interval leaves fewer than throughput_min_steps
+#: steps in throughput_window
+SLOW_PACE = (
+    "last_over_time(run_rank:trainguard_run_step_gap_seconds:max[${stall_max}])"
+    " * ${throughput_min_steps} > ${throughput_window_s}"
+)
+
 GROUP = Group(
     "trainguard.rules",
     rules=(
@@ -42,15 +49,32 @@ GROUP = Group(
             )
             """,
         ),
-        # The rank's longest interval between two steps in the window: the highest step age
-        # seen, recorded only while the current age is below it, so the peak is a completed
-        # interval. While the rank stalls (its age passes every earlier peak) nothing is
-        # recorded, and last_over_time() keeps the pace it had before the stall.
+        # An interval between two steps that just ended within one process: the highest step
+        # age seen within stall_gap_lookback, recorded while the age is below it (a step came),
+        # the process has been up longer than that lookback and longer than the interval. A
+        # hang that ended with a kill has no such step: its ages stop with the process
+        # (process_up 0), and the relaunch's first steps are within a lookback of its start or
+        # shorter than its uptime, so the hang is never learned as the run's pace.
+        Record(
+            "run_rank:trainguard_run_step_interval_seconds:completed",
+            """
+            max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_gap_lookback}])
+            > run_rank:trainguard_run_step_age_seconds:running
+            unless on (${target_labels}, run, rank)
+              max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
+              <= ${stall_gap_lookback_s}
+            unless on (${target_labels}, run, rank)
+              max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_gap_lookback}])
+              >= on (${target_labels}, run, rank)
+              max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
+            """,
+        ),
+        # The rank's longest completed interval between two steps in the window. While the rank
+        # stalls nothing new is completed, and the threshold keeps the pace it had before.
         Record(
             "run_rank:trainguard_run_step_gap_seconds:max",
             """
-            max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_window}])
-            > run_rank:trainguard_run_step_age_seconds:running
+            max_over_time(run_rank:trainguard_run_step_interval_seconds:completed[${stall_window}])
             """,
         ),
         # How long the rank may go without a step: stall_factor x its longest recent interval
@@ -70,7 +94,9 @@ GROUP = Group(
         ),
         # Steps per second of a live, unfinished rank, within its current process only (the
         # process has been up for the whole window: a resume, whose step goes down, is never in
-        # it). deriv() and not rate(): the step is a gauge.
+        # it). deriv() and not rate(): the step is a gauge. A rank whose longest recent interval
+        # leaves fewer than throughput_min_steps steps in throughput_window (slow steps) is
+        # judged over throughput_window_slow: over a window of 0-2 steps deriv() is noise.
         Record(
             "run_rank:trainguard_run_steps_per_second:deriv",
             """
@@ -80,8 +106,49 @@ GROUP = Group(
                 trainguard_run_start_age_seconds > ${throughput_window_s}
               and on (${target_labels}, run, rank) trainguard_run_process_up == 1
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank)
+                SLOW
             )
+            or
+            max by (${target_labels}, run, rank) (
+              clamp_min(deriv(trainguard_run_step[${throughput_window_slow}]), 0)
+              and on (${target_labels}, run, rank)
+                trainguard_run_start_age_seconds > ${throughput_window_slow_s}
+              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              and on (${target_labels}, run, rank)
+                SLOW
+            )
+            """.replace("SLOW", SLOW_PACE),
+        ),
+        # Prometheus' time at which the run's log file got its current mtime (first seen with
+        # it): the log's quiet time by Prometheus' clock, whatever the clocks of the training
+        # host or the file server, for TrainingLogStale to judge a slow run at its own pace.
+        # Kept from its own previous value while the mtime is the one seen last (next rule).
+        Record(
+            "run:trainguard_run_log_unchanged_since_timestamp_seconds:time",
+            """
+            (
+              last_over_time(
+                run:trainguard_run_log_unchanged_since_timestamp_seconds:time[${stall_gap_lookback}]
+              )
+              and on (${target_labels}, run)
+              (
+                max by (${target_labels}, run) (trainguard_run_log_modified_timestamp_seconds)
+                == on (${target_labels}, run)
+                last_over_time(
+                  run:trainguard_run_log_modified_timestamp_seconds:max[${stall_gap_lookback}]
+                )
+              )
+            )
+            or
+            max by (${target_labels}, run) (trainguard_run_log_modified_timestamp_seconds) * 0
+              + time()
             """,
+        ),
+        Record(
+            "run:trainguard_run_log_modified_timestamp_seconds:max",
+            "max by (${target_labels}, run) (trainguard_run_log_modified_timestamp_seconds)",
         ),
         Record(
             "run:trainguard_run_steps_since_checkpoint:max",

@@ -212,6 +212,14 @@ GROUP = Group(
               )
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count offset ${log_stale}
+            unless on (${target_labels}, run) (
+              time() - run:trainguard_run_log_unchanged_since_timestamp_seconds:time
+              <= on (${target_labels}, run) (
+                max by (${target_labels}, run) (
+                  run_rank:trainguard_run_stall_threshold_seconds:clamp
+                ) > ${log_stale_s}
+              )
+            )
             """,
             keep_firing_for="${keep_firing_for}",
             summary="The log of training run {{ $labels.run }} on {{ $labels.instance }} is stale.",

@@ -31,6 +31,15 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "(recording rule run_rank:trainguard_run_step_gap_seconds:max)...",
     ),
     Threshold(
+        "stall_gap_lookback",
+        "5m",
+        DURATION,
+        "TrainingStalled: ...an interval counts once it ended with a step of the same process, "
+        "seen within this long (more than twice the rule evaluation interval) by a process up "
+        "longer than this and longer than the interval: a hang that ended with a kill and a "
+        "relaunch never teaches the pace...",
+    ),
+    Threshold(
         "stall_max",
         "4h",
         DURATION,
@@ -59,6 +68,21 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "the current process (a just started or resumed process has no rate for this long)...",
     ),
     Threshold(
+        "throughput_min_steps",
+        10,
+        NUMBER,
+        "TrainingThroughputDropped: ...unless the rank's longest recent interval between steps "
+        "leaves fewer than this many steps in throughput_window (slow steps: a window holding "
+        "0-2 steps is no rate)...",
+    ),
+    Threshold(
+        "throughput_window_slow",
+        "1h",
+        DURATION,
+        "TrainingThroughputDropped: ...then its rate is deriv(step) over this window instead, "
+        "within the current process...",
+    ),
+    Threshold(
         "throughput_baseline",
         "6h",
         DURATION,
@@ -76,6 +100,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "30m",
         DURATION,
         "TrainingLogStale: the run's log file not modified for this long (by Prometheus's "
-        "clock: no change of its mtime) while the run is alive, and was alive this long ago.",
+        "clock: no change of its mtime) while the run is alive, and was alive this long ago; "
+        "a run whose learned stall threshold is longer (slow steps, logging once per step) "
+        "is judged on that threshold instead.",
     ),
 )
