@@ -25,6 +25,17 @@ DEV_ARGS = RANK_ARGS + " $labels.device"
 FLOOR = "run_rank_device:trainguard_run_allocator_allocated_bytes:floor"
 #: the device's size: as the process reported it, else its GPU's as NVML reports it
 TOTAL = "run_rank_device:trainguard_run_allocator_device_total_bytes:max"
+#: the floor of a process past its warm-up only (absent in its first leak_warmup): the trend
+#: of a leak in steps is judged on it, so the warm-up's ramp is never counted as rises
+SETTLED = "run_rank_device:trainguard_run_allocator_allocated_bytes:floor_settled"
+#: what the device has left above the recent peak of allocated memory
+HEADROOM = """(
+                  TOTAL
+                  - on (${target_labels}, run, rank, device)
+                  max by (${target_labels}, run, rank, device) (
+                    max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+                  )
+                )"""
 
 
 def _avg(metric: str) -> str:
@@ -135,6 +146,16 @@ GROUP = Group(
             )
             """,
         ),
+        Record(
+            SETTLED,
+            """
+            FLOOR
+            and on (${target_labels}, run, rank)
+            max by (${target_labels}, run, rank) (
+              trainguard_run_start_age_seconds > ${leak_warmup_s}
+            )
+            """.replace("FLOOR", FLOOR),
+        ),
         # The process's own figure (torch's total_memory: right for a MIG slice too), else its
         # GPU's through the allocator's UUID join (older reporters).
         Record(
@@ -219,23 +240,34 @@ GROUP = Group(
             "AllocatorMemoryLeak",
             "warning",
             # headroom above the recent peak / the floor's pace = seconds until the device is
-            # full; the floor above its value leak_rise_window ago at every evaluation for
-            # leak_for; a live process that stepped, past its warm-up
+            # full; either the floor above its value leak_rise_window ago at every evaluation
+            # for leak_for (a steady climb), or (a leak in steps) the settled floor rose in at
+            # least leak_rises separate leak_rise_windows of the last leak_trend_window and its
+            # slope over that window fills the device within leak_horizon (one step up, a
+            # buffer kept for good, is one rise); a live process that stepped, past its warm-up
             expr="""
             (
               (
-                TOTAL
-                - on (${target_labels}, run, rank, device)
-                max by (${target_labels}, run, rank, device) (
-                  max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
-                )
+                HEADROOM
+                / on (${target_labels}, run, rank, device)
+                (deriv(FLOOR[${leak_window}]) > 0)
+                < ${leak_horizon_s}
+                and on (${target_labels}, run, rank, device)
+                (FLOOR > FLOOR offset ${leak_rise_window})
               )
-              / on (${target_labels}, run, rank, device)
-              (deriv(FLOOR[${leak_window}]) > 0)
-              < ${leak_horizon_s}
+              or
+              (
+                HEADROOM
+                / on (${target_labels}, run, rank, device)
+                (deriv(SETTLED[${leak_trend_window}]) > 0)
+                < ${leak_horizon_s}
+                and on (${target_labels}, run, rank, device)
+                count_over_time(
+                  (SETTLED > SETTLED offset ${leak_rise_window})
+                  [${leak_trend_window}:${leak_rise_window}]
+                ) >= ${leak_rises}
+              )
             )
-            and on (${target_labels}, run, rank, device)
-            (FLOOR > FLOOR offset ${leak_rise_window})
             and on (${target_labels}, run, rank)
             (
               max by (${target_labels}, run, rank) (trainguard_run_step)
@@ -246,7 +278,10 @@ GROUP = Group(
             trainguard_run_process_up == 1
             and on (${target_labels}, run, rank)
             trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
-            """.replace("FLOOR", FLOOR).replace("TOTAL", TOTAL),
+            """.replace("HEADROOM", HEADROOM)
+            .replace("SETTLED", SETTLED)
+            .replace("FLOOR", FLOOR)
+            .replace("TOTAL", TOTAL),
             for_="${leak_for}",
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} keeps more GPU memory every step: a
@@ -255,12 +290,14 @@ GROUP = Group(
             description="""
             The memory PyTorch's allocator keeps across steps for run {{ $labels.run }} rank
             {{ $labels.rank }} (device {{ $labels.device }}) on {{ $labels.instance }} has
-            climbed steadily for ${leak_for}: ${leak_per_step} per step over the last
-            ${leak_window} (${leak_steps} steps), now ${leak_floor} of ${leak_total}. At this
-            pace the device is full in {{ $value | humanizeDuration }}. Not the warm-up (the
-            process is past its first ${leak_warmup} + ${leak_window}) and not a spike (the
-            minimum over ${leak_floor_window} rose at every evaluation): tensors kept across
-            steps. Take a memory snapshot now (trainguard snapshot '{{ $labels.run }}' --rank
+            climbed for ${leak_for}: ${leak_per_step} per step over the last ${leak_window}
+            (${leak_steps} steps), now ${leak_floor} of ${leak_total}. At this pace the device
+            is full in {{ $value | humanizeDuration }}. Not the warm-up (the process is past its
+            first ${leak_warmup} + ${leak_window}), not a spike nor one step up (the minimum
+            over ${leak_floor_window} rose at every evaluation, or in at least ${leak_rises}
+            separate ${leak_rise_window} windows of the last ${leak_trend_window}): tensors
+            kept across steps, steadily or a few GiB at a time. Take a memory snapshot now
+            (trainguard snapshot '{{ $labels.run }}' --rank
             {{ $labels.rank }}) and another one later, and compare.
             """,
         ),

@@ -12,19 +12,22 @@ from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_v
 DISTANCE = "run:trainguard_run_death_step_distance:new"
 
 
-def _death_number(plus: str) -> dict[str, str]:
+def _death_number(plus: str, window: str = "${keep_firing_for}") -> dict[str, str]:
     """The ``death`` label: which of the run's deaths this is (1 for the first).
 
     Each death is its own alert, so a run that dies again while the page of its previous death
     still fires (keep_firing_for) is notified again. The count is the exporter's (recorded by
     the next process at its start), over keep_firing_for so a missed scrape does not change
-    it.
+    it (TrainingProcessDied: over exporter_down_active_lookback, so the page it holds while the
+    exporter is down keeps its number).
     """
     return {
         "death": (
             "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"
             + RUN_SEL
-            + "}[${keep_firing_for}]))"
+            + "}["
+            + window
+            + "]))"
             + plus
             + "` "
             + RUN_ARGS
@@ -34,7 +37,7 @@ def _death_number(plus: str) -> dict[str, str]:
 
 
 #: TrainingProcessDied: the death not yet counted (the count goes up when the run restarts)
-DIED_LABELS = _death_number(" + 1")
+DIED_LABELS = _death_number(" + 1", "${exporter_down_active_lookback}")
 #: TrainingProcessRestarted: the death the restarted run counted
 RESTARTED_LABELS = _death_number("")
 

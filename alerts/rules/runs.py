@@ -19,6 +19,38 @@ from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.signals import stopped
 from alerts.rules.stuck import STUCK_ANNOTATION
 
+#: TrainingProcessDied while its exporter is down (failing its scrapes, or gone from service
+#: discovery): the ranks last seen dead, not finished, not stopped by a signal, not a job's
+#: (TrainingJobRankDied's), once it has been down for exporter_down_for (a shorter gap is
+#: keep_firing_for's). Their series went stale with the exporter, so the death page would
+#: resolve though nothing new is known; it stays until the exporter is back and says.
+DEAD_WHEN_LAST_SEEN = """(
+                last_over_time(trainguard_run_process_up[${exporter_down_active_lookback}]) == 0
+                unless on (${target_labels}, run, rank)
+                  last_over_time(trainguard_run_finished[${exporter_down_active_lookback}]) == 1
+                unless on (${target_labels}, run, rank)
+                  last_over_time(
+                    trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
+                  )
+                unless on (${target_labels}, run, rank)
+                  last_over_time(trainguard_run_job_info[${exporter_down_active_lookback}])
+                and on (${target_labels})
+                (
+                  max by (${target_labels}) (up{${job_selector}} == 0)
+                  or
+                  (
+                    max by (${target_labels}) (
+                      last_over_time(up{${job_selector}}[${exporter_down_active_lookback}])
+                    )
+                    unless on (${target_labels}) up{${job_selector}}
+                  )
+                )
+                unless on (${target_labels})
+                max by (${target_labels}) (
+                  max_over_time(up{${job_selector}}[${exporter_down_for}])
+                ) == 1
+              )"""
+
 SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
@@ -63,6 +95,12 @@ SNIPPETS = {
         RUN_ARGS,
         'printf "%.3g"',
     ),
+    # A whole sentence, only while the exporter is down: the page is what it last saw.
+    "unreachable": (
+        "{{ with printf `up{${target_labels_sel}} == 0` ${target_labels_args} | query }} The "
+        "exporter has failed its scrapes since: the rank(s) were dead when last seen, and the "
+        "page holds until it is back.{{ end }}"
+    ),
     # A whole sentence: whether the driver still holds VRAM of the dead ranks.
     "dead_vram": (
         "{{ with printf `sum(trainguard_run_gpu_memory_used_bytes{" + RUN_SEL + "} "
@@ -91,8 +129,11 @@ GROUP = Group(
                 STOPPED
               )
               unless on (${target_labels}, run, rank) trainguard_run_job_info
+              or
+              DEAD_WHEN_LAST_SEEN
             )
-            """.replace("STOPPED", stopped(16)),  # stopped by a signal: a warning for a while
+            """.replace("STOPPED", stopped(16)).replace("DEAD_WHEN_LAST_SEEN", DEAD_WHEN_LAST_SEEN),
+            # STOPPED: stopped by a signal, a warning for a while
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
             summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
@@ -100,7 +141,7 @@ GROUP = Group(
             {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
             are gone without a clean exit (no live process with the recorded PID and create
             time): rank(s) ${dead_ranks}. Last step ${last_step}; ${checkpoint_at}.
-            ${dead_vram}
+            ${dead_vram}${unreachable}
             """,
         ),
         Alert(

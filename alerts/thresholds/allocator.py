@@ -67,6 +67,21 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "evaluation for leak_for (a steady climb, not one step up)...",
     ),
     Threshold(
+        "leak_trend_window",
+        "2h",
+        DURATION,
+        "AllocatorMemoryLeak: ...or, for a leak in steps (a few GiB kept every so often, flat "
+        "between), the floor past the warm-up rose in at least leak_rises separate "
+        "leak_rise_windows of the last leak_trend_window, its pace measured over that window "
+        "(one step up, a buffer kept for good, is a single rise)...",
+    ),
+    Threshold(
+        "leak_rises",
+        3,
+        NUMBER,
+        "AllocatorMemoryLeak: ...at least this many rises...",
+    ),
+    Threshold(
         "leak_horizon",
         "24h",
         DURATION,

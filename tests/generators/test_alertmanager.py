@@ -127,6 +127,9 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
             _alert("TrainingProcessDied", "critical", "node-1:9636"),
             _alert("TrainingStalled", "warning", "node-1:9636"),  # the dead run: inhibited
             _alert("TrainingStalled", "warning", "node-2:9636"),  # same run name, other host
+            # its exporter down since: the death it last saw is not hidden, the rest is
+            _alert("TrainguardExporterDown", "critical", "node-1:9636"),
+            _alert("GPUXidError", "critical", "node-1:9636"),
         ]
         request = urllib.request.Request(
             am.url + "/api/v2/alerts",
@@ -147,7 +150,7 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
                 )
                 for a in seen
             }
-            ok = len(inhibited) == 3 and inhibited[("TrainingStalled", "node-1:9636")]
+            ok = len(inhibited) == 5 and inhibited[("GPUXidError", "node-1:9636")]
             return inhibited if ok else None
 
         # polling Alertmanager's API, not waiting out a duration
@@ -156,6 +159,8 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
             ("TrainingProcessDied", "node-1:9636"): False,
             ("TrainingStalled", "node-1:9636"): True,
             ("TrainingStalled", "node-2:9636"): False,
+            ("TrainguardExporterDown", "node-1:9636"): False,
+            ("GPUXidError", "node-1:9636"): True,
         }
         # the chat receiver got the death rendered by deploy/trainguard.tmpl
         message = chat.wait_message(
