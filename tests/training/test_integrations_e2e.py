@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -438,7 +437,8 @@ def stop_torchrun(proc: Proc) -> None:
 )
 def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
     """The shipped rules, in a real Prometheus and Alertmanager, page for the run when one of
-    its two torchrun ranks is killed (torchrun then stops the other one too)."""
+    its two torchrun ranks is killed (torchrun then stops the other one too): once, for the
+    job (torchrun gives the ranks their job identity), naming the rank that was killed."""
     stack = Stack(tmp_path)
     t = training(tmp_path, "hf")
     proc = t.start(5, TORCHRUN)
@@ -448,11 +448,10 @@ def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
             f'count(trainguard_run_process_up{{run="{t.name}"}} == 1) == 2', timeout=DEADLINE
         )
         sigkill(pids[1])  # the restarted workers wait at the gate: the group stays dead
-        _, alert = stack.webhook.wait_for("TrainingProcessDied", timeout=DEADLINE, run=t.name)
+        _, alert = stack.webhook.wait_for("TrainingJobRankDied", timeout=DEADLINE, run=t.name)
         assert alert["labels"]["severity"] == "critical"
-        found = re.search(r"rank\(s\) ([0-9, ]+)\.", alert["annotations"]["description"])
-        assert found is not None, alert["annotations"]["description"]
-        assert "1" in found.group(1).split(", ")
+        assert alert["labels"]["job_id"], alert["labels"]
+        assert alert["annotations"]["first_rank"] == "1", alert["annotations"]
     finally:
         stop_torchrun(proc)
         stack.close()
