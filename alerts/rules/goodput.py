@@ -142,6 +142,8 @@ GROUP = Group(
         Alert(
             "TrainingGoodputLow",
             "warning",
+            # ...that has been accounted for goodput_min_accounted at least: a job's first
+            # minutes (starting up) are not a goodput to page on
             expr=_j("""
             last_over_time(job:trainguard_run_goodput:ratio_24h[${slow_rules_lookback}])
               < ${goodput_min}
@@ -150,7 +152,15 @@ GROUP = Group(
               trainguard_run_process_up == 1
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            """),
+            and on (JOB)
+            (ACCOUNTED_24H) >= ${goodput_min_accounted_s}
+            """).replace(
+                "ACCOUNTED_24H",
+                " + ".join(
+                    "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])"
+                    for n in STATES
+                ),
+            ),
             summary="""
             Training run {{ $labels.run }} kept {{ $value | humanizePercentage }} of its
             time in productive steps over 24h.

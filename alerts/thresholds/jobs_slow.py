@@ -38,6 +38,13 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "or starting) below which it fires.",
     ),
     Threshold(
+        "goodput_min_accounted",
+        "1h",
+        DURATION,
+        "TrainingGoodputLow: only for a job accounted at least this long in the last 24h (a "
+        "job's first minutes, starting up, are not a goodput to page on).",
+    ),
+    Threshold(
         "goodput_gone_after",
         "1h",
         DURATION,

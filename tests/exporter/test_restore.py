@@ -60,7 +60,7 @@ def test_a_good_checkpoint_loads_and_leaves_a_result(tmp_path: Path) -> None:
     proc = drill(loc, "--state.dir", state, "--run", "llama")
     assert proc.returncode == 0, says(proc)
     assert proc.stdout.startswith("restore OK: step 200 (step_200.pt) loads: 1 files"), says(proc)
-    (result_file,) = state.glob("*" + SUFFIX)
+    (result_file,) = (state / "restore").glob("*" + SUFFIX)
     result = read_result(result_file)
     assert (result.ok, result.run, result.step, result.verified_step) == (True, "llama", 200, 200)
     assert result.path == str(loc)

@@ -17,6 +17,7 @@ import pytest
 from helpers.exporter_proc import REPO, Exporter, poll, select
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
+from trainguard.exporter.restore_result import Result, write_result
 from trainguard.shared.heartbeat import AllocatorStats, Death, Stuck
 
 RUNBOOK = REPO / "alerts" / "runbook.md"
@@ -83,6 +84,23 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
             stuck=Stuck(now - 60, "train.py:88 load_batch <- train.py:120 main"),
         ),
     )
+    # a restore drill that loaded step 1750 (trainguard verify --restore)
+    write_result(
+        state,
+        Result(
+            path=str(ckpt),
+            run="llama-ft",
+            location="primary",
+            time=now - 300,
+            ok=True,
+            reason="restore OK",
+            checkpoint="step_1750.pt",
+            step=1750,
+            verified_step=1750,
+            verified_time=now - 300,
+            verified_checkpoint="step_1750.pt",
+        ),
+    )
     exp = Exporter(args=[f"--config.file={config}"], env=nvml.env(nvml_path), state_dir=state)
     try:
         poll(
@@ -90,6 +108,7 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporter]:
             lambda s: (
                 bool(select(s, "trainguard_checkpoint_last_step", run="llama-ft"))
                 and bool(select(s, "trainguard_gpu_xid_errors_total"))
+                and bool(select(s, "trainguard_checkpoint_restore_verified_step"))
             ),
         )
         yield exp

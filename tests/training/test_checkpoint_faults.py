@@ -273,7 +273,9 @@ def test_kill_at_every_operation_of_save_and_mirror(tmp_path: Path) -> None:
         assert killed_in >= SAVE_PHASES, SAVE_PHASES - killed_in
 
         # --- mirror ----------------------------------------------------------------------
-        sources = list(range(1000, 1000 + 120))
+        # one source per kill point: the copy's operations, then the save outcome's record
+        # in the state directory (trainguard.checkpoint.outcomes), plus a margin
+        sources = list(range(1000, 1000 + 150))
         for step in sources:
             save(payload(step), p / f"step_{step}.bin")
         ops = dry_run(writers, tmp_path, "mirror", str(p / "step_1000.bin"), str(m))

@@ -1,10 +1,10 @@
 """The result a restore drill leaves in the state directory, and its strict reader.
 
 ``trainguard verify --restore`` writes one file per checked location
-(``<hint>-<sha8>.restore.json``, atomically); the exporter reads every such file at each scrape
-and exports the restore-verified step and time. Whoever can write the state directory can write
-one, so the reader takes nothing on trust: a bounded read, every field checked by type and
-range, the field named in errors.
+(``restore/<hint>-<sha8>.restore.json`` in the state directory, atomically); the exporter reads
+every such file at each scrape and exports the restore-verified step and time. Whoever can
+write the state directory can write one, so the reader takes nothing on trust: a bounded
+read, every field checked by type and range, the field named in errors.
 """
 
 from __future__ import annotations
@@ -23,6 +23,16 @@ from trainguard.shared.heartbeat import MAX_PATH, MAX_TIME, check_run_name, kind
 
 FORMAT = 1
 SUFFIX = ".restore.json"
+#: the results' directory under the state directory: the drill's own, so that reading them
+#: never lists the heartbeats' directory again (the run table lists that once per scrape)
+SUBDIR = "restore"
+
+
+def results_dir(state_dir: Path) -> Path:
+    """Where the drill writes its results and the exporter reads them."""
+    return state_dir / SUBDIR
+
+
 #: a result is a few hundred bytes; the reason is cut to MAX_REASON characters
 MAX_BYTES = 64 * 1024
 MAX_REASON = 2000
@@ -71,8 +81,9 @@ def result_filename(path: str, run: str | None, location: str | None) -> str:
 
 def write_result(state_dir: Path, result: Result) -> Path:
     """Write (atomically replace) the result file of ``result`` in ``state_dir``; its path."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    target = state_dir / result_filename(result.path, result.run, result.location)
+    directory = results_dir(state_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / result_filename(result.path, result.run, result.location)
     payload = json.dumps(result.to_json(), ensure_ascii=False, separators=(",", ":"))
     replace_file(target, payload.encode("utf-8"), fsync=True)
     return target

@@ -1,6 +1,6 @@
 """Restore drill results: the step a scheduled ``trainguard verify --restore`` last loaded.
 
-The drill leaves one result file per location in the state directory
+The drill leaves one result file per location in the state directory's ``restore/``
 (:mod:`trainguard.exporter.restore_result`); this collector reads them (bounded, each field
 checked, re-read only when changed) and exports, per run and location, the newest step a drill
 loaded, when, and whether the last drill succeeded. A result is attributed to a run by its
@@ -19,7 +19,13 @@ from pathlib import Path
 from prometheus_client.core import Metric
 
 from trainguard.exporter.collector import Collector, MetricSpec, Setup
-from trainguard.exporter.restore_result import SUFFIX, Result, ResultError, read_result
+from trainguard.exporter.restore_result import (
+    SUFFIX,
+    Result,
+    ResultError,
+    read_result,
+    results_dir,
+)
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget
 
@@ -65,10 +71,10 @@ class RestoreCollector(Collector):
 
     @classmethod
     def build(cls, setup: Setup) -> RestoreCollector:
-        return cls(setup.state_dir, setup.table.checkpoint_targets)
+        return cls(results_dir(setup.state_dir), setup.table.checkpoint_targets)
 
-    def __init__(self, state_dir: Path, targets: Targets) -> None:
-        self._state_dir = state_dir
+    def __init__(self, results: Path, targets: Targets) -> None:
+        self._state_dir = results  # <state dir>/restore
         self._targets = targets
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[_Key, Result | ResultError]] = {}
@@ -103,11 +109,11 @@ class RestoreCollector(Collector):
             self._cache.clear()
             return []
         except OSError as exc:
-            scrape.error(f"state dir {self._state_dir}: cannot list: {exc.strerror or exc}")
+            scrape.error(f"restore results {self._state_dir}: cannot list: {exc.strerror or exc}")
             return []
         if len(entries) > MAX_RESULTS:
             scrape.error(
-                f"state dir {self._state_dir}: more than {MAX_RESULTS} restore results; only the "
+                f"restore results {self._state_dir}: more than {MAX_RESULTS}; only the "
                 f"{MAX_RESULTS} most recently written are read"
             )
             entries = heapq.nlargest(MAX_RESULTS, entries, key=_mtime)

@@ -31,6 +31,7 @@ from trainguard.exporter.restore_result import (
     ResultError,
     read_result,
     result_filename,
+    results_dir,
     write_result,
 )
 from trainguard.shared.heartbeat import check_run_name
@@ -306,7 +307,9 @@ def _result(
     elif not args.no_result:
         state_dir = Path(args.state_dir).expanduser() if args.state_dir else default_state_dir()
         with contextlib.suppress(OSError, ResultError):
-            before = read_result(state_dir / result_filename(directory, args.run, args.location))
+            before = read_result(
+                results_dir(state_dir) / result_filename(directory, args.run, args.location)
+            )
             verified = (before.verified_step, before.verified_time, before.verified_checkpoint)
     return Result(
         path=directory,
