@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -178,6 +179,58 @@ def test_a_failed_lightning_save_is_counted(
         _fit(tmp_path, full_disk, plugins)
     assert "unexpected pos" in str(raised.value) or "No space" in str(raised.value)
     assert status(state, full_disk).failures == {"enospc": 1}
+
+
+HF_TRAIN = """
+import sys
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+from trainguard.integrations.transformers import TrainguardCallback
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.big = nn.Linear(1024, 1024)  # 4 MiB of weights: more than the 2 MiB disk
+
+    def forward(self, x, labels=None):
+        out = self.big(x).sum(dim=1, keepdim=True)
+        return {"loss": nn.functional.mse_loss(out, labels), "logits": out}
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return {"x": torch.ones(1024), "labels": torch.zeros(1)}
+
+args = TrainingArguments(
+    output_dir=sys.argv[1], max_steps=3, save_steps=2, per_device_train_batch_size=4,
+    report_to=[], use_cpu=True, logging_steps=1,
+)
+Trainer(Model(), args, train_dataset=Data(), callbacks=[TrainguardCallback("hf-full")]).train()
+"""
+
+
+def test_a_failed_hugging_face_save_is_counted(
+    tmp_path: Path, full_disk: Path, state: Path
+) -> None:
+    """The Trainer's own save fails on the full disk and ends ``train()``; no callback hears
+    of it, so the callback counts the announced save that never reached ``on_save`` at exit."""
+    pytest.importorskip("transformers")
+    out = full_disk / "out"
+    env = child_env({"TRAINGUARD_STATE_DIR": str(state), "OMP_NUM_THREADS": "1"})
+    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+    got = subprocess.run(
+        [sys.executable, "-c", HF_TRAIN, str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert got.returncode != 0, got.stdout[-2000:] + got.stderr[-2000:]
+    assert "failed" in got.stderr and "counted" in got.stderr, got.stderr[-3000:]
+    assert status(state, out).failures == {"enospc": 1}, got.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- in process
