@@ -314,6 +314,16 @@ GROUP = Group(
                   trainguard_gpu_xid_errors_total offset ${xid_window}
               )
               and on (${target_labels}) (up offset ${xid_window} == 1)
+              or
+              # a count exported now by an exporter that restarted within the window (its
+              # process start time changed): counted since that restart, so news, even where
+              # the same code's series existed a window ago (the same Xid again after a node
+              # or exporter restart)
+              max by (${target_labels}, gpu, uuid, xid) (trainguard_gpu_xid_errors_total)
+              and on (${target_labels})
+                max by (${target_labels}) (
+                  changes(process_start_time_seconds[${xid_window}])
+                ) > 0
             )
             """,
         ),
