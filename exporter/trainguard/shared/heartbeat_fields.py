@@ -118,6 +118,18 @@ class Fields:
             raise self.fail(key, f"expected at most {limit} entries, got {len(value)}")
         return value
 
+    def section(self, key: str) -> Fields | None:
+        """The optional nested object ``key`` read as Fields of its own (None when absent).
+
+        Its errors name the field's whole path (``stuck.where``).
+        """
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected an object, got {kind_of(value)}")
+        return Fields(self.source, f"{self.where}{key}.", value)
+
     def scalars(self, key: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, v in self.mapping(key, MAX_SCALARS).items():
@@ -196,12 +208,9 @@ class Fields:
 
     def snapshots(self, key: str) -> SnapshotState | None:
         """The optional ``snapshots`` object: counts per reason, the newest files."""
-        value = self.data.get(key)
-        if value is None:
+        f = self.section(key)
+        if f is None:
             return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        f = Fields(self.source, f"{self.where}{key}.", value)
         counts = {}
         for name in ("counts", "failures"):
             table = f.mapping(name, len(SNAPSHOT_REASONS))
@@ -215,10 +224,10 @@ class Fields:
                 ):
                     raise f.fail(f"{name}.{reason}", "expected an integer >= 0")
             counts[name] = table
-        history = value.get("history")
+        history = f.data.get("history")
         if history is not None and not isinstance(history, bool):
             raise f.fail("history", f"expected true, false or null, got {kind_of(history)}")
-        requests = value.get("requests", False)
+        requests = f.data.get("requests", False)
         if not isinstance(requests, bool):
             raise f.fail("requests", f"expected true or false, got {kind_of(requests)}")
         recent = []
@@ -243,12 +252,9 @@ class Fields:
 
     def stuck(self, key: str) -> Stuck | None:
         """The optional ``stuck`` object: when, where (bounded text), which collective."""
-        value = self.data.get(key)
-        if value is None:
+        f = self.section(key)
+        if f is None:
             return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        f = Fields(self.source, f"{self.where}{key}.", value)
         collective = f.text("collective", 64, optional=True)
         if collective is not None and not SCALAR_NAME_RE.match(collective):
             raise f.fail("collective", "expected a function name (letters, digits and '_')")
@@ -260,12 +266,9 @@ class Fields:
 
     def timing(self, key: str) -> Timing | None:
         """The optional ``timing`` object: seconds waiting for data and computing, steps."""
-        value = self.data.get(key)
-        if value is None:
+        f = self.section(key)
+        if f is None:
             return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        f = Fields(self.source, f"{self.where}{key}.", value)
         return Timing(
             data_seconds=f.seconds("data_seconds"),
             compute_seconds=f.seconds("compute_seconds"),
@@ -330,12 +333,9 @@ class Fields:
 
     def job(self, key: str) -> JobInfo | None:
         """The optional ``job`` object (``trainguard.shared.jobinfo``), every field checked."""
-        value = self.data.get(key)
-        if value is None:
+        f = self.section(key)
+        if f is None:
             return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        f = Fields(self.source, f"{self.where}{key}.", value)
         job_id = f.text("id", MAX_JOB_ID)
         if not job_id:
             raise f.fail("id", "expected 1 or more characters")

@@ -6,19 +6,16 @@ Kept apart from :mod:`trainguard.shared.heartbeat_fields` so that the record and
 
 from __future__ import annotations
 
-from trainguard.shared.heartbeat import MAX_INT, SCALAR_NAME_RE, kind_of
+from trainguard.shared.heartbeat import MAX_INT, SCALAR_NAME_RE
 from trainguard.shared.heartbeat_fields import Fields
 from trainguard.shared.nonfinite import MAX_NONFINITE_NAMES, NonFinite
 
 
 def read_nonfinite(fields: Fields, key: str) -> NonFinite | None:
     """The optional ``nonfinite`` object of a heartbeat; None when absent (older reporters)."""
-    value = fields.data.get(key)
-    if value is None:
+    f = fields.section(key)
+    if f is None:
         return None
-    if not isinstance(value, dict):
-        raise fields.fail(key, f"expected an object, got {kind_of(value)}")
-    f = Fields(fields.source, f"{fields.where}{key}.", value)
     counts = f.mapping("counts", MAX_NONFINITE_NAMES)
     for name, count in counts.items():
         if not SCALAR_NAME_RE.match(name):
