@@ -116,6 +116,9 @@ NO_STEP = "none reported yet"
 #: steps at risk of a run that has steps and no complete primary checkpoint
 NO_CHECKPOINT = "no complete checkpoint: everything since the start is at risk"
 
+#: a snippet: the run's newest step over its ranks ("unknown" without one)
+LAST_STEP = query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS)
+
 #: annotations of every alert about a run (Group.run_context): what on-call needs in the
 #: notification whatever the alert (deploy/trainguard.tmpl prints them)
 RUN_CONTEXT = {

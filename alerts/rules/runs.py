@@ -13,7 +13,7 @@ trainer clock off by an hour must not page a healthy run.
 
 from __future__ import annotations
 
-from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.signals import stopped
@@ -61,7 +61,7 @@ SNIPPETS = {
         + ' | query | sortByLabel "rank" }}'
         '{{ if $i }}, {{ end }}{{ or $s.Labels.rank "-" }}{{ end }}'
     ),
-    "last_step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
+    "last_step": LAST_STEP,
     # "newest complete primary checkpoint at step 400", or that there is none
     "checkpoint_at": query_value(
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',

@@ -11,7 +11,7 @@ name the framework callbacks give it too); the non-finite streak is counted by t
 
 from __future__ import annotations
 
-from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
 
 #: the run's loss, without NaN and infinities (those are TrainingLossNonFinite's): what the
 #: spike's median is taken over; a NaN in a quantile would poison it
@@ -41,7 +41,7 @@ SNIPPETS = {
         '{{ if $i }}, {{ end }}{{ $s.Labels.name }} {{ $s.Value | printf "%.0f" }}'
         "{{ else }}none{{ end }}"
     ),
-    "last_step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS),
+    "last_step": LAST_STEP,
     "checkpoint": query_value(
         "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})',
         RUN_ARGS,
