@@ -46,7 +46,8 @@ def _corrupt_checkpoint(p: Path) -> None:
     os.utime(p / "step_1.pt", (old, old))
 
 
-def test_a_known_mismatch_survives_a_restart(tmp_path: Path) -> None:
+def _found_corrupt(tmp_path: Path) -> tuple[Path, Path]:
+    """A corrupt checkpoint that a first exporter found so and saved: (its directory, cache)."""
     p = tmp_path / "ckpt"
     _corrupt_checkpoint(p)
     cache = tmp_path / "cache" / "verified.json"
@@ -56,6 +57,11 @@ def test_a_known_mismatch_survives_a_restart(tmp_path: Path) -> None:
         poll(exp, lambda s: _ck(s, "hash_mismatch_files") == 1)
         # saved at once for a mismatch
         poll(exp, lambda s: cache.exists())
+    return p, cache
+
+
+def test_a_known_mismatch_survives_a_restart(tmp_path: Path) -> None:
+    p, cache = _found_corrupt(tmp_path)
     saved = json.loads(cache.read_text())
     assert [row[6] for row in saved["verdicts"]] == ["mismatch"]
     assert cache.stat().st_mode & 0o777 == 0o600
@@ -78,14 +84,7 @@ def test_a_known_mismatch_survives_a_restart(tmp_path: Path) -> None:
 def test_a_cache_others_can_write_is_not_trusted(tmp_path: Path) -> None:
     """A verdict file writable by others could hide a corrupt checkpoint: it is ignored (and
     said so), and the file is hashed again."""
-    p = tmp_path / "ckpt"
-    _corrupt_checkpoint(p)
-    cache = tmp_path / "cache" / "verified.json"
-    with Exporter(
-        args=[f"--config.file={_config(tmp_path, p, '100MiB', str(cache))}"], state_dir=tmp_path
-    ) as exp:
-        poll(exp, lambda s: _ck(s, "hash_mismatch_files") == 1)
-        poll(exp, lambda s: cache.exists())
+    p, cache = _found_corrupt(tmp_path)
     cache.chmod(0o666)
     slow = _config(tmp_path, p, "1KiB", str(cache))
     exp = Exporter(args=[f"--config.file={slow}"], state_dir=tmp_path)
