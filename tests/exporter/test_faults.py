@@ -8,7 +8,6 @@ where ``mount`` is refused."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -16,13 +15,13 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from helpers.run_child import heartbeat_path, own_heartbeat, put, start_child, wait_heartbeat
+from helpers.tmpfs import tmpfs, unmount
 from helpers.wait import wait_for
 from trainguard import Run
 from trainguard.checkpoint import save
@@ -33,29 +32,6 @@ def stop(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait()
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs mounted at ``path`` for the block (skips the test where mounting is not
-    permitted)."""
-    path.mkdir(exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {r.stderr}")
-    try:
-        yield path
-    finally:
-        unmount(path)
-
-
-def unmount(path: Path) -> None:
-    if os.path.ismount(path):
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 # ---------------------------------------------------------------- the state dir

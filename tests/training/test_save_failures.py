@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 
 from helpers.exporter_proc import Exporter, child_env, free_port, value
 from helpers.paths import HELPERS
+from helpers.tmpfs import tmpfs
 from helpers.wait import wait_for
 from helpers.zygote import Zygote
 from trainguard.checkpoint import outcomes, save
@@ -39,21 +39,8 @@ LAST_FAILURE = "trainguard_checkpoint_last_save_failure_timestamp_seconds"
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs, or a skip where this process may not mount one."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if shutil.which("mount") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root and mount(8)")
-    got = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if got.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {got.stderr.strip()}")
-    try:
+    with tmpfs(tmp_path / "small", "2m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 @pytest.fixture
