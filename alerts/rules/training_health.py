@@ -124,6 +124,7 @@ GROUP = Group(
             )
             """.replace("LOSS", LOSS),
             for_="${loss_spike_for}",
+            keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
             The loss of training run {{ $labels.run }} on {{ $labels.instance }} spiked.
             """,
