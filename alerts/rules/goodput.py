@@ -161,6 +161,7 @@ GROUP = Group(
                     for n in STATES
                 ),
             ),
+            keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
             Training run {{ $labels.run }} kept {{ $value | humanizePercentage }} of its
             time in productive steps over 24h.
