@@ -20,6 +20,7 @@ from helpers.exporter_proc import child_env
 from helpers.paths import REPO
 from helpers.promstack import ALERTMANAGER, PROMETHEUS
 from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
+from helpers.tmpfs import try_mount, unmount
 from helpers.wait import wait_for
 from trainguard import checkpoint
 from trainguard.run.allocator import allocator_stats
@@ -52,16 +53,6 @@ FILLING_QUERY = "-deriv(trainguard_checkpoint_filesystem_avail_bytes"
 LEAKING_QUERY = "(deriv(min_over_time(trainguard_run_allocator_allocated_bytes{"
 
 
-def mount_tmpfs(path: Path, size: str) -> bool:
-    """A tmpfs at ``path`` (where mounting is permitted: root with CAP_SYS_ADMIN)."""
-    path.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-        capture_output=True,
-    )
-    return r.returncode == 0
-
-
 class Filler(threading.Thread):
     """Fills a volume slowly and steadily, so that its free space only ever goes down."""
 
@@ -81,7 +72,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     ckpt, mirror = tmp_path / "ckpt", tmp_path / "mirror"
     log = tmp_path / "train.log"
     volume = tmp_path / "volume"
-    own_volume = mount_tmpfs(volume, "256m")
+    own_volume = try_mount(volume, "256m") is None
     (volume / "ckpt").mkdir()
     filler = Filler(volume / "filler")
     filler.start()
@@ -101,8 +92,7 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
     except BaseException:
         filler.done.set()
         filler.join()
-        if own_volume:
-            subprocess.run(["umount", "-l", str(volume)], check=False)
+        unmount(volume)
         raise
     sleeper = subprocess.Popen(["sleep", "300"])
     children: list[subprocess.Popen[bytes]] = []
@@ -235,5 +225,4 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.close()
         filler.done.set()
         filler.join()
-        if own_volume:
-            subprocess.run(["umount", "-l", str(volume)], check=False)
+        unmount(volume)

@@ -16,22 +16,32 @@ import pytest
 def tmpfs(path: Path, size: str) -> Iterator[Path]:
     """A real tmpfs mounted at ``path`` for the block (skips the test where mounting is not
     permitted)."""
-    if shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs mount(8)")
-    path.mkdir(exist_ok=True)
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {r.stderr}")
+    error = try_mount(path, size)
+    if error is not None:
+        pytest.skip(f"cannot mount a tmpfs here (needs root with CAP_SYS_ADMIN): {error}")
     try:
         yield path
     finally:
         unmount(path)
 
 
+def try_mount(path: Path, size: str) -> str | None:
+    """Mount a tmpfs at ``path`` (created if missing); None when mounted, else why not.
+
+    For a test that still has something to check without its own volume.
+    """
+    path.mkdir(exist_ok=True)
+    if shutil.which("mount") is None:
+        return "mount(8) is not installed"
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    return None if r.returncode == 0 else r.stderr.strip() or f"mount exited {r.returncode}"
+
+
 def unmount(path: Path) -> None:
+    """Lazily unmount ``path`` if something is mounted there."""
     if os.path.ismount(path):
         subprocess.run(["umount", "-l", str(path)], check=True)
