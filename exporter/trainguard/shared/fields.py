@@ -136,7 +136,7 @@ WRITTEN = WrittenDialect()
 
 def integer(value: Any, lo: int, hi: int, d: Dialect = UNTRUSTED) -> str | None:
     """An integer in lo..hi."""
-    if is_integer(value):
+    if type(value) is int or is_integer(value):  # the exact type first: no call (a hot path)
         if lo <= value <= hi:
             return None
         return d.number("an integer", lo, hi, value, True)
@@ -150,11 +150,15 @@ def number(
 
     ``kind`` names what is expected when the value is not a number (default: ``what``).
     """
-    if not is_number(value):
+    if type(value) is float:  # the common case: no call, no overflow possible
+        if lo <= value <= hi:  # False for NaN; infinities are out of any finite range
+            return None
+    elif not is_number(value):
         return d.expected(kind or what, value)
-    f = as_float(value)
-    if f is not None and math.isfinite(f) and lo <= f <= hi:
-        return None
+    else:
+        f = as_float(value)
+        if f is not None and math.isfinite(f) and lo <= f <= hi:
+            return None
     return d.number(what, f"{lo:.0f}", f"{hi:.0f}", value, True)
 
 
@@ -190,20 +194,22 @@ def mapping(value: Any, limit: int | None, d: Dialect, what: str = "") -> str | 
     """A mapping of at most limit entries (None: any number)."""
     if not isinstance(value, dict):
         return d.expected(what or d.kinds[dict], value)
-    return _bounded(value, limit)
+    if limit is not None and len(value) > limit:
+        return _too_many(value, limit)
+    return None
 
 
 def sequence(value: Any, limit: int | None, d: Dialect) -> str | None:
     """A list of at most limit items (None: any number)."""
     if not isinstance(value, list):
         return d.expected("a list", value)
-    return _bounded(value, limit)
-
-
-def _bounded(value: Collection[Any], limit: int | None) -> str | None:
     if limit is not None and len(value) > limit:
-        return f"expected at most {limit} entries, got {len(value)}"
+        return _too_many(value, limit)
     return None
+
+
+def _too_many(value: Collection[Any], limit: int) -> str:
+    return f"expected at most {limit} entries, got {len(value)}"
 
 
 # ------------------------------------------------------------------------------------ the node
