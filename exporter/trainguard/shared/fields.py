@@ -162,13 +162,15 @@ def number(
     return d.number(what, f"{lo:.0f}", f"{hi:.0f}", value, True)
 
 
-def text(value: Any, limit: int, d: Dialect = UNTRUSTED, *, what: str = "a string") -> str | None:
-    """A string of at most limit characters without control characters."""
+def text(
+    value: Any, limit: int, d: Dialect = UNTRUSTED, *, what: str = "a string", raw: bool = False
+) -> str | None:
+    """A string of at most limit characters without control characters (any, if ``raw``)."""
     if not isinstance(value, str):
         return d.expected(what, value)
     if len(value) > limit:
         return f"expected at most {limit} characters, got {len(value)}"
-    return text_problem(value)
+    return None if raw else text_problem(value)
 
 
 def nonempty_text(value: Any, d: Dialect = WRITTEN) -> str | None:
