@@ -3,7 +3,9 @@
 They check every field's type, range and length, with the field's path
 (``snapshots.recent[2].reason``) in every error. Used by
 :func:`trainguard.shared.heartbeat_read.parse_heartbeat`; like it, an error never quotes a string
-value from the file.
+value from the file. The checks themselves are the one field validator's
+(:mod:`trainguard.shared.fields`, which the config schema and restore results use too); this
+module says which field of a heartbeat gets which.
 """
 
 from __future__ import annotations
