@@ -8,13 +8,14 @@ memory only (it never writes the state directory), so a restart of the exporter 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import psutil
 
 from trainguard.exporter.config import RunConfig
+from trainguard.exporter.pid_file import read_pid_file
 from trainguard.shared import procinfo
+from trainguard.shared.fileio import UntrustedFileError
 
 #: ``_pid_from_file``'s answer when there is no pid file
 _MISSING = object()
@@ -138,16 +139,17 @@ class ConfiguredRuns:
         assert rc.pid_file is not None
         where = f"run {rc.name!r}: pid file {rc.pid_file}"
         try:
-            with open(rc.pid_file, "rb") as fh:
-                raw = fh.read(65)
-                written = os.fstat(fh.fileno()).st_mtime
+            raw, written = read_pid_file(rc.pid_file)
         except FileNotFoundError:
             return None, _MISSING
+        except UntrustedFileError as exc:  # a link to another's file, a FIFO, too big
+            errors.append(f"{where}: {exc.why}")
+            return None, None
         except OSError as exc:
             errors.append(f"{where}: cannot read: {exc.strerror or exc}")
             return None, None
         text = raw.strip()
-        if len(raw) > 64 or not text.isdigit() or not 0 < int(text) < 2**32:
+        if not text.isdigit() or not 0 < int(text) < 2**32:
             errors.append(f"{where}: expected a process id")
             return None, None
         pid = int(text)

@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainguard.shared import fields
 from trainguard.shared.fileio import read_untrusted, replace_file
-from trainguard.shared.heartbeat import MAX_PATH, MAX_TIME, check_run_name, kind_of, text_problem
+from trainguard.shared.heartbeat import MAX_PATH, MAX_TIME, check_run_name, kind_of
 
 FORMAT = 1
 SUFFIX = ".restore.json"
@@ -107,27 +108,27 @@ def read_result(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> R
         raise ResultError(f"{source}: not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ResultError(f"{source}: expected a JSON object, got {kind_of(doc)}")
-    if doc.get("format") != FORMAT:
-        raise ResultError(f"{source}: field 'format': expected {FORMAT}, got {doc.get('format')!r}")
-    fields = _Fields(source, doc)
-    run = fields.opt_text("run", MAX_NAME)
+    if problem := fields.integer(doc.get("format"), FORMAT, FORMAT):
+        raise ResultError(f"{source}: field 'format': {problem}")
+    doc_fields = _Fields(source, doc)
+    run = doc_fields.opt_text("run", MAX_NAME)
     if run is not None and (problem := check_run_name(run)):
         raise ResultError(f"{source}: field 'run': {problem}")
-    location = fields.opt_text("location", 128)
+    location = doc_fields.opt_text("location", 128)
     if location is not None and not LOCATION_RE.match(location):
         raise ResultError(f"{source}: field 'location': expected [A-Za-z0-9_.:-]{{1,128}}")
     result = Result(
-        path=fields.text("path", MAX_PATH),
+        path=doc_fields.text("path", MAX_PATH),
         run=run,
         location=location,
-        time=fields.time("time"),
-        ok=fields.flag("ok"),
-        reason=fields.text("reason", MAX_REASON),
-        checkpoint=fields.opt_text("checkpoint", MAX_NAME),
-        step=fields.step("step"),
-        verified_step=fields.step("verified_step"),
-        verified_time=fields.opt_time("verified_time"),
-        verified_checkpoint=fields.opt_text("verified_checkpoint", MAX_NAME),
+        time=doc_fields.time("time"),
+        ok=doc_fields.flag("ok"),
+        reason=doc_fields.text("reason", MAX_REASON),
+        checkpoint=doc_fields.opt_text("checkpoint", MAX_NAME),
+        step=doc_fields.step("step"),
+        verified_step=doc_fields.step("verified_step"),
+        verified_time=doc_fields.opt_time("verified_time"),
+        verified_checkpoint=doc_fields.opt_text("verified_checkpoint", MAX_NAME),
     )
     if (result.verified_step is None) != (result.verified_time is None):
         raise ResultError(f"{source}: fields 'verified_step' and 'verified_time': both or neither")
@@ -136,51 +137,49 @@ def read_result(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> R
     return result
 
 
-class _Fields:
-    """Typed, range-checked access to a result document's fields, naming the field in errors."""
+class _Fields(fields.Node):
+    """A result document's fields, checked by :mod:`trainguard.shared.fields` (as heartbeats).
+
+    Errors name the file and the field and never quote a string from the file.
+    """
+
+    __slots__ = ("source",)
 
     def __init__(self, source: str, doc: dict[str, Any]) -> None:
+        super().__init__(doc)
         self.source = source
-        self.doc = doc
 
-    def _fail(self, name: str, why: str) -> ResultError:
-        return ResultError(f"{self.source}: field {name!r}: {why}")
+    def error(self, path: str, message: str) -> ResultError:
+        return ResultError(f"{self.source}: field {path!r}: {message}")
+
+    def _checked(self, name: str, problem: str | None) -> Any:
+        self.check_at(name, problem)
+        return self.raw.get(name)
 
     def opt_text(self, name: str, limit: int) -> str | None:
-        return None if self.doc.get(name) is None else self.text(name, limit)
+        return None if self.raw.get(name) is None else self.text(name, limit)
 
     def text(self, name: str, limit: int) -> str:
-        value = self.doc.get(name)
-        if not isinstance(value, str):
-            raise self._fail(name, f"expected a string, got {kind_of(value)}")
-        if len(value) > limit:
-            raise self._fail(name, f"longer than {limit} characters")
-        problem = text_problem(value) if name != "reason" else None
-        if problem:
-            raise self._fail(name, problem)
-        return value
+        value = self.raw.get(name)
+        if name == "reason":  # a program's own words: line ends and tabs are kept
+            return self._checked(name, fields.text(value, limit, raw=True))
+        return self._checked(name, fields.text(value, limit))
 
     def flag(self, name: str) -> bool:
-        value = self.doc.get(name)
-        if not isinstance(value, bool):
-            raise self._fail(name, f"expected true or false, got {kind_of(value)}")
-        return value
+        return self._checked(name, fields.boolean(self.raw.get(name)))
 
     def opt_time(self, name: str) -> float | None:
-        return None if self.doc.get(name) is None else self.time(name)
+        return None if self.raw.get(name) is None else self.time(name)
 
     def time(self, name: str) -> float:
-        value = self.doc.get(name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self._fail(name, f"expected seconds since the epoch, got {kind_of(value)}")
-        if not math.isfinite(value) or not 0 < value <= MAX_TIME:
-            raise self._fail(name, f"expected seconds since the epoch, got {value!r}")
-        return float(value)
+        # 0 is no time a drill finished at (what a zeroed clock or file says)
+        problem = fields.number(self.raw.get(name), _EPOCH, MAX_TIME, "seconds since the epoch")
+        return float(self._checked(name, problem))
 
     def step(self, name: str) -> int | None:
-        value = self.doc.get(name)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STEP:
-            raise self._fail(name, f"expected a step (0..2^63-1), got {value!r}")
-        return value
+        value = self.raw.get(name)
+        return None if value is None else self._checked(name, fields.integer(value, 0, MAX_STEP))
+
+
+#: the least time a result may hold: after 0, as before
+_EPOCH = math.ulp(0.0)

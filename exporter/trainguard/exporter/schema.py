@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from trainguard.exporter.yamlfile import ConfigError, Located, LocatedList, Mark
-from trainguard.shared import units
+from trainguard.shared import fields, units
 
 T = TypeVar("T")
 Convert = Callable[["Value"], Any]
@@ -61,16 +61,24 @@ def keys(cls: type) -> dict[str, tuple[dataclasses.Field[Any], Key]]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Value:
-    """A value of the document with its path and position: what converters read."""
+class Value(fields.Node):
+    """A value of the document with its path and position: what converters read.
 
-    raw: Any
-    path: str
-    mark: Mark | None
-    source: str
-    base: Path | None = None
-    """the directory of the file, for paths written relative to it"""
+    The checks and the path are :mod:`trainguard.shared.fields`' (the heartbeat reader's too);
+    an error is a :class:`~trainguard.exporter.yamlfile.ConfigError` with the line and column.
+    """
+
+    __slots__ = ("base", "mark", "source")
+    dialect = fields.WRITTEN
+
+    def __init__(
+        self, raw: Any, path: str, mark: Mark | None, source: str, base: Path | None = None
+    ) -> None:
+        super().__init__(raw, path)
+        self.mark = mark
+        self.source = source
+        self.base = base
+        """the directory of the file, for paths written relative to it"""
 
     @classmethod
     def root(cls, data: Any, source: str, base: Path | None = None) -> Value:
@@ -81,8 +89,8 @@ class Value:
         """
         return cls(data, "", getattr(data, "mark", None), source, base)
 
-    def fail(self, message: str) -> NoReturn:
-        raise ConfigError(self.source, message, field=self.path or "<top level>", mark=self.mark)
+    def error(self, path: str, message: str) -> ConfigError:
+        return ConfigError(self.source, message, field=path or "<top level>", mark=self.mark)
 
     def _at(self, path: str, raw: Any, mark: Mark | None) -> Value:
         return Value(raw, path, mark or self.mark, self.source, self.base)
@@ -91,21 +99,19 @@ class Value:
         """The value of a key of this mapping (its raw value None when not given)."""
         raw = self.raw if isinstance(self.raw, dict) else {}
         at = raw.values_at.get(name) if isinstance(raw, Located) else None
-        return self._at(f"{self.path}.{name}" if self.path else str(name), raw.get(name), at)
+        return self._at(fields.join(self.path, name), raw.get(name), at)
 
     def key_of(self, name: Any) -> Value:
         """A key of this mapping itself, for errors about the key (unknown, a bad name)."""
         at = self.raw.keys_at.get(name) if isinstance(self.raw, Located) else None
-        return self._at(f"{self.path}.{name}" if self.path else str(name), name, at)
+        return self._at(fields.join(self.path, name), name, at)
 
     def mapping(self, what: str = "a mapping") -> dict[Any, Any]:
-        if not isinstance(self.raw, dict):
-            self.fail(f"expected {what}, got {kind(self.raw)}")
+        self.check(fields.mapping(self.raw, None, self.dialect, what))
         return self.raw
 
     def items(self) -> Iterator[Value]:
-        if not isinstance(self.raw, list):
-            self.fail(f"expected a list, got {kind(self.raw)}")
+        self.check(fields.sequence(self.raw, None, self.dialect))
         marks = self.raw.items_at if isinstance(self.raw, LocatedList) else []
         for i, item in enumerate(self.raw):
             yield self._at(f"{self.path}[{i}]", item, marks[i] if i < len(marks) else None)
@@ -120,13 +126,7 @@ class Value:
 
 def kind(value: Any) -> str:
     """What a YAML value is, for "expected X, got Y"."""
-    if value is None:
-        return "nothing"
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
-    for t, name in {**names, int: "an integer"}.items():
-        if isinstance(value, t):
-            return name
-    return "a number" if isinstance(value, float) else f"a {type(value).__name__}"
+    return fields.WRITTEN.kind(value)
 
 
 def read(cls: type[T], value: Value, **extra: Any) -> T:
@@ -135,12 +135,12 @@ def read(cls: type[T], value: Value, **extra: Any) -> T:
     A null value means all defaults; extra sets fields that are not YAML keys.
     """
     raw = {} if value.raw is None else value.mapping()
-    fields = keys(cls)
+    known = keys(cls)
     for name in raw:
-        if name not in fields:
-            value.key_of(name).fail(f"unknown key; expected one of: {', '.join(fields)}")
+        if name not in known:
+            value.key_of(name).fail(f"unknown key; expected one of: {', '.join(known)}")
     kwargs = dict(extra)
-    for name, (f, meta) in fields.items():
+    for name, (f, meta) in known.items():
         child = value.child(name)
         if child.raw is not None:
             kwargs[f.name] = meta.convert(child)
@@ -149,7 +149,7 @@ def read(cls: type[T], value: Value, **extra: Any) -> T:
     try:
         return cls(**kwargs)
     except FieldError as exc:
-        yaml_name = next((n for n, (f, _) in fields.items() if f.name == exc.field), "")
+        yaml_name = next((n for n, (f, _) in known.items() if f.name == exc.field), "")
         (value.child(yaml_name) if yaml_name else value).fail(str(exc))
 
 
@@ -162,8 +162,7 @@ def section(cls: type[T]) -> Callable[[Value], T]:
 
 
 def string(value: Value) -> str:
-    if not isinstance(value.raw, str) or not value.raw:
-        value.fail(f"expected a non-empty string, got {kind(value.raw)}")
+    value.check(fields.nonempty_text(value.raw))
     return value.raw
 
 
@@ -209,8 +208,7 @@ def regex(value: Value) -> re.Pattern[str]:
 
 
 def boolean(value: Value) -> bool:
-    if not isinstance(value.raw, bool):
-        value.fail(f"expected true or false, got {value.raw!r}")
+    value.check(fields.boolean(value.raw, fields.WRITTEN))
     return value.raw
 
 
@@ -226,10 +224,8 @@ def size(value: Value) -> int:
 
 def integer(lo: int, hi: int) -> Convert:
     def convert(value: Value) -> int:
-        raw = value.raw
-        if not isinstance(raw, int) or isinstance(raw, bool) or not lo <= raw <= hi:
-            value.fail(f"expected an integer {lo}-{hi}, got {raw!r}")
-        return raw
+        value.check(fields.integer(value.raw, lo, hi, fields.WRITTEN))
+        return value.raw
 
     return convert
 
@@ -238,8 +234,7 @@ def choice(options: Mapping[str, Any] | tuple[str, ...]) -> Convert:
     """One of the names in options, as written."""
 
     def convert(value: Value) -> str:
-        if value.raw not in options:
-            value.fail(f"expected one of {', '.join(options)}, got {value.raw!r}")
+        value.check(fields.choice(value.raw, options, fields.WRITTEN))
         return str(value.raw)
 
     return convert

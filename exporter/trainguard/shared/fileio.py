@@ -197,18 +197,27 @@ def open_untrusted(
 
 
 def read_untrusted(
-    path: str | os.PathLike[str], cap: int, *, dir_fd: int | None = None
+    path: str | os.PathLike[str],
+    cap: int,
+    *,
+    dir_fd: int | None = None,
+    refuse: Callable[[os.stat_result], str | None] | None = None,
 ) -> tuple[bytes, os.stat_result]:
     """Read a small file that anyone may have written: its content (up to ``cap`` bytes), fstat.
 
     Such files are heartbeats, records, markers, tracker files, snapshot requests. This is the one
     place their common checks live (opened as :func:`open_untrusted`, then a size above ``cap``
     refused before reading and again if the file grows while being read), so no reader can forget
-    one. FileNotFoundError when it is not there; :class:`UntrustedFileError` for anything else.
+    one. ``refuse(fstat)``, when given, says why the file opened is refused (its owner, say),
+    before a byte is read. FileNotFoundError when it is not there; :class:`UntrustedFileError` for
+    anything else.
     """
     source = os.fspath(path)
     fd, st = open_untrusted(source, dir_fd=dir_fd)
     try:
+        refused = refuse(st) if refuse is not None else None
+        if refused:
+            raise UntrustedFileError(source, refused)
         if st.st_size > cap:
             raise UntrustedFileError(
                 source,

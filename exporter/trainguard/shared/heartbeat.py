@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainguard.shared.fields import UNTRUSTED, text_problem
 from trainguard.shared.fileio import replace_file
 from trainguard.shared.jobinfo import JobInfo
 from trainguard.shared.nonfinite import NonFinite
@@ -61,7 +62,6 @@ SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
 MIRROR_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 _UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class HeartbeatError(ValueError):
@@ -354,24 +354,6 @@ def write_heartbeat(path: str | os.PathLike[str], data: Heartbeat | Mapping[str,
     replace_file(path, payload, fsync=True)
 
 
-def text_problem(value: str) -> str | None:
-    if _CONTROL.search(value):
-        return "contains control characters"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "contains an unpaired surrogate (not encodable as UTF-8)"
-    return None
-
-
 def kind_of(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {
-        dict: "an object",
-        list: "a list",
-        str: "a string",
-        bool: "a boolean",
-        int: "an integer",
-        float: "a number",
-    }.get(type(value), f"a {type(value).__name__}")
+    """What a JSON value is, for "expected X, got Y" (:class:`trainguard.shared.fields.Dialect`)."""
+    return UNTRUSTED.kind(value)

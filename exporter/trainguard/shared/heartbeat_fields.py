@@ -3,15 +3,17 @@
 They check every field's type, range and length, with the field's path
 (``snapshots.recent[2].reason``) in every error. Used by
 :func:`trainguard.shared.heartbeat_read.parse_heartbeat`; like it, an error never quotes a string
-value from the file.
+value from the file. The checks themselves are the one field validator's
+(:mod:`trainguard.shared.fields`, which the config schema and restore results use too); this
+module says which field of a heartbeat gets which.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
+from trainguard.shared import fields
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
 from trainguard.shared.heartbeat import (
     CAUSES,
@@ -37,85 +39,84 @@ from trainguard.shared.heartbeat import (
     SnapshotState,
     Stuck,
     Timing,
-    kind_of,
-    text_problem,
 )
 from trainguard.shared.jobinfo import LAUNCHERS, MAX_JOB_ID, MAX_JOB_INT, JobInfo
 
 _MISSING = object()
 
 
-class Fields:
-    """Reads one JSON object, naming the field path in every error."""
+class Fields(fields.Node):
+    """One JSON object of a heartbeat, its fields read by the checks of :mod:`~.fields`.
 
-    def __init__(self, source: str, where: str, data: dict[str, Any]) -> None:
+    Every error is a :class:`HeartbeatError` naming the file and the field's whole path.
+    """
+
+    __slots__ = ("source",)
+
+    def __init__(self, source: str, data: dict[str, Any], path: str = "") -> None:
+        super().__init__(data, path)
         self.source = source
-        self.where = where
-        self.data = data
 
-    def fail(self, key: str, message: str) -> HeartbeatError:
-        return HeartbeatError(f"{self.source}: field '{self.where}{key}': {message}")
+    def error(self, path: str, message: str) -> HeartbeatError:
+        return HeartbeatError(f"{self.source}: field '{path}': {message}")
+
+    def _absent(self, key: str, default: Any) -> Any:
+        if default is _MISSING:
+            self.fail_at(key, "missing (or null)")
+        return default
 
     def get(self, key: str, check: Any, *, default: Any = _MISSING) -> Any:
-        value = self.data.get(key, _MISSING)
-        if value is _MISSING or value is None:
-            if default is not _MISSING:
-                return default
-            raise self.fail(key, "missing (or null)")
+        """The field key checked by check (a problem or None); null counts as missing."""
+        value = self.raw.get(key)
+        if value is None:
+            return self._absent(key, default)
         problem = check(value)
         if problem:
-            raise self.fail(key, problem)
+            self.fail_at(key, problem)
         return value
 
     def integer(
         self, key: str, lo: int, hi: int, *, optional: bool = False, default: Any = _MISSING
     ) -> Any:
-        def check(v: Any) -> str | None:
-            if not isinstance(v, int) or isinstance(v, bool):
-                return f"expected an integer, got {kind_of(v)}"
-            if not lo <= v <= hi:
-                return f"expected an integer in {lo}..{hi}, got {_short_int(v)}"
-            return None
-
-        return self.get(key, check, default=None if optional else default)
+        value = self.raw.get(key)
+        if value is None:
+            return self._absent(key, None if optional else default)
+        problem = fields.integer(value, lo, hi)
+        if problem:
+            self.fail_at(key, problem)
+        return value
 
     def timestamp(self, key: str, *, optional: bool = False) -> Any:
-        def check(v: Any) -> str | None:
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                return f"expected seconds since the epoch, got {kind_of(v)}"
-            f = _as_float(v)
-            if f is None or not (math.isfinite(f) and 0 <= f <= MAX_TIME):
-                shown = _short_int(v) if isinstance(v, int) else repr(v)
-                return f"expected seconds since the epoch in 0..{MAX_TIME:.0f}, got {shown}"
-            return None
-
-        value = self.get(key, check, default=None if optional else _MISSING)
-        return None if value is None else float(value)
+        value = self.raw.get(key)
+        if value is None:
+            return self._absent(key, None if optional else _MISSING)
+        problem = fields.number(value, 0, MAX_TIME, "seconds since the epoch")
+        if problem:
+            self.fail_at(key, problem)
+        return float(value)
 
     def text(self, key: str, limit: int, *, optional: bool = False, default: Any = _MISSING) -> Any:
-        def check(v: Any) -> str | None:
-            if not isinstance(v, str):
-                return f"expected a string, got {kind_of(v)}"
-            if len(v) > limit:
-                return f"expected at most {limit} characters, got {len(v)}"
-            return text_problem(v)
+        value = self.raw.get(key)
+        if value is None:
+            return self._absent(key, None if optional else default)
+        problem = fields.text(value, limit)
+        if problem:
+            self.fail_at(key, problem)
+        return value
 
-        return self.get(key, check, default=None if optional else default)
-
-    def path(self, key: str) -> str | None:
+    def abspath(self, key: str) -> str | None:
         value: str | None = self.text(key, MAX_PATH, optional=True)
         if value is not None and not os.path.isabs(value):
-            raise self.fail(key, "expected an absolute path")
+            self.fail_at(key, "expected an absolute path")
         return value
 
     def mapping(self, key: str, limit: int) -> dict[str, Any]:
-        value = self.data.get(key)
+        value = self.raw.get(key)
         if value is None:
             return {}
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        if len(value) > limit:
-            raise self.fail(key, f"expected at most {limit} entries, got {len(value)}")
+        problem = fields.mapping(value, limit, fields.UNTRUSTED)
+        if problem:
+            self.fail_at(key, problem)
         return value
 
     def section(self, key: str) -> Fields | None:
@@ -123,23 +124,24 @@ class Fields:
 
         Its errors name the field's whole path (``stuck.where``).
         """
-        value = self.data.get(key)
+        value = self.raw.get(key)
         if value is None:
             return None
-        if not isinstance(value, dict):
-            raise self.fail(key, f"expected an object, got {kind_of(value)}")
-        return Fields(self.source, f"{self.where}{key}.", value)
+        problem = fields.mapping(value, None, fields.UNTRUSTED)
+        if problem:
+            self.fail_at(key, problem)
+        return Fields(self.source, value, fields.join(self.path, key))
 
     def scalars(self, key: str) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, v in self.mapping(key, MAX_SCALARS).items():
             if not SCALAR_NAME_RE.match(name):
-                raise self.fail(key, "expected names of letters, digits and '_' (at most 64)")
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                raise self.fail(f"{key}.{name}", f"expected a number, got {kind_of(v)}")
-            f = _as_float(v)
+                self.fail_at(key, "expected names of letters, digits and '_' (at most 64)")
+            if not fields.is_number(v):
+                self.fail_at(f"{key}.{name}", fields.UNTRUSTED.expected("a number", v))
+            f = fields.as_float(v)
             if f is None:
-                raise self.fail(f"{key}.{name}", f"number out of range: {_short_int(int(v))}")
+                self.fail_at(f"{key}.{name}", f"number out of range: {fields.short_int(int(v))}")
             out[name] = f  # NaN and infinities are allowed: a NaN loss is news
         return out
 
@@ -147,39 +149,39 @@ class Fields:
         out: dict[str, str] = {}
         for name, v in self.mapping(key, MAX_MIRRORS).items():
             if name == "primary" or not MIRROR_NAME_RE.match(name):
-                raise self.fail(
+                self.fail_at(
                     key,
                     "expected mirror names other than 'primary' (letters, "
                     "digits, _ . : -, at most 128)",
                 )
-            sub = Fields(self.source, f"{self.where}{key}.", {name: v})
-            path = sub.path(name)
+            sub = Fields(self.source, {name: v}, fields.join(self.path, key))
+            path = sub.abspath(name)
             if path is None:
-                raise sub.fail(name, "expected an absolute path")
+                sub.fail_at(name, "expected an absolute path")
             out[name] = path
         return out
 
     def items(self, key: str, limit: int) -> list[dict[str, Any]]:
-        value = self.data.get(key)
+        value = self.raw.get(key)
         if value is None:
             return []
-        if not isinstance(value, list):
-            raise self.fail(key, f"expected a list, got {kind_of(value)}")
-        if len(value) > limit:
-            raise self.fail(key, f"expected at most {limit} entries, got {len(value)}")
+        problem = fields.sequence(value, limit, fields.UNTRUSTED)
+        if problem:
+            self.fail_at(key, problem)
         for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise self.fail(f"{key}[{i}]", f"expected an object, got {kind_of(item)}")
+            problem = fields.mapping(item, None, fields.UNTRUSTED)
+            if problem:
+                self.fail_at(f"{key}[{i}]", problem)
         return value
 
     def allocator(self, key: str) -> tuple[AllocatorStats, ...]:
         out = []
         seen: set[int] = set()
         for i, item in enumerate(self.items(key, MAX_DEVICES)):
-            f = Fields(self.source, f"{self.where}{key}[{i}].", item)
+            f = Fields(self.source, item, fields.join(self.path, f"{key}[{i}]"))
             device = f.integer("device", 0, 1023)
             if device in seen:
-                raise self.fail(f"{key}[{i}].device", f"device {device} listed twice")
+                self.fail_at(f"{key}[{i}].device", f"device {device} listed twice")
             seen.add(device)
             out.append(
                 AllocatorStats(
@@ -203,7 +205,7 @@ class Fields:
             return None
         uuid = normalize_gpu_uuid(value)
         if uuid is None:
-            raise self.fail(key, "expected a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+            self.fail_at(key, "expected a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
         return uuid
 
     def snapshots(self, key: str) -> SnapshotState | None:
@@ -216,23 +218,18 @@ class Fields:
             table = f.mapping(name, len(SNAPSHOT_REASONS))
             for reason, count in table.items():
                 if reason not in SNAPSHOT_REASONS:
-                    raise f.fail(f"{name}.{reason[:32]}", "not a snapshot reason")
-                if (
-                    isinstance(count, bool)
-                    or not isinstance(count, int)
-                    or not 0 <= count <= MAX_INT
-                ):
-                    raise f.fail(f"{name}.{reason}", "expected an integer >= 0")
+                    f.fail_at(f"{name}.{reason[:32]}", "not a snapshot reason")
+                if fields.integer(count, 0, MAX_INT):
+                    f.fail_at(f"{name}.{reason}", "expected an integer >= 0")
             counts[name] = table
-        history = f.data.get("history")
+        history = f.raw.get("history")
         if history is not None and not isinstance(history, bool):
-            raise f.fail("history", f"expected true, false or null, got {kind_of(history)}")
-        requests = f.data.get("requests", False)
-        if not isinstance(requests, bool):
-            raise f.fail("requests", f"expected true or false, got {kind_of(requests)}")
+            f.fail_at("history", fields.UNTRUSTED.expected("true, false or null", history))
+        requests = f.raw.get("requests", False)
+        f.check_at("requests", fields.boolean(requests))
         recent = []
         for i, item in enumerate(f.items("recent", MAX_RECENT_SNAPSHOTS)):
-            r = Fields(self.source, f"{self.where}{key}.recent[{i}].", item)
+            r = Fields(self.source, item, fields.join(self.path, f"{key}.recent[{i}]"))
             recent.append(
                 SnapshotRecord(
                     file=r.get("file", _file_name),
@@ -257,7 +254,7 @@ class Fields:
             return None
         collective = f.text("collective", 64, optional=True)
         if collective is not None and not SCALAR_NAME_RE.match(collective):
-            raise f.fail("collective", "expected a function name (letters, digits and '_')")
+            f.fail_at("collective", "expected a function name (letters, digits and '_')")
         return Stuck(
             since=f.timestamp("since"),
             where=f.text("where", MAX_STUCK_WHERE),
@@ -277,22 +274,18 @@ class Fields:
 
     def seconds(self, key: str) -> float:
         """A finite number of seconds >= 0 (a duration or a sum of them)."""
-
-        def check(v: Any) -> str | None:
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                return f"expected a number of seconds, got {kind_of(v)}"
-            f = _as_float(v)
-            if f is None or not (math.isfinite(f) and 0 <= f <= MAX_TIME):
-                shown = _short_int(v) if isinstance(v, int) else repr(v)
-                return f"expected seconds in 0..{MAX_TIME:.0f}, got {shown}"
-            return None
-
-        return float(self.get(key, check))
+        value = self.raw.get(key)
+        if value is None:
+            self.fail_at(key, "missing (or null)")
+        problem = fields.number(value, 0, MAX_TIME, "seconds", kind="a number of seconds")
+        if problem:
+            self.fail_at(key, problem)
+        return float(value)
 
     def deaths(self, key: str) -> tuple[Death, ...]:
         out = []
         for i, item in enumerate(self.items(key, MAX_DEATH_HISTORY)):
-            f = Fields(self.source, f"{self.where}{key}[{i}].", item)
+            f = Fields(self.source, item, fields.join(self.path, f"{key}[{i}]"))
             cause = f.get("cause", one_of(CAUSES))
             xid = f.integer("xid", 0, MAX_XID, optional=True)
             if cause == "unknown" and xid is not None:
@@ -338,7 +331,7 @@ class Fields:
             return None
         job_id = f.text("id", MAX_JOB_ID)
         if not job_id:
-            raise f.fail("id", "expected 1 or more characters")
+            f.fail_at("id", "expected 1 or more characters")
         return JobInfo(
             id=job_id,
             launcher=f.get("launcher", one_of(LAUNCHERS)),
@@ -349,34 +342,22 @@ class Fields:
 
 
 def _boolean(v: Any) -> str | None:
-    return None if isinstance(v, bool) else f"expected true or false, got {kind_of(v)}"
+    return fields.boolean(v)
 
 
 def _file_name(v: Any) -> str | None:
     """A plain file name (no directory part), at most 255 characters."""
     if not isinstance(v, str):
-        return f"expected a string, got {kind_of(v)}"
+        return fields.UNTRUSTED.expected("a string", v)
     if not 1 <= len(v) <= 255 or "/" in v or "\\" in v or v in (".", ".."):
         return "expected a file name"
-    return text_problem(v)
+    return fields.text_problem(v)
 
 
 def one_of(choices: tuple[str, ...]) -> Any:
+    """The check of a name that must be one of choices."""
+
     def check(v: Any) -> str | None:
-        if v not in choices or not isinstance(v, str):
-            return f"expected one of {', '.join(choices)}"
-        return None
+        return fields.choice(v, choices)
 
     return check
-
-
-def _as_float(value: float) -> float | None:
-    """The number as a float, None for an integer too large for one (JSON allows any size)."""
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
-def _short_int(value: int) -> str:
-    return str(value) if abs(value) < 10**30 else f"a {value.bit_length()}-bit number"

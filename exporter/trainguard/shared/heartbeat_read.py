@@ -113,7 +113,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
             f"{source}: field 'format': unsupported heartbeat format {shown} (this trainguard "
             f"reads format {FORMAT})"
         )
-    f = Fields(source, "", data)
+    f = Fields(source, data)
     run = f.get("run", check_run_name)
     rank = f.integer("rank", 0, MAX_RANK)
     state = f.get("state", one_of(STATES), default="running")
@@ -135,11 +135,11 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         boot_id=f.text("boot_id", 64, optional=True),
         boot_time=f.timestamp("boot_time", optional=True),
         pid_ns=f.integer("pid_ns", 0, 2**64 - 1, optional=True),
-        checkpoint_dir=f.path("checkpoint_dir"),
+        checkpoint_dir=f.abspath("checkpoint_dir"),
         checkpoint_pattern=f.text("checkpoint_pattern", 255, optional=True),
         checkpoint_layout=f.text("checkpoint_layout", 32, optional=True),
         mirrors=f.mirrors("mirrors"),
-        log_file=f.path("log_file"),
+        log_file=f.abspath("log_file"),
         allocator=f.allocator("allocator"),
         memory_snapshots=f.integer("memory_snapshots", 0, MAX_INT, default=0),
         deaths=f.integer("deaths", 0, MAX_INT, default=0),

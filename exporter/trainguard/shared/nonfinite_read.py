@@ -6,6 +6,7 @@ Kept apart from :mod:`trainguard.shared.heartbeat_fields` so that the record and
 
 from __future__ import annotations
 
+from trainguard.shared.fields import integer
 from trainguard.shared.heartbeat import MAX_INT, SCALAR_NAME_RE
 from trainguard.shared.heartbeat_fields import Fields
 from trainguard.shared.nonfinite import MAX_NONFINITE_NAMES, NonFinite
@@ -19,9 +20,9 @@ def read_nonfinite(fields: Fields, key: str) -> NonFinite | None:
     counts = f.mapping("counts", MAX_NONFINITE_NAMES)
     for name, count in counts.items():
         if not SCALAR_NAME_RE.match(name):
-            raise f.fail("counts", "expected names of letters, digits and '_' (at most 64)")
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_INT:
-            raise f.fail(f"counts.{name}", "expected an integer >= 0")
+            f.fail_at("counts", "expected names of letters, digits and '_' (at most 64)")
+        if integer(count, 0, MAX_INT):
+            f.fail_at(f"counts.{name}", "expected an integer >= 0")
     return NonFinite(
         counts=dict(counts), loss_streak=f.integer("loss_streak", 0, MAX_INT, default=0)
     )
