@@ -227,14 +227,16 @@ def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
 
 
 def launcher_job(strategy: Any) -> str | None:
-    """``lightning@<MASTER_ADDR>:<MASTER_PORT>`` for ranks Lightning's own launcher started.
+    """``lightning@<MASTER_ADDR>:<MASTER_PORT>`` for DDP ranks that no launcher identifies.
 
     ``Trainer(strategy="ddp", devices=N)`` run as a plain script starts the script again for
     each rank after 0 and sets none of the variables a job identity comes from
     (:mod:`trainguard.run.job`), so its ranks would each be a lone process to the rules (no
     TrainingJobRankDied for the job). Its rendezvous address, the same for every rank of one
-    launch, names the job (launcher ``user``, as ``Run(job=...)``). None under another
-    launcher (torchrun, Slurm: their own identity) or when the address is not set.
+    launch, names the job (launcher ``user``, as ``Run(job=...)``); as torchrun's fallback, a
+    later launch on the same address gets the same id. None when the environment names the job
+    (torchrun, Slurm, ``$TRAINGUARD_JOB``...), for other strategies (``ddp_spawn`` untested),
+    or when the address is not set.
     """
     if not isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher):
         return None
