@@ -3,6 +3,7 @@ on CPU.
 
     python examples/train_lightning.py --root /tmp/pl-run --max-steps 200 --save-steps 50
     python examples/train_lightning.py --root /tmp/pl-run --max-steps 400 --resume
+    python examples/train_lightning.py --root /tmp/pl-ddp --devices 2   # DDP, Lightning's launcher
 
 Checkpoints go to ``<root>/checkpoints/epoch=<E>-step=<N>.ckpt``, Lightning's default names,
 which the callback announces (pattern ``epoch={epoch}-step={step}``) and writes through
@@ -49,6 +50,9 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=200)
     ap.add_argument("--save-steps", type=int, default=50)
     ap.add_argument("--resume", action="store_true", help="from the newest complete checkpoint")
+    ap.add_argument(
+        "--devices", type=int, default=1, help="processes: 2 or more run DDP (gloo on CPU)"
+    )
     ap.add_argument("--name", default=None, help="run name (default: the root dir's name)")
     ap.add_argument("--state-dir", default=None, help="trainguard state dir (default: per user)")
     opts = ap.parse_args()
@@ -62,7 +66,9 @@ def main() -> None:
         default_root_dir=opts.root,
         max_steps=opts.max_steps,
         accelerator="cpu",
-        devices=1,
+        # several: Lightning's own launcher starts this script again for each rank after 0
+        devices=opts.devices,
+        strategy="ddp" if opts.devices > 1 else "auto",
         log_every_n_steps=10,
         logger=False,
         enable_progress_bar=False,

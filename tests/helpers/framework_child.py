@@ -131,7 +131,10 @@ def train_lightning(opts: argparse.Namespace) -> None:
         default_root_dir=opts.out,
         max_steps=opts.max_steps,
         accelerator="cpu",
-        devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),  # under torchrun: its processes
+        # under torchrun: its processes; --devices=2 --strategy=ddp: Lightning's own launcher,
+        # which starts this script again for rank 1
+        devices=opts.devices or int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        strategy=opts.strategy,
         log_every_n_steps=5,
         logger=False,
         enable_progress_bar=False,
@@ -161,6 +164,8 @@ def main() -> None:
     ap.add_argument("--save-steps", type=int, default=10)
     ap.add_argument("--gate-step", type=int, default=-1)
     ap.add_argument("--raise-step", type=int, default=-1, help="raise ValueError at this step")
+    ap.add_argument("--devices", type=int, default=0, help="Lightning: devices= (0: the launcher)")
+    ap.add_argument("--strategy", default="auto", help="Lightning: strategy=")
     ap.add_argument("--park-in-save-step", type=int, default=-1, help="Lightning: park mid-save")
     opts = ap.parse_args()
     faulthandler.register(signal.SIGUSR1)  # a test that gives up dumps where it hangs

@@ -127,10 +127,12 @@ class RunLife:
         checkpoint_dir: str | os.PathLike[str] | None,
         checkpoint_pattern: str | None,
         checkpoint_layout: str | None = None,
+        job: str | None = None,
     ) -> Run:
         """The open ``Run``, created at the first start (or after an end).
 
         After an end, a second ``train()`` is a new process life of the same run and rank.
+        ``job``: the framework's own launcher's job identity, unless the user gave one.
         """
         with self._lock:
             if self.run is not None and not self.ended:
@@ -142,6 +144,8 @@ class RunLife:
                 "rank": rank,
                 **self._run_kwargs,
             }
+            if job is not None and kwargs.get("job") is None:
+                kwargs["job"] = job
             self.run = Run(name, **kwargs)
             self.ended = False
             if not self._hooked:

@@ -38,6 +38,7 @@ from trainguard.checkpoint.outcomes import record_failure, tracked
 from trainguard.checkpoint.save import save
 from trainguard.integrations._common import RunLife, as_float, missing_framework, run_name
 from trainguard.integrations.timing import StepClock
+from trainguard.run.job import resolve_job
 from trainguard.run.reporter import Run
 from trainguard.shared.manifest import remove_record
 from trainguard.shared.pattern import CheckpointPattern, checkpoint_pattern_problem
@@ -48,6 +49,7 @@ try:
     from lightning.pytorch.callbacks import Callback, ModelCheckpoint
     from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
     from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy
+    from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 except ImportError as exc:  # lightning missing, or broken by its own dependencies
     raise missing_framework("lightning", "lightning", exc) from exc
 
@@ -224,6 +226,26 @@ def install_checkpoint_io(strategy: Any, pattern: str) -> str | None:
     return None
 
 
+def launcher_job(strategy: Any) -> str | None:
+    """``lightning@<MASTER_ADDR>:<MASTER_PORT>`` for DDP ranks that no launcher identifies.
+
+    ``Trainer(strategy="ddp", devices=N)`` run as a plain script starts the script again for
+    each rank after 0 and sets none of the variables a job identity comes from
+    (:mod:`trainguard.run.job`), so its ranks would each be a lone process to the rules (no
+    TrainingJobRankDied for the job). Its rendezvous address, the same for every rank of one
+    launch, names the job (launcher ``user``, as ``Run(job=...)``); as torchrun's fallback, a
+    later launch on the same address gets the same id. None when the environment names the job
+    (torchrun, Slurm, ``$TRAINGUARD_JOB``...), for other strategies (``ddp_spawn`` untested),
+    or when the address is not set.
+    """
+    if not isinstance(getattr(strategy, "launcher", None), _SubprocessScriptLauncher):
+        return None
+    if resolve_job() is not None:
+        return None
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return f"lightning@{addr}:{port}" if addr and port else None
+
+
 class TrainguardCallback(Callback):
     """Report a Lightning run to the trainguard exporter, with crash-safe checkpoint files.
 
@@ -292,7 +314,8 @@ class TrainguardCallback(Callback):
             else:
                 checkpoint_dir = os.fspath(mc.dirpath)
         # single files, written in place: no step directories to judge
-        self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern, "files")
+        job = launcher_job(trainer.strategy)
+        self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern, "files", job)
 
     # Who is slow: the wait for a batch runs from one batch's end to the next one's start;
     # computing from there to the backward, whose gradient all-reduce waits for the slowest

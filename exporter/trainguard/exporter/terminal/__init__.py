@@ -216,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _status(args: argparse.Namespace) -> int:
     from trainguard.exporter.cli import resolve_state_dir
     from trainguard.exporter.terminal import status as st
+    from trainguard.exporter.terminal import status_checkpoints as sc
 
     try:
         config = load_config(args.config_file)
@@ -227,7 +228,6 @@ def _status(args: argparse.Namespace) -> int:
         return _fail("status", problem)
     status = st.Status(config, state_dir, args.stall)
     try:
-        snap = status.read()
         if args.watch and args.json:
             st.watch_json(status, args.interval, sys.stdout)
             return 0
@@ -237,11 +237,14 @@ def _status(args: argparse.Namespace) -> int:
             else:
                 st.watch_plain(status, args.interval, sys.stdout)
             return 0
-        if args.sample > 0 and any(r.state in ("alive", "stalled") for r in snap.runs):
-            import time
-
-            time.sleep(args.sample)
-            snap = status.read()
+        snap = status.read(checkpoints=False)
+        # the rate's second read comes --sample after the first; checkpoints are judged meanwhile
+        sample = args.sample if any(r.state in ("alive", "stalled") for r in snap.runs) else 0.0
+        with sc.Progress() as progress:
+            found = sc.judged_while_waiting(lambda: sc.judge_all(status.targets, progress), sample)
+        if sample > 0:
+            snap = status.read(checkpoints=False)
+        status.attach(snap, found)
     except st.StateDirError as exc:
         return _fail("status", str(exc))
     finally:

@@ -23,15 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from trainguard.checkpoint.retention import latest
 from trainguard.exporter.collectors.gpu import GpuCollector
 from trainguard.exporter.config import Config
 from trainguard.exporter.death_events import last_death
 from trainguard.exporter.runtable import RunRow, RunTable
 from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.targets import PRIMARY, CheckpointTarget
+from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.terminal.status_checkpoints import Found, judge_all
 from trainguard.exporter.terminal.stuck_lines import stuck_lines, stuck_text
-from trainguard.shared.manifest import ManifestError
 
 
 @dataclass
@@ -105,11 +104,13 @@ class Status:
         self.stall = stall_seconds
         self._prev: dict[tuple[str, str], tuple[int, float]] = {}
         self._rates: dict[tuple[str, str], float] = {}
+        self.targets: list[CheckpointTarget] = []  # the last read's checkpoint locations
 
     def close(self) -> None:
         self.gpu.close()
 
-    def read(self) -> Snapshot:
+    def read(self, checkpoints: bool = True) -> Snapshot:
+        """The runs now; ``checkpoints=False`` leaves their checkpoints to :meth:`attach`."""
         scrape = Scrape()
         view = self.table.view(scrape)
         for err in view.errors:
@@ -117,15 +118,24 @@ class Status:
                 raise StateDirError(err)
         now = time.time()
         gpus, run_mem, nvml, gpu_errors = self._gpus(scrape)
-        targets = self.table.checkpoint_targets(scrape)
+        self.targets = self.table.checkpoint_targets(scrape)
         runs = [self._row(row, now, run_mem) for row in view.rows]
+        snap = Snapshot(str(self.state_dir), now, runs, nvml, gpus, [*view.errors, *gpu_errors])
+        if checkpoints:
+            self.attach(snap, {})
+        return snap
+
+    def attach(self, snap: Snapshot, found: dict[tuple[str, str], Found]) -> None:
+        """Give ``snap``'s runs their checkpoints: judged in ``found``, else judged now."""
+        todo = [t for t in self.targets if (t.run, t.location) not in found]
+        found = {**found, **judge_all(todo)}
         first: dict[str, RunStatus] = {}
-        for r in runs:  # checkpoints are the run's, shown once on its lowest rank
+        for r in snap.runs:  # checkpoints are the run's, shown once on its lowest rank
             if r.run not in first or int(r.rank) < int(first[r.run].rank):
                 first[r.run] = r
         for r in first.values():
-            r.checkpoints = [_location(t, r.step, targets) for t in targets if t.run == r.run]
-        return Snapshot(str(self.state_dir), now, runs, nvml, gpus, [*view.errors, *gpu_errors])
+            mine = [t for t in self.targets if t.run == r.run]
+            r.checkpoints = [_location(t, r.step, found[(t.run, t.location)]) for t in mine]
 
     def _gpus(
         self, scrape: Scrape
@@ -208,20 +218,10 @@ class Status:
         )
 
 
-def _location(t: CheckpointTarget, step: int | None, targets: list[CheckpointTarget]) -> Location:
-    primary = None
-    if t.location != PRIMARY:
-        primary = next((p.path for p in targets if p.run == t.run and p.location == PRIMARY), None)
-    try:
-        found = latest(t.path, primary=primary, pattern=t.pattern)
-    except FileNotFoundError:
-        return Location(t.location, str(t.path), None, None, "does not exist")
-    except (OSError, ManifestError, ValueError) as exc:
-        return Location(t.location, str(t.path), None, None, str(exc))
-    newest = found.step if found else None
-    # the heartbeat lags the step by up to its interval: a checkpoint may already be newer
+def _location(t: CheckpointTarget, step: int | None, found: Found) -> Location:
+    newest, error = found  # the heartbeat lags the step: a checkpoint may already be newer
     risk = max(0, step - newest) if step is not None and newest is not None else None
-    return Location(t.location, str(t.path), newest, risk)
+    return Location(t.location, str(t.path), newest, risk, error)
 
 
 def duration(seconds: float | None) -> str:
