@@ -8,7 +8,9 @@ exporter of the job from where on-call clicks it. In ``runbook_base``, ``$labels
 therefore stands for the alert's exporter: its own ``instance``, else that of the lowest rank of
 its job (``job_id``) or run, read when the annotation is rendered (one query, only for alerts
 without an instance); ``localhost:9636`` stays for an alert about neither (the Watchdog). A
-``runbook_base`` without ``$labels.instance`` (a wiki) is used as it is.
+``runbook_base`` without ``$labels.instance`` (a wiki) is used as it is. "Lowest" is by the rank
+label's text (templates sort no numbers): rank 0 whenever it reports, which it does in any job
+whose ranks all report.
 """
 
 from __future__ import annotations
