@@ -114,6 +114,9 @@ def test_one_incident_per_job_naming_the_first_death_and_none_for_a_clean_finish
         assert labels["alertname"] == "TrainingJobRankDied"
         assert labels["severity"] == "critical"
         assert labels["job_id"] in job_ids and "instance" not in labels
+        # no instance label, yet the runbook link opens a real exporter of the job: rank 0's
+        runbook = f"http://{nodes.instance(ranks[0][0])}/runbook#trainingjobrankdied"
+        assert annotations["runbook_url"] == runbook, annotations
         # every rank has been judged dead since, and still one incident, one alert
         prom.wait_until('count(job_rank:trainguard_run_dead:job_info{run="job-kill"}) == 4', 60)
         prom.wait_evaluations(5)
