@@ -38,6 +38,7 @@ from alerts import thresholds
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
 from alerts.rules.common import RUN_CONTEXT, fill
+from alerts.runbook_url import runbook_url
 
 RULES_FILE = Path(__file__).resolve().parent / "trainguard.rules.yml"
 PROGRAM = "alerts/build.py"
@@ -87,7 +88,7 @@ def _rule(
     out["annotations"] = {
         "summary": Folded(fill(para(rule.summary), table)),
         "description": Folded(fill(para(rule.description), table)),
-        "runbook_url": fill("${runbook_base}#", table) + rule.name.lower(),
+        "runbook_url": runbook_url(rule, table),
     }
     for key, text in rule.annotations.items():
         out["annotations"][key] = Folded(fill(para(text), table))

@@ -1,8 +1,9 @@
 """Jobs of many ranks over many nodes: one page per job, naming the rank that died first.
 
 TrainingJobRankDied (a rank of a job is gone: one page for the whole job, whatever the number
-of nodes), TrainingJobRestarted (the launcher restarted the job's ranks: one notice per
-restart).
+of nodes), TrainingJobTerminated (the job's ranks were stopped by a signal: a preemption, a
+time limit; one warning for the job), TrainingJobRestarted (the launcher restarted the job's
+ranks: one notice per restart).
 
 A job's ranks are those with the same ``job_id`` in ``trainguard_run_job_info``; each node has
 its own exporter (``instance``), so these rules aggregate by the target labels without
@@ -37,6 +38,16 @@ RUN_ARGS = "${target_labels_across_args} $labels.run"
 
 _JOB_STEP = "max(trainguard_run_step and " + ON_RANK + " trainguard_run_job_info{" + JOB_SEL + "})"
 _JOB_CHECKPOINT = "max(trainguard_checkpoint_last_step{" + RUN_SEL + ',location="primary"})'
+#: the job's ranks that ended on a signal they caught (their exit info)
+_STOPPED_RANKS = (
+    "trainguard_run_exit_info{"
+    + RUN_SEL
+    + ',cause=~"signal|time_limit"} and '
+    + ON_RANK
+    + " trainguard_run_job_info{"
+    + JOB_SEL
+    + "}"
+)
 
 
 def _first(query: str, label: str) -> str:
@@ -131,6 +142,21 @@ SNIPPETS = {
         + ' | query | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }} on '
         "{{ $s.Value }} node(s){{ end }}"
     ),
+    # "4 SIGTERM (signal)": the signals that stopped the job's ranks, and why
+    "terminated_by": (
+        "{{ range $i, $s := printf `count by (${target_labels_across}, run, signal, cause) ("
+        + _STOPPED_RANKS
+        + ")` "
+        + RUN_ARGS
+        + " "
+        + JOB_ARGS
+        + ' | query | sortByLabel "signal" }}{{ if $i }}, {{ end }}{{ $s.Value }} '
+        "{{ $s.Labels.signal }} ({{ $s.Labels.cause }}){{ end }}"
+    ),
+    "terminated_nodes": query_value(
+        "count(count by (${target_labels}) (" + _STOPPED_RANKS + "))",
+        RUN_ARGS + " " + JOB_ARGS,
+    ),
     "restart_step": query_value(
         "max(trainguard_run_last_death_step{"
         + RUN_SEL
@@ -205,6 +231,39 @@ GROUP = Group(
                 "first_instance": "${first_instance}",
                 "first_cause": "${first_cause}",
             },
+        ),
+        # As TrainingProcessTerminated (signals.py) judges a node's ranks, for a job's ranks
+        # across its nodes: a preempted or time-limited job warns once, not once per node
+        Alert(
+            "TrainingJobTerminated",
+            "warning",
+            expr="""
+            count by (${target_labels_across}, run, job_id) (
+              trainguard_run_job_info
+              and on (${target_labels}, run, rank) (
+                STOPPED
+              )
+            )
+            # a rank of the job that died otherwise, on any node: TrainingJobRankDied pages
+            unless on (${target_labels_across}, run, job_id) (
+              DEAD
+              unless on (${target_labels}, run, rank)
+                trainguard_run_exit_info{cause=~"signal|time_limit"}
+            )
+            """.replace("DEAD", DEAD).replace("STOPPED", stopped(16)),
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            Job {{ $labels.job_id }} of run {{ $labels.run }} was stopped by a signal.
+            """,
+            description="""
+            {{ $value }} of the ${job_ranks} rank(s) of job {{ $labels.job_id }} (run
+            {{ $labels.run }}), on ${terminated_nodes} node(s), ended on a signal they caught:
+            ${terminated_by}. A scheduler's stop (time_limit: at the job's end time; signal:
+            scancel, a preemption, pods deleted or evicted) rather than a crash. Not restarted
+            within ${terminated_restart_window} of their last heartbeat, TrainingJobRankDied
+            pages for the job.
+            """,
+            annotations=JOB_CONTEXT,
         ),
         # A death recorded by the job's restarted ranks less than restart_window ago, or one
         # Prometheus saw the count of within it (as TrainingProcessRestarted, per job).

@@ -6,7 +6,8 @@ stopping the surviving ranks) was stopped, not crashed: a warning while it may b
 TrainingProcessDied (``alerts/rules/runs.py``) leaves such a rank out for the same window
 (:func:`stopped`), then pages for it: a run stopped and not restarted is down. A run with a
 rank that died otherwise pages as that death alone (torchrun stops the other ranks with
-SIGTERM after one crashed).
+SIGTERM after one crashed). The ranks of a job (``trainguard_run_job_info``) are left out: a
+preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs.py``), not 16 times.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ GROUP = Group(
             expr="""
             count by (${target_labels}, run) (
               STOPPED
+              # a job's ranks: TrainingJobTerminated warns once for the job (jobs.py)
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             unless on (${target_labels}, run) (
               trainguard_run_process_up == 0

@@ -33,8 +33,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
         URL,
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>. "
         "The default is the runbook the exporter ships and serves at /runbook, on the "
-        "exporter the alert is about (an alert without an instance, the Watchdog: "
-        "localhost:9636). Set your wiki's address here (https://wiki.example.com/trainguard), "
+        "exporter the alert is about (a job's alert across nodes: its lowest rank's exporter; "
+        "the Watchdog: localhost:9636). Set your wiki's address here "
+        "(https://wiki.example.com/trainguard), "
         "or https:// where the exporter serves TLS.",
     ),
     Threshold(

@@ -14,8 +14,9 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "terminated_restart_window",
         "30m",
         DURATION,
-        "TrainingProcessTerminated: a rank stopped by a signal (or its time limit) is a warning "
-        "for this long after its last heartbeat; not restarted by then, TrainingProcessDied "
+        "TrainingProcessTerminated (per node) and TrainingJobTerminated (per job): a rank "
+        "stopped by a signal (or its time limit) is a warning for this long after its last "
+        "heartbeat; not restarted by then, TrainingProcessDied or TrainingJobRankDied "
         "(critical) pages for it.",
     ),
 )

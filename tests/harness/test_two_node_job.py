@@ -10,21 +10,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import trainguard.exporter.collectors.runs as runs_collector
-from helpers.exporter_proc import REPO, Exporter, child_env, free_port
-from helpers.promstack import ALERTMANAGER, PROMETHEUS, Alertmanager, Prometheus, Webhook
+from helpers.promstack import ALERTMANAGER, PROMETHEUS, Webhook
+from helpers.two_nodes import TwoNodes
 from helpers.wait import wait_for
-from trainguard.shared.heartbeat import HeartbeatError
-from trainguard.shared.heartbeat_read import read_heartbeat
 
 pytestmark = [
     pytest.mark.slow,
@@ -62,126 +57,6 @@ SIGNALS_MERGED = any(
 )
 
 
-def _alertmanager_config(url: str) -> dict[str, Any]:
-    """deploy/alertmanager.yml as shipped, every receiver posting to ``url``, its waits 1s."""
-    config = yaml.safe_load((REPO / "deploy" / "alertmanager.yml").read_text(encoding="utf-8"))
-    config.pop("templates", None)
-    for receiver in config["receivers"]:
-        receiver.pop("slack_configs", None)
-        for webhook in receiver.get("webhook_configs", []):
-            webhook["url"] = url
-    for route in [config["route"], *config["route"]["routes"]]:
-        route["group_wait"] = route["group_interval"] = "1s"
-    return config
-
-
-class TwoNodes:
-    """Two state directories and exporters ("nodes"), Prometheus and Alertmanager."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        rules = workdir / "trainguard.rules.yml"
-        build = [sys.executable, str(REPO / "alerts" / "build.py"), "-o", str(rules)]
-        # time runs fast: 1 s scrapes, so the job waits 3 s (not 30 s) for every node
-        build += ["--set", "slow_rules_interval=1s", "--set", "job_death_for=3s"]
-        subprocess.run(build, check=True, capture_output=True)
-        self.state = [workdir / "node1", workdir / "node2"]
-        self.exporters: list[Exporter] = []
-        self.agents: list[subprocess.Popen[bytes]] = []
-        self.webhook = Webhook()
-        try:
-            for state in self.state:
-                state.mkdir()
-                self.exporters.append(Exporter(state_dir=state))
-            self.alertmanager = Alertmanager(
-                workdir / "am", self.webhook.url, config=_alertmanager_config(self.webhook.url)
-            )
-            self.prometheus = Prometheus(
-                workdir / "prom",
-                [f"127.0.0.1:{e.port}" for e in self.exporters],
-                rule_files=[rules],
-                alertmanager=self.alertmanager.url,
-            )
-        except BaseException:
-            self.close()
-            raise
-        self.script = workdir / "train.py"
-        self.script.write_text(TRAIN)
-
-    def instance(self, node: int) -> str:
-        return f"127.0.0.1:{self.exporters[node].port}"
-
-    def launch(self, run: str, steps: int) -> list[subprocess.Popen[bytes]]:
-        """One torchrun agent per node (``steps=0``: train until killed)."""
-        port = free_port()
-        agents = []
-        for node, state in enumerate(self.state):
-            env = child_env(
-                {
-                    "TRAINGUARD_STATE_DIR": str(state),
-                    "GLOO_SOCKET_IFNAME": "lo",
-                    "OMP_NUM_THREADS": "1",
-                }
-            )
-            for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRAINGUARD_JOB", "SLURM_JOB_ID"):
-                env.pop(name, None)
-            log = (self.workdir / f"{run}-agent{node}.log").open("wb")
-            agents.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "torch.distributed.run",
-                        "--nnodes=2",
-                        "--nproc-per-node=2",
-                        "--max-restarts=0",
-                        "--rdzv-backend=c10d",
-                        f"--rdzv-endpoint=127.0.0.1:{port}",
-                        str(self.script),
-                        run,
-                        str(steps),
-                    ],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-            log.close()
-        self.agents += agents
-        return agents
-
-    def ranks(self, run: str) -> dict[int, tuple[int, int]]:
-        """{global rank: (node, pid)} as the heartbeats say (running ones)."""
-        out = {}
-        for node, state in enumerate(self.state):
-            for path in state.glob("*.heartbeat.json"):
-                try:
-                    hb = read_heartbeat(path)
-                except HeartbeatError:
-                    continue
-                if hb.run == run and hb.state == "running" and hb.step:
-                    out[hb.rank] = (node, hb.pid)
-        return out
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-            for p in sorted(self.workdir.glob("*-agent*.log"))
-        )
-
-    def close(self) -> None:
-        for agent in self.agents:
-            if agent.poll() is None:
-                agent.kill()
-            agent.wait()
-        for part in (getattr(self, "prometheus", None), getattr(self, "alertmanager", None)):
-            if part is not None:
-                part.stop()
-        for exporter in self.exporters:
-            exporter.stop()
-        self.webhook.close()
-
-
 def _job_messages(hook: Webhook, run: str) -> list[dict[str, Any]]:
     return [msg for _, msg in hook.received if msg.get("commonLabels", {}).get("run") == run]
 
@@ -189,11 +64,11 @@ def _job_messages(hook: Webhook, run: str) -> list[dict[str, Any]]:
 def test_one_incident_per_job_naming_the_first_death_and_none_for_a_clean_finish(
     tmp_path: Path,
 ) -> None:
-    nodes = TwoNodes(tmp_path)
+    nodes = TwoNodes(tmp_path, TRAIN)
     prom, hook = nodes.prometheus, nodes.webhook
     try:
         # 1. a clean finish of all four ranks: nothing
-        clean = nodes.launch("job-clean", steps=40)
+        clean = nodes.launch("job-clean", 40)
         for agent in clean:
             assert agent.wait(300) == 0, nodes.logs()
         prom.wait_until('count(trainguard_run_finished{run="job-clean"} == 1) == 4', 60)
@@ -203,7 +78,7 @@ def test_one_incident_per_job_naming_the_first_death_and_none_for_a_clean_finish
         assert _job_messages(hook, "job-clean") == []
 
         # 2. SIGKILL of one rank on the second node: torchrun stops the other three
-        agents = nodes.launch("job-kill", steps=0)
+        agents = nodes.launch("job-kill", 0)
 
         def stepping() -> dict[int, tuple[int, int]] | None:
             found = nodes.ranks("job-kill")
@@ -239,6 +114,9 @@ def test_one_incident_per_job_naming_the_first_death_and_none_for_a_clean_finish
         assert labels["alertname"] == "TrainingJobRankDied"
         assert labels["severity"] == "critical"
         assert labels["job_id"] in job_ids and "instance" not in labels
+        # no instance label, yet the runbook link opens a real exporter of the job: rank 0's
+        runbook = f"http://{nodes.instance(ranks[0][0])}/runbook#trainingjobrankdied"
+        assert annotations["runbook_url"] == runbook, annotations
         # every rank has been judged dead since, and still one incident, one alert
         prom.wait_until('count(job_rank:trainguard_run_dead:job_info{run="job-kill"}) == 4', 60)
         prom.wait_evaluations(5)
