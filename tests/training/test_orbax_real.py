@@ -47,6 +47,32 @@ pytestmark = [
 ]
 
 
+class Lines:
+    """A child's stdout, line by line, each read with a deadline."""
+
+    def __init__(self, fd: int, who: str) -> None:
+        self.fd = fd
+        self.who = who
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(fd, selectors.EVENT_READ)
+        self.buf = b""
+
+    def line(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no line from {self.who} in {timeout} s"
+            if self.sel.select(left):
+                chunk = os.read(self.fd, 65536)
+                assert chunk, f"{self.who} exited before the kill"
+                self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+    def close(self) -> None:
+        self.sel.close()
+
+
 class Child:
     """A training child whose stdout lines are read with a deadline."""
 
@@ -59,27 +85,15 @@ class Child:
             start_new_session=True,
         )
         assert self.proc.stdout is not None
-        self.fd = self.proc.stdout.fileno()
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.fd, selectors.EVENT_READ)
-        self.buf = b""
+        self.lines = Lines(self.proc.stdout.fileno(), "the Orbax child")
 
     def line(self, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no line from the Orbax child in {timeout} s"
-            if self.sel.select(left):
-                chunk = os.read(self.fd, 65536)
-                assert chunk, f"the Orbax child exited ({self.proc.wait()}) before the kill"
-                self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line.decode()
+        return self.lines.line(timeout)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-        self.sel.close()
+        self.lines.close()
         assert self.proc.stdout is not None
         self.proc.stdout.close()
 
