@@ -7,9 +7,11 @@ Resumes from the step directory ``trainguard.checkpoint.latest`` finds in DIR (a
 say: ``engine.load_checkpoint(save_dir, tag=found.path.name)``), then trains a small model
 and calls ``engine.save_checkpoint(DIR)`` after every step (tags ``global_step<N>``, then
 ``latest``). Before each save rank 0 reads a line from the FIFO ``GATE`` (the others wait in
-the save's first barrier): ``go``, or ``kill F``: SIGKILL itself F times the mean length of
+the save's first barrier): ``go``, ``kill F``: SIGKILL itself F times the mean length of
 its saves so far into this one (timed here, as the test's own wake-up on two busy cores
-takes longer than a save). Rank 0 prints ``saving N`` and ``saved N SECONDS``. ``check``
+takes longer than a save), or ``killat K``: SIGKILL itself as this save calls ``torch.save``
+for the K-th time (1: the model states, 2: its ZeRO partition). Rank 0 prints ``saving N``
+and ``saved N SECONDS``. ``check``
 loads each given step with ``engine.load_checkpoint`` (model, ZeRO optimizer partitions) and
 exits non-zero unless each comes back as that step (tests/training/test_deepspeed_real.py).
 """
@@ -57,6 +59,21 @@ def engine_for(stage: int, rank: int, world: int, port: int) -> deepspeed.DeepSp
     return engine
 
 
+def kill_at(k: int) -> None:
+    """SIGKILL this process when torch.save is called for the ``k``-th time from now."""
+    real = torch.save
+    calls = 0
+
+    def save(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == k:
+            os.kill(os.getpid(), signal.SIGKILL)
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    torch.save = save
+
+
 def train(directory: str, stage: int, rank: int, world: int, port: int, gate: str) -> None:
     engine = engine_for(stage, rank, world, port)
     gate_r = open(gate) if rank == 0 else None  # noqa: SIM115 (read until the kill)
@@ -77,6 +94,8 @@ def train(directory: str, stage: int, rank: int, world: int, port: int, gate: st
             if order[0] == "kill":
                 after = float(order[1]) * sum(took) / len(took)
                 threading.Timer(after, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            elif order[0] == "killat":
+                kill_at(int(order[1]))
         t0 = time.monotonic()
         engine.save_checkpoint(directory)
         took.append(time.monotonic() - t0)

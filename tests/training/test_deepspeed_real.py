@@ -1,18 +1,19 @@
 """The real DeepSpeed (0.19.8, CPU accelerator, gloo) killed mid-save, ZeRO stages 1 and 2.
 
-Two ranks training a small model, ``engine.save_checkpoint`` after every step, both SIGKILLed
-at a random moment of a save, resumed each time in a fresh world from what ``latest()`` finds
-(as docs/checkpoints.md says to). After each kill: every ``global_step<N>`` trainguard's verdict
-calls complete (auto-detected layout: steps up to the one named in ``latest``; no grace
-period) loads with ``engine.load_checkpoint`` in a fresh two-rank world (a copy, loaded at the
-end) and comes back as that step; a step newer than ``latest`` is
-never complete, and so is one ``latest`` names whose files are not whole (DeepSpeed writes
-``latest`` on rank 0 without waiting for the other ranks' files); ``latest()`` and the
-exporter's ``last_step`` are the newest complete step.
+Two ranks training a small model, ``engine.save_checkpoint`` after every step; rank 0 SIGKILLed
+at a random moment of a save (the first time at one of its file writes), then rank 1; resumed
+each time in a fresh world from what ``latest()`` finds (as docs/checkpoints.md says to). After
+each kill: every ``global_step<N>`` trainguard's verdict calls complete (auto-detected layout:
+steps up to the one named in ``latest``; no grace period) loads with ``engine.load_checkpoint``
+in a fresh two-rank world (a copy, loaded at the end) and comes back as that step; a step newer
+than ``latest`` is never complete, and so is one ``latest`` names whose files are not whole
+(DeepSpeed writes ``latest`` on rank 0 without waiting for the other ranks' files);
+``latest()`` and the exporter's ``last_step`` are the newest complete step.
 
-DeepSpeed is not in the test extras (its import changes what accelerate and the Trainer do in
-the other tests): ``./run-tests`` installs it apart, with ``pip install --target .deepspeed``
-(DS_BUILD_OPS=0: no C++ op is built), and this test puts that folder on the children's path.
+DeepSpeed is not in the test extras (accelerate, transformers and Lightning look for an
+installed deepspeed, and the other tests run without one): ``./run-tests`` installs it apart,
+with ``pip install --target .deepspeed`` (DS_BUILD_OPS=0: no C++ op is built), and this test
+puts that folder on the children's path.
 """
 
 from __future__ import annotations
@@ -127,8 +128,11 @@ def test_deepspeed_killed_mid_save_never_leaves_a_complete_step_that_does_not_lo
                 lambda g=gate: os.open(g, os.O_WRONLY | os.O_NONBLOCK), timeout=240, ignore=OSError
             )
             saves = rng.randint(1, 3)  # whole saves before the one the kill lands in
-            frac = rng.uniform(0.0, 1.2)  # of a save's length: mostly in it, some just after
-            os.write(gate_w, b"go\n" * saves + f"kill {frac:.3f}\n".encode())
+            if kill == 0:  # at a file write of the save: a step directory without `latest`
+                order = f"killat {rng.randint(1, 2)}"
+            else:  # at a random moment: mostly in the save, some just after it
+                order = f"kill {rng.uniform(0.0, 1.2):.3f}"
+            os.write(gate_w, ("go\n" * saves + order + "\n").encode())
             procs[0].wait(240)  # generous: 7 helpers share 2 cores
             assert procs[0].returncode == -signal.SIGKILL, procs[0].returncode
         finally:
