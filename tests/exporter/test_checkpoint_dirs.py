@@ -2,11 +2,11 @@
 a controlled clock): for each layout the newest complete step, the step in flight ignored, an
 orphan flagged, a truncated or missing file of a mirror flagged.
 
-The DeepSpeed, Megatron-LM and Orbax directories here are built from their documented file
-names (installing those frameworks for a test is unreasonable: DeepSpeed and Megatron need
-CUDA builds, Orbax needs JAX); the Hugging Face Trainer and torch.distributed.checkpoint
-directories are also built so, and written by the real libraries in
-tests/training/test_checkpoint_writers.py."""
+The DeepSpeed and Megatron-LM directories here are built from their documented file names
+(DeepSpeed and Megatron need CUDA builds); the Orbax ones as orbax-checkpoint 0.12.8 writes
+them, and the Hugging Face Trainer and torch.distributed.checkpoint ones also built so: the
+real libraries write them in tests/training/test_checkpoint_writers.py and
+tests/training/test_orbax_real.py."""
 
 from __future__ import annotations
 
@@ -105,17 +105,22 @@ def megatron_step(loc: Path, step: int, *, marker: bool = True) -> Path:
     return d
 
 
-def orbax_step(loc: Path, step: int, *, marker: bool = True) -> Path:
-    """Orbax CheckpointManager: <step>.orbax-checkpoint-tmp-<time>/ with _CHECKPOINT_METADATA
-    and an item directory (OCDBT), renamed to <step>/ to commit."""
-    tmp = loc / f"{step}.orbax-checkpoint-tmp-{1700000000 + step}"
+def orbax_step(loc: Path, step: int, *, marker: bool = True, commit_file: bool = True) -> Path:
+    """Orbax CheckpointManager (0.12.8): <step>.orbax-checkpoint-tmp/ (older releases add
+    -<time>) with _CHECKPOINT_METADATA and an item directory (OCDBT), then commit_success.txt
+    in each, renamed to <step>/ to commit. ``commit_file=False``: an Orbax that writes none."""
+    tmp = loc / f"{step}.orbax-checkpoint-tmp"
     write(tmp / "_CHECKPOINT_METADATA", b'{"item_handlers": {}}')
     write(tmp / "default" / "_METADATA", b"{}")
-    write(tmp / "default" / "manifest.ocdbt", os.urandom(500))
-    write(tmp / "default" / "d" / "0a1b2c", os.urandom(5000))
+    write(tmp / "default" / "manifest.ocdbt", os.urandom(114))
+    write(tmp / "default" / "d" / "801ff0d448f6e459e5d0b097ed3bc10b", os.urandom(299))
+    write(tmp / "default" / "ocdbt.process_0" / "manifest.ocdbt", os.urandom(238))
     write(tmp / "default" / "ocdbt.process_0" / "d" / "3d4e5f", os.urandom(2000))
     if not marker:
         return tmp
+    if commit_file:
+        write(tmp / "default" / "commit_success.txt", b"Checkpoint commit was successful")
+        write(tmp / "commit_success.txt", b"Checkpoint commit was successful")
     final = loc / str(step)
     os.rename(tmp, final)
     return final
@@ -221,7 +226,9 @@ def test_a_committed_step_touched_within_the_grace_period_is_not_complete(dirs: 
     assert dirs.v(s, "last_step") == 100
     dirs.now += GRACE * 10**9
     s, _ = dirs.scrape()
-    assert dirs.v(s, "last_step") == 200
+    # Orbax writes nothing in a step after its commit_success.txt: a step changed since (Orbax
+    # deleting it, killed half-way) is not what was committed, however long ago
+    assert dirs.v(s, "last_step") == (100 if dirs.layout == "orbax" else 200)
 
 
 def mirror_tree(dirs: Dirs, step_dir: Path) -> Path:
@@ -313,6 +320,40 @@ def test_megatron_release_names_no_step(tmp_path: Path) -> None:
     s, _ = mg.scrape()
     assert mg.v(s, "last_step") is None and mg.v(s, "partial_files") == 1
     mg.verifier.stop()
+
+
+def test_orbax_step_partly_deleted_under_its_final_name_is_not_complete(tmp_path: Path) -> None:
+    """Orbax deletes an old step in place (max_to_keep): killed half-way, the step keeps its
+    final name. Without its commit_success.txt, or with anything under it newer than that,
+    it is in flight (tests/training/test_orbax_real.py does this with the real library)."""
+    ob = Dirs(tmp_path, "orbax")
+    ob.step(100)
+    d200 = ob.step(200)
+    ob.step(300)
+    (d200 / "commit_success.txt").unlink()
+    s, _ = ob.scrape()
+    assert ob.v(s, "last_step") == 300 and ob.v(s, "partial_files") == 1
+    assert [c.step for c in [latest(ob.p, pattern="{step}", grace=0)] if c] == [300]
+    (ob.p / "300" / "default" / "d" / "801ff0d448f6e459e5d0b097ed3bc10b").unlink()  # now
+    s, _ = ob.scrape()
+    assert ob.v(s, "last_step") == 100 and ob.v(s, "partial_files") == 2
+    ob.now += 10 * GRACE * 10**9  # settled: still not what Orbax committed
+    s, _ = ob.scrape()
+    assert ob.v(s, "last_step") == 100
+    ob.verifier.stop()
+
+
+def test_orbax_without_commit_files_commits_by_the_final_name(tmp_path: Path) -> None:
+    """An Orbax that writes no commit_success.txt (no step of the location holds one): the
+    rename alone commits, as before."""
+    ob = Dirs(tmp_path, "orbax")
+    for step in (100, 200):
+        touch_tree(orbax_step(ob.p, step, commit_file=False), ob.now - OLD * 10**9)
+    ob.step(300, marker=False, age=5)
+    s, errors = ob.scrape()
+    assert errors == []
+    assert ob.v(s, "last_step") == 200 and ob.v(s, "partial_files") == 1
+    ob.verifier.stop()
 
 
 def test_ambiguous_layout_fails_visibly_and_the_config_settles_it(tmp_path: Path) -> None:

@@ -15,7 +15,17 @@ from helpers.exporter_proc import child_env
 from trainguard.integrations._common import RunLife, as_float, run_name, scalars_from
 from trainguard.shared.heartbeat_read import read_heartbeat
 
-FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate", "torch")
+FRAMEWORKS = (
+    "transformers",
+    "lightning",
+    "pytorch_lightning",
+    "accelerate",
+    "torch",
+    "jax",
+    "jaxlib",
+    "orbax",
+    "deepspeed",
+)
 
 
 def child(code: str, **env: str) -> subprocess.CompletedProcess[str]:

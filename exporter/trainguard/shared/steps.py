@@ -36,7 +36,7 @@ LAYOUTS = (
     "huggingface",  # Hugging Face Trainer: `trainer_state.json`, written last
     "deepspeed",  # steps up to the one named in `latest`, beside the step directories
     "megatron",  # steps up to the one in `latest_checkpointed_iteration.txt`
-    "orbax",  # the final name (renamed from `.orbax-checkpoint-tmp-*`) or `commit_success.txt`
+    "orbax",  # the final name (renamed from `.orbax-checkpoint-tmp*`) and `commit_success.txt`
 )
 DEFAULT_LAYOUT = "auto"
 DEEPSPEED_LATEST = "latest"
@@ -45,7 +45,8 @@ MEGATRON_LATEST = "latest_checkpointed_iteration.txt"
 TRACKERS = {DEEPSPEED_LATEST: "deepspeed", MEGATRON_LATEST: "megatron"}
 DCP_MARKER = ".metadata"
 HF_MARKER = "trainer_state.json"
-ORBAX_MARKERS = ("commit_success.txt", "_CHECKPOINT_METADATA")
+ORBAX_COMMIT = "commit_success.txt"
+ORBAX_MARKERS = (ORBAX_COMMIT, "_CHECKPOINT_METADATA")
 #: tracker files are a line of text; trainer_state.json grows with the log history
 MAX_TRACKER_BYTES = 4096
 MAX_HF_STATE_BYTES = 32 * 1024 * 1024
@@ -215,6 +216,8 @@ def step_directories(
         if resolved in ("deepspeed", "megatron")
         else None
     )
+    # an Orbax that writes commit_success.txt writes it in every step it commits
+    orbax_files = resolved == "orbax" and any(ORBAX_COMMIT in s.top for s in seen if not s.temp)
     committed: list[StepDir] = []
     inflight: list[InFlight] = []
     for s in seen:
@@ -226,7 +229,7 @@ def step_directories(
             commit = None
         elif rec is not None:
             commit = "record"
-        elif _marked(resolved, s, latest):
+        elif _marked(resolved, s, latest, orbax_files):
             commit = "marker"
         if commit is None:
             inflight.append(InFlight(s.name, s.step, s.tree.touched_ns, len(s.tree.files)))
@@ -243,16 +246,32 @@ def step_directories(
     return tuple(committed), tuple(inflight), resolved
 
 
-def _marked(layout: str, s: _Seen, latest: int | None) -> bool:
+def _marked(layout: str, s: _Seen, latest: int | None, orbax_files: bool) -> bool:
     if layout == "huggingface":
         return s.hf_ok
     if layout == "dcp":
         return DCP_MARKER in s.top
     if layout in ("deepspeed", "megatron"):
         return latest is not None and s.step <= latest
-    # orbax: its final name (Orbax renames the temporary directory to commit); trainguard and
-    # none: a record only
-    return layout == "orbax"
+    if layout == "orbax":
+        return _orbax_committed(s, orbax_files)
+    return False  # trainguard and none: a record only
+
+
+def _orbax_committed(s: _Seen, orbax_files: bool) -> bool:
+    """Whether an Orbax step directory under its final name is still what Orbax committed.
+
+    Orbax (0.12) writes ``commit_success.txt`` last, then renames the temporary directory; it
+    deletes an old step in place (``max_to_keep``: a recursive delete under the final name), so
+    a kill while deleting leaves a partial step under a committed name. Each removal touches
+    its parent directory, so a step is committed only while ``commit_success.txt`` is there and
+    nothing under the step is newer than it. Where no step of the location holds one (an Orbax
+    that writes none), the final name alone commits.
+    """
+    mark = s.top.get(ORBAX_COMMIT)
+    if mark is None:
+        return not orbax_files
+    return s.tree.touched_ns is not None and s.tree.touched_ns <= mark.st_mtime_ns
 
 
 def _detect(directory: Path, seen: list[_Seen], trackers: set[str]) -> str:
