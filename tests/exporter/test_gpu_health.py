@@ -122,9 +122,10 @@ def test_a_failing_read_fails_that_part_only(tmp_path: Path) -> None:
     assert value(back, "trainguard_gpu_power_usage_watts", **G[0]) == 689.5
 
 
-def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
-    """What a GPU does not support is not asked again at every scrape, and what cannot change
-    while NVML runs (the link's maximum, the slowdown temperature) is read once."""
+def test_unsupported_and_slow_reads_are_not_repeated(tmp_path: Path) -> None:
+    """What a GPU does not support is not asked again at every scrape, and what changes slowly
+    or never (ECC counts, remapped rows, retired pages, NVLink, the link's maximum, the slowdown
+    temperature) is read once per SLOW_READ_S (30 s): three scrapes in a row read it once."""
     state = three_gpus()
     path = state.write(tmp_path / "nvml.state")
     log_path = tmp_path / "calls.log"
@@ -133,14 +134,22 @@ def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
             s = exp.scrape()
             assert value(s, "trainguard_collector_success", collector="gpu") == 1
             assert value(s, "trainguard_gpu_pcie_link_generation_max", **G[1]) == 3
+            # published from the last read in between, not left out
+            assert value(s, "trainguard_gpu_ecc_uncorrected_errors_total", **G[0]) == 1
     calls = [line.split() for line in log_path.read_text().splitlines()]
     count = lambda sym, rc=None: sum(  # noqa: E731
         1 for c in calls if c[0] == sym and (rc is None or c[1] == rc)
     )
-    # ECC: two reads per GPU on the first scrape; then only GPUs 0 and 2
+    # ECC: two reads per GPU on the first scrape (GPU 1, a GeForce: NOT_SUPPORTED), then none
     assert count("nvmlDeviceGetTotalEccErrors", "3") == 2
-    assert count("nvmlDeviceGetTotalEccErrors") == 2 * 3 + 2 * 2 * 2
+    assert count("nvmlDeviceGetTotalEccErrors") == 2 * 3
     assert count("nvmlDeviceGetRemappedRows", "3") == 1
+    assert count("nvmlDeviceGetRemappedRows") == 3
+    # H100s retire no pages: NOT_SUPPORTED at the first cause, once per GPU
+    assert count("nvmlDeviceGetRetiredPages") == count("nvmlDeviceGetRetiredPages", "3") == 3
+    # no NVLink on these: link 0 answers NOT_SUPPORTED, once per GPU
+    assert count("nvmlDeviceGetNvLinkState") == count("nvmlDeviceGetNvLinkState", "3") == 3
+    assert count("nvmlDeviceGetNvLinkErrorCounter") == 0
     for fixed in (
         "nvmlDeviceGetMaxPcieLinkGeneration",
         "nvmlDeviceGetGpuMaxPcieLinkGeneration",
@@ -149,6 +158,7 @@ def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
     ):
         assert count(fixed) == 3, fixed
     assert count("nvmlDeviceGetCurrPcieLinkGeneration") == 9
+    assert count("nvmlDeviceGetEnforcedPowerLimit", "3") == 1  # GPU 1, then not asked again
 
 
 def test_old_driver_falls_back_to_throttle_reasons(tmp_path: Path) -> None:
