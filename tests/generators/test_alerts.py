@@ -60,6 +60,8 @@ DESIGN_ALERTS = {
     "GPUUncorrectableMemoryErrors",
     "GPURowRemapFailure",
     "GPURowRemapPending",
+    "GPURetiredPagesPending",
+    "GPUNvLinkErrors",
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",
