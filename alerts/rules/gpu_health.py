@@ -78,7 +78,9 @@ SNIPPETS = {
     # "link 0 replay +3, link 2 crc_flit +1": the links and kinds that counted errors
     "nvlink_links": (
         "{{ range $i, $s := printf `sum by (${target_labels}, link, error) (increase("
-        "trainguard_gpu_nvlink_errors_total{" + GPU_SEL + "}[${nvlink_window}])) > 0` "
+        "trainguard_gpu_nvlink_errors_total{"
+        + GPU_SEL
+        + "}[${nvlink_window}])) > 0` "
         + GPU_ARGS
         + ' | query | sortByLabel "link" }}{{ if $i }}, {{ end }}link {{ $s.Labels.link }} '
         '{{ $s.Labels.error }} +{{ $s.Value | printf "%.0f" }}{{ else }}none now{{ end }}'
