@@ -10,7 +10,7 @@ is Python per series, so per series this does as little as it can:
   again only when its value changed; the lines go to the page as they are
   (:class:`~trainguard.exporter.exposition.LineFamily`);
 - what changes slowly or never (ECC counts, remapped rows or retired pages, NVLink error
-  counters, the link's maxima, the slowdown temperature) is read every
+  counters, the link's maxima, the slowdown temperature, the enforced power limit) is read every
   :data:`SLOW_READ_S` at most, and published from the last read in between, so no value is
   older than that (a read that failed is tried again at the next scrape).
 
@@ -57,6 +57,7 @@ _INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _INDEX = {spec.name: i for i, spec in enumerate(hm.METRICS)}
+_SCALE = {hm.POWER_LIMIT.name: 1000.0}  # milliwatts
 
 
 def _missing(*_: Any) -> int:
@@ -133,7 +134,6 @@ class DeviceHealth:
             (hm.PCIE_GENERATION.name, "PCIe link generation", fns.pcie_gen, 1.0),
             (hm.PCIE_WIDTH.name, "PCIe link width", fns.pcie_width, 1.0),
             (hm.POWER.name, "power usage", fns.power, 1000.0),
-            (hm.POWER_LIMIT.name, "enforced power limit", fns.power_limit, 1000.0),
         )
         self._ull_ref = ctypes.byref(self._ull)
         self._lost = False
@@ -243,6 +243,7 @@ class DeviceHealth:
                 lambda: fns.pcie_gpu_max_gen(h, uref),
             ),
             (hm.PCIE_WIDTH_MAX, "PCIe max link width", lambda: fns.pcie_max_width(h, uref)),
+            (hm.POWER_LIMIT, "enforced power limit", lambda: fns.power_limit(h, uref)),
             (
                 hm.TEMPERATURE_SLOWDOWN,
                 "slowdown temperature",
@@ -250,7 +251,7 @@ class DeviceHealth:
             ),
         ):
             if not self._skip(what) and self._ok(what, read()):
-                self._emit(None, spec.name, None, None, u.value, 1.0)
+                self._emit(None, spec.name, None, None, u.value, _SCALE.get(spec.name, 1.0))
         for spec, what, kind in (
             (hm.ECC_CORRECTED, "corrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
             (
