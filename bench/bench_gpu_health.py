@@ -43,9 +43,9 @@ scrapes = int(sys.argv[1])
 collector = GpuCollector()
 spent, spent_cpu = [], []
 original = collector._health.collect
-def timed(dev, families, scrape):
+def timed(*args):
     start, cpu = time.perf_counter(), time.process_time()
-    original(dev, families, scrape)
+    original(*args)
     spent[-1] += time.perf_counter() - start
     spent_cpu[-1] += time.process_time() - cpu
 collector._health.collect = timed

@@ -145,6 +145,18 @@ def nvml_calls(n: int) -> dict[str, Any]:
                 lambda d: pynvml.nvmlDeviceGetTotalEccErrors(d, 1, pynvml.NVML_VOLATILE_ECC),
             ),
             ("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows),
+            # before Ampere (NOT_SUPPORTED since), and NVLink (NOT_SUPPORTED on a PCIe card);
+            # read every 30 s by the exporter, not at every scrape
+            ("nvmlDeviceGetRetiredPages", lambda d: len(pynvml.nvmlDeviceGetRetiredPages(d, 1))),
+            (
+                "nvmlDeviceGetRetiredPagesPendingStatus",
+                pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+            ),
+            ("nvmlDeviceGetNvLinkState", lambda d: pynvml.nvmlDeviceGetNvLinkState(d, 0)),
+            (
+                "nvmlDeviceGetNvLinkErrorCounter",
+                lambda d: pynvml.nvmlDeviceGetNvLinkErrorCounter(d, 0, 0),
+            ),
         ):
             try:
                 out[name + " (health)"] = {"when": "what it read", "value": repr(fn(h))}

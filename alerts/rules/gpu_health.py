@@ -1,13 +1,15 @@
 """Alerts on a GPU that slows a run down or whose memory is failing.
 
 GPUHardwareSlowdown, GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors,
-GPURowRemapFailure, GPURowRemapPending.
+GPURowRemapFailure, GPURowRemapPending, GPURetiredPagesPending, GPUNvLinkErrors.
 
 The slowdown and link rules judge only a GPU a training process is on (the driver's process
 list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never
 a normal state: the software power cap at full load, the idle reason, an idle GPU that lowered
 its link to Gen1, a hot GPU below its own slowdown temperature. Memory that is failing is news
-whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU.
+whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU. NVLink
+errors are judged on a GPU a run trains on (they slow its collectives; an idle GPU's link is
+news for no one until a run is placed on it).
 """
 
 from __future__ import annotations
@@ -65,6 +67,23 @@ SNIPPETS = {
     ),
     "rows_correctable": query_value(
         "trainguard_gpu_remapped_rows_total{" + GPU_SEL + ',cause="correctable"}', GPU_ARGS
+    ),
+    "retired_dbe": query_value(
+        "trainguard_gpu_retired_pages_total{" + GPU_SEL + ',cause="double_bit_ecc"}', GPU_ARGS
+    ),
+    "retired_sbe": query_value(
+        "trainguard_gpu_retired_pages_total{" + GPU_SEL + ',cause="multiple_single_bit_ecc"}',
+        GPU_ARGS,
+    ),
+    # "link 0 replay +3, link 2 crc_flit +1": the links and kinds that counted errors
+    "nvlink_links": (
+        "{{ range $i, $s := printf `sum by (${target_labels}, link, error) (increase("
+        "trainguard_gpu_nvlink_errors_total{"
+        + GPU_SEL
+        + "}[${nvlink_window}])) > 0` "
+        + GPU_ARGS
+        + ' | query | sortByLabel "link" }}{{ if $i }}, {{ end }}link {{ $s.Labels.link }} '
+        '{{ $s.Labels.error }} +{{ $s.Value | printf "%.0f" }}{{ else }}none now{{ end }}'
     ),
 }
 
@@ -279,6 +298,47 @@ GROUP = Group(
             a memory row remap waiting for a GPU reset; until then the bad row stays in use and the
             next run on it may die the same way. Runs on it now: ${runs}. Drain it and reset it
             (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            """,
+        ),
+        # GPUs before Ampere retire pages where later ones remap rows: the same need for a reset
+        Alert(
+            "GPURetiredPagesPending",
+            "critical",
+            expr="trainguard_gpu_retired_pages_pending == 1",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to retire a bad memory
+            page.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
+            a memory page retirement waiting for a GPU reset; until then the bad page stays in use
+            and the next run on it may die the same way. Pages retired so far: ${retired_dbe} for
+            double-bit, ${retired_sbe} for repeated single-bit ECC errors. Runs on it now: ${runs}.
+            Drain it and reset it (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            """,
+        ),
+        Alert(
+            "GPUNvLinkErrors",
+            "warning",
+            expr="""
+            sum by (${target_labels}, gpu, uuid) (
+              increase(trainguard_gpu_nvlink_errors_total[${nvlink_window}])
+            ) >= ${nvlink_errors}
+            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} counts NVLink errors while training.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }}
+            counted {{ $value | printf "%.0f" }} NVLink errors within the last ${nvlink_window}
+            (${nvlink_links}) while run(s) ${runs} train on it. Each replay or recovery stalls the
+            collectives over that link, so the run steps slower; a link that keeps failing drops
+            out (Xid 74) and takes the run with it. Check with nvidia-smi nvlink -e -i {{
+            $labels.gpu }}; reseat or replace the NVLink bridge or cable, and drain the GPU if
+            recovery errors keep rising.
             """,
         ),
     ),

@@ -77,4 +77,18 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "...while drawing less than this fraction of its power limit: a collective spinning on a "
         "peer that never comes (the NCCL hang signature).",
     ),
+    Threshold(
+        "nvlink_window",
+        "15m",
+        DURATION,
+        "GPUNvLinkErrors: NVLink errors (replay, recovery, CRC, ECC) of a GPU a run trains on "
+        "counted within this window...",
+    ),
+    Threshold(
+        "nvlink_errors",
+        1,
+        NUMBER,
+        "GPUNvLinkErrors: ...at least this many, all its active links together (a healthy "
+        "link counts none).",
+    ),
 )

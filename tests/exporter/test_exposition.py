@@ -20,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.process_collector import ProcessCollector
 
 from trainguard.exporter.collector import ExporterRegistry
-from trainguard.exporter.exposition import TextWriter
+from trainguard.exporter.exposition import LineFamily, TextWriter, sample_prefix, value_text
 from trainguard.exporter.web import metrics_app
 
 
@@ -100,6 +100,34 @@ def test_same_bytes_as_prometheus_client(scrapes: list[list[Metric]]) -> None:
         expected = generate_latest(Families(families))  # type: ignore[arg-type]
         assert writer.render(families) == expected
         assert writer.render(families) == expected
+
+
+def as_lines(metric: Metric) -> Metric:
+    """``metric`` as a :class:`LineFamily` its maker rendered, where it can be one (a gauge or
+    counter without timestamps or ``_created``)."""
+    if metric.type not in ("gauge", "counter") or any(
+        s.timestamp is not None or s.name.endswith("_created") for s in metric.samples
+    ):
+        return metric
+    sample_name = metric.name + ("_total" if metric.type == "counter" else "")
+    lines = [f"{sample_prefix(s.name, s.labels)}{value_text(s.value)}\n" for s in metric.samples]
+    rows = [(s.labels, s.value) for s in metric.samples]
+    return LineFamily(metric, lines, rows, sample_name)
+
+
+@given(st.lists(st.lists(family(), max_size=5), min_size=1, max_size=3))
+def test_rendered_lines_are_prometheus_clients(scrapes: list[list[Metric]]) -> None:
+    """Families whose maker rendered their lines (the GPU health series) come out as
+    generate_latest writes the same samples, beside plain families, render after render; and
+    their samples, built on demand, are the same samples."""
+    writer = TextWriter()
+    for families in scrapes:
+        expected = generate_latest(Families(families))  # type: ignore[arg-type]
+        mixed = [as_lines(m) for m in families]
+        assert writer.render(mixed) == expected
+        assert writer.render(mixed) == expected
+        assert generate_latest(Families(mixed)) == expected  # type: ignore[arg-type]
+        assert [m.samples for m in mixed] == [m.samples for m in families]
 
 
 def test_negative_zero_is_not_zero() -> None:

@@ -83,7 +83,9 @@ def build_state(tmp: Path, live: list[int], dead: int) -> tuple[dict[str, str], 
     """The fixed state under ``tmp``: the exporter's environment and arguments."""
     state = FakeNvmlState(driver_version="550.54.15")
     state.add_gpu(UUIDS[0], used=20 * GIB, total=80 * GIB)
-    state.add_gpu(UUIDS[1], name="NVIDIA A100-SXM4-40GB", used=6 * GIB, total=40 * GIB)
+    a100 = state.add_gpu(UUIDS[1], name="NVIDIA A100-SXM4-40GB", used=6 * GIB, total=40 * GIB)
+    a100.nvlinks, a100.nvlink_down = 2, 0x2  # link 1 inactive: no series
+    a100.nvlink_errors = {(0, "replay"): 3, (1, "crc_flit"): 9}
     state.add_process(0, live[0], 8 * GIB)  # the run's process
     state.add_process(0, dead, 4 * GIB)  # gone: its memory is ghost memory
     state.add_process(1, live[1], 3 * GIB)

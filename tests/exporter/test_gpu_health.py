@@ -3,10 +3,13 @@ remapped rows) from the real pynvml on the test NVML library, scraped over HTTP.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from helpers.exporter_proc import Exporter, select, value
+from helpers.exporter_proc import Exporter, child_env, select, value
 from helpers.nvml_fake import (
     REASON_GPU_IDLE,
     REASON_HW_THERMAL_SLOWDOWN,
@@ -122,9 +125,10 @@ def test_a_failing_read_fails_that_part_only(tmp_path: Path) -> None:
     assert value(back, "trainguard_gpu_power_usage_watts", **G[0]) == 689.5
 
 
-def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
-    """What a GPU does not support is not asked again at every scrape, and what cannot change
-    while NVML runs (the link's maximum, the slowdown temperature) is read once."""
+def test_unsupported_and_slow_reads_are_not_repeated(tmp_path: Path) -> None:
+    """What a GPU does not support is not asked again at every scrape, and what changes slowly
+    or never (ECC counts, remapped rows, retired pages, NVLink, the link's maximum, the slowdown
+    temperature) is read once per SLOW_READ_S (30 s): three scrapes in a row read it once."""
     state = three_gpus()
     path = state.write(tmp_path / "nvml.state")
     log_path = tmp_path / "calls.log"
@@ -133,14 +137,22 @@ def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
             s = exp.scrape()
             assert value(s, "trainguard_collector_success", collector="gpu") == 1
             assert value(s, "trainguard_gpu_pcie_link_generation_max", **G[1]) == 3
+            # published from the last read in between, not left out
+            assert value(s, "trainguard_gpu_ecc_uncorrected_errors_total", **G[0]) == 1
     calls = [line.split() for line in log_path.read_text().splitlines()]
     count = lambda sym, rc=None: sum(  # noqa: E731
         1 for c in calls if c[0] == sym and (rc is None or c[1] == rc)
     )
-    # ECC: two reads per GPU on the first scrape; then only GPUs 0 and 2
+    # ECC: two reads per GPU on the first scrape (GPU 1, a GeForce: NOT_SUPPORTED), then none
     assert count("nvmlDeviceGetTotalEccErrors", "3") == 2
-    assert count("nvmlDeviceGetTotalEccErrors") == 2 * 3 + 2 * 2 * 2
+    assert count("nvmlDeviceGetTotalEccErrors") == 2 * 3
     assert count("nvmlDeviceGetRemappedRows", "3") == 1
+    assert count("nvmlDeviceGetRemappedRows") == 3
+    # H100s retire no pages: NOT_SUPPORTED at the first cause, once per GPU
+    assert count("nvmlDeviceGetRetiredPages") == count("nvmlDeviceGetRetiredPages", "3") == 3
+    # no NVLink on these: link 0 answers NOT_SUPPORTED, once per GPU
+    assert count("nvmlDeviceGetNvLinkState") == count("nvmlDeviceGetNvLinkState", "3") == 3
+    assert count("nvmlDeviceGetNvLinkErrorCounter") == 0
     for fixed in (
         "nvmlDeviceGetMaxPcieLinkGeneration",
         "nvmlDeviceGetGpuMaxPcieLinkGeneration",
@@ -149,6 +161,7 @@ def test_unsupported_and_fixed_reads_are_not_repeated(tmp_path: Path) -> None:
     ):
         assert count(fixed) == 3, fixed
     assert count("nvmlDeviceGetCurrPcieLinkGeneration") == 9
+    assert count("nvmlDeviceGetEnforcedPowerLimit", "3") == 1  # GPU 1, then not asked again
 
 
 def test_old_driver_falls_back_to_throttle_reasons(tmp_path: Path) -> None:
@@ -206,3 +219,127 @@ def test_reason_bits_are_nvml_h_as_pynvml_names_them() -> None:
         assert constant == bit, name
     assert reason_labels(0) == []
     assert reason_labels(0x1 | 0x40 | 0x1000) == ["gpu_idle", "hw_thermal_slowdown", "bit_0x1000"]
+
+
+def test_retired_pages_and_nvlink_errors(tmp_path: Path) -> None:
+    """A GPU before Ampere: retired pages by cause and pending, no remapped rows (unknown, not
+    0). An H100 with NVLink: error counters per active link and kind; an inactive link and the
+    kind the GPU does not count (ECC data) have no series. A PCIe card: no NVLink series."""
+    state = FakeNvmlState()
+    volta = state.add_gpu(UUIDS[0], name="Tesla V100-SXM2-32GB")
+    volta.page_retirement, volta.retired_sbe, volta.retired_dbe = True, 4, 1
+    volta.retired_pending = True
+    h100 = state.add_gpu(UUIDS[1])
+    h100.nvlinks, h100.nvlink_down = 3, 0x2
+    h100.nvlink_errors = {(0, "replay"): 7, (2, "crc_flit"): 2}
+    state.add_gpu(UUIDS[2])
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 1
+    pages = {
+        (dict(lbl)["gpu"], dict(lbl)["cause"]): v
+        for lbl, v in select(s, "trainguard_gpu_retired_pages_total").items()
+    }
+    assert pages == {("0", "multiple_single_bit_ecc"): 4, ("0", "double_bit_ecc"): 1}
+    assert value(s, "trainguard_gpu_retired_pages_pending", **G[0]) == 1
+    assert select(s, "trainguard_gpu_retired_pages_pending", gpu="1") == {}
+    assert value(s, "trainguard_gpu_row_remap_pending", **G[0]) is None
+    assert value(s, "trainguard_gpu_row_remap_pending", **G[1]) == 0
+    links = {
+        (dict(lbl)["gpu"], dict(lbl)["link"], dict(lbl)["error"]): v
+        for lbl, v in select(s, "trainguard_gpu_nvlink_errors_total").items()
+    }
+    kinds = ("replay", "recovery", "crc_flit", "crc_data")
+    expected = {("1", link, kind): 0 for link in ("0", "2") for kind in kinds}
+    expected[("1", "0", "replay")] = 7
+    expected[("1", "2", "crc_flit")] = 2
+    assert links == expected
+
+
+def test_a_failing_nvlink_counter_is_a_failure_and_read_again(tmp_path: Path) -> None:
+    """An NVLink counter read that fails (not NOT_SUPPORTED) fails the collector's scrape and
+    is left out; it is read again at the next scrape, not 30 s later."""
+    state = FakeNvmlState()
+    h100 = state.add_gpu(UUIDS[0])
+    h100.nvlinks = 1
+    h100.nvlink_errors = {(0, "replay"): 3}
+    state.fail("nvmlDeviceGetNvLinkErrorCounter", "unknown", gpu=0)
+    path = state.write(tmp_path / "nvml.state")
+    with Exporter(env=state.env(path), state_dir=tmp_path / "s") as exp:
+        s = exp.scrape()
+        state.failures = []
+        state.write(path)
+        back = exp.scrape()
+        log = exp.stop()
+    assert value(s, "trainguard_collector_success", collector="gpu") == 0
+    assert select(s, "trainguard_gpu_nvlink_errors_total") == {}
+    assert value(s, "trainguard_gpu_ecc_corrected_errors_total", **G[0]) == 0
+    assert f"GPU 0 ({UUIDS[0]}): NVLink replay errors: Unknown Error" in log
+    assert value(back, "trainguard_collector_success", collector="gpu") == 1
+    assert value(back, "trainguard_gpu_nvlink_errors_total", **G[0], link="0", error="replay") == 3
+
+
+SLOW_CHILD = r"""
+import json, sys
+from prometheus_client import generate_latest
+from trainguard.exporter.collectors.gpu import GpuCollector
+from trainguard.exporter.exposition import TextWriter
+from trainguard.exporter.scrape import Scrape
+
+class Families:
+    def __init__(self, families):
+        self.families = families
+    def collect(self):
+        return self.families
+
+now = [1000.0]
+collector = GpuCollector()
+collector._health._clock = lambda: now[0]
+writer = TextWriter()
+for line in sys.stdin:  # one line per scrape: the clock, after the parent rewrote the state
+    now[0] = float(line)
+    families = list(collector.gather(Scrape()))
+    page = writer.render(families)
+    assert page == generate_latest(Families(families)), "not generate_latest's page"
+    ecc = [s.value for f in families for s in f.samples
+           if s.name == "trainguard_gpu_ecc_uncorrected_errors_total"]
+    print(json.dumps(ecc), flush=True)
+"""
+
+
+def test_slow_reads_are_at_most_30_s_old(tmp_path: Path) -> None:
+    """ECC counts (and the other slow reads) come from a read at most SLOW_READ_S old: a change
+    shows at the first scrape 30 s after the last read, not before; and the page, rendered
+    lines and all, is generate_latest's for the same families at every scrape."""
+    state = FakeNvmlState()
+    gpu = state.add_gpu(UUIDS[0])
+    path = state.write(tmp_path / "nvml.state")
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD],
+        env=state.env(path, base=child_env()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def scrape(at: float) -> list[float]:
+        child.stdin.write(f"{at}\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
+
+    try:
+        assert scrape(1000.0) == [0]
+        gpu.ecc_uncorrected = 2
+        state.write(path)
+        assert scrape(1015.0) == [0]  # the value read at 1000 s, 15 s old
+        assert scrape(1029.9) == [0]
+        assert scrape(1030.0) == [2]  # 30 s after the last read: read again
+        gpu.ecc_uncorrected = 3
+        state.write(path)
+        assert scrape(1059.0) == [2]
+        assert scrape(1060.0) == [3]
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0

@@ -34,6 +34,8 @@
 #define LOG_ENV "TRAINGUARD_FAKE_NVML_LOG"
 
 #define MAX_GPUS 128
+#define FAKE_NVLINKS 18        /* NVML_NVLINK_MAX_LINKS of an H100 (the header says 36 now) */
+#define FAKE_NVLINK_COUNTERS 4 /* DL_REPLAY, DL_RECOVERY, DL_CRC_FLIT, DL_CRC_DATA */
 #define MAX_PROCS 1000000 /* total over all GPUs; a guard against runaway files */
 #define MAX_FAILS 256
 #define MAX_XIDS 4096     /* `xid` lines in one state file */
@@ -216,6 +218,10 @@ struct gpu {
     unsigned long long ecc[2][2]; /* [errorType: corrected, uncorrected][counter: volatile, aggregate] */
     unsigned int remap_corr, remap_unc, remap_pending, remap_failure;
     unsigned int temp_slowdown, temp_shutdown;
+    /* page retirement (before Ampere; `retirement=1`, then no row remapping) and NVLink */
+    unsigned int retirement, retired[2], retired_pending;
+    unsigned int nvlinks, nvlink_down;                        /* links 0..nvlinks-1; down: mask */
+    unsigned long long nvlink_err[FAKE_NVLINKS][FAKE_NVLINK_COUNTERS]; /* replay, recovery, crc */
 };
 
 /* `xid GPU CODE id=N`: one critical-Xid event on GPU, delivered once per process. */
@@ -403,6 +409,34 @@ static int parse_flag(const char *s, unsigned int *out) {
     return 0;
 }
 
+/* `retirement`, `retired_sbe`, `retired_dbe`, `retired_pending`, `nvlinks`, `nvlink_down`,
+ * `nvlinkL_{replay,recovery,crc_flit,crc_data}`; nonzero for an unknown key or a bad value. */
+static int parse_retirement_nvlink(struct gpu *g, const char *key, const char *val) {
+    static const char *const counters[FAKE_NVLINK_COUNTERS] = {"replay", "recovery", "crc_flit",
+                                                               "crc_data"};
+    unsigned int link, c;
+    int used = 0;
+    char rest[16];
+    if (!strcmp(key, "retirement"))
+        return parse_flag(val, &g->retirement);
+    if (!strcmp(key, "retired_sbe"))
+        return parse_uint(val, &g->retired[0], 0) || g->retired[0] > 4096;
+    if (!strcmp(key, "retired_dbe"))
+        return parse_uint(val, &g->retired[1], 0) || g->retired[1] > 4096;
+    if (!strcmp(key, "retired_pending"))
+        return parse_flag(val, &g->retired_pending);
+    if (!strcmp(key, "nvlinks"))
+        return parse_uint(val, &g->nvlinks, 0) || g->nvlinks > FAKE_NVLINKS;
+    if (!strcmp(key, "nvlink_down"))
+        return parse_uint(val, &g->nvlink_down, 0);
+    if (sscanf(key, "nvlink%u_%15s%n", &link, rest, &used) == 2 && key[used] == '\0' &&
+        link < FAKE_NVLINKS)
+        for (c = 0; c < FAKE_NVLINK_COUNTERS; c++)
+            if (!strcmp(rest, counters[c]))
+                return parse_ull(val, &g->nvlink_err[link][c], 0);
+    return 1;
+}
+
 /* The health keys of a `gpu` line; returns nonzero for an unknown key or a bad value. */
 static int parse_health(struct gpu *g, const char *key, const char *val) {
     if (!strcmp(key, "reasons"))
@@ -441,7 +475,7 @@ static int parse_health(struct gpu *g, const char *key, const char *val) {
         return parse_uint(val, &g->temp_slowdown, 0);
     if (!strcmp(key, "temp_shutdown"))
         return parse_uint(val, &g->temp_shutdown, 0);
-    return 1;
+    return parse_retirement_nvlink(g, key, val);
 }
 
 static int parse_gpu(struct state *st, char **tok, int ntok, const char *path, unsigned lineno) {
@@ -1240,12 +1274,15 @@ nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t device, unsigned int error
     return finish(sym, rc);
 }
 
+static nvmlReturn_t retirement_device(const char *sym, nvmlDevice_t device, struct gpu **g,
+                                      unsigned int want);
+
 nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRows,
                                        unsigned int *uncRows, unsigned int *isPending,
                                        unsigned int *failureOccurred) {
     const char *sym = "nvmlDeviceGetRemappedRows";
     struct gpu *g = NULL;
-    nvmlReturn_t rc = begin_device(sym, device, &g);
+    nvmlReturn_t rc = retirement_device(sym, device, &g, 0);
     if (rc == NVML_SUCCESS && (!corrRows || !uncRows || !isPending || !failureOccurred))
         rc = NVML_ERROR_INVALID_ARGUMENT;
     if (rc == NVML_SUCCESS) {
@@ -1254,6 +1291,97 @@ nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t device, unsigned int *corrRo
         *isPending = g->remap_pending;
         *failureOccurred = g->remap_failure;
     }
+    return finish(sym, rc);
+}
+
+/* Ampere and later remap rows instead of retiring pages: each of the two answers
+ * NOT_SUPPORTED where the other is the GPU's way (`retirement=1`: a GPU before Ampere). */
+static nvmlReturn_t retirement_device(const char *sym, nvmlDevice_t device, struct gpu **g,
+                                      unsigned int want) {
+    nvmlReturn_t rc = begin_device(sym, device, g);
+    if (rc == NVML_SUCCESS && (*g)->retirement != want)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    return rc;
+}
+
+/* cause: NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS 0 / _DOUBLE_BIT_ECC_ERROR 1.
+ * *pageCount in: the buffer's size; out: the pages of that cause. Too small (0 asks the count):
+ * INSUFFICIENT_SIZE with the count, as NVML does; no pages and 0: SUCCESS. */
+nvmlReturn_t nvmlDeviceGetRetiredPages(nvmlDevice_t device, unsigned int cause,
+                                       unsigned int *pageCount, unsigned long long *addresses) {
+    const char *sym = "nvmlDeviceGetRetiredPages";
+    struct gpu *g = NULL;
+    unsigned int i, n;
+    nvmlReturn_t rc = retirement_device(sym, device, &g, 1);
+    if (rc == NVML_SUCCESS && (!pageCount || cause > 1))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        n = g->retired[cause];
+        if (*pageCount < n) {
+            *pageCount = n;
+            rc = NVML_ERROR_INSUFFICIENT_SIZE;
+        } else if (n && !addresses) {
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        } else {
+            for (i = 0; i < n; i++) /* page addresses: distinct per cause, otherwise made up */
+                addresses[i] = 0x100000ULL * (cause + 1) + 0x1000ULL * i;
+            *pageCount = n;
+        }
+    }
+    return finish(sym, rc);
+}
+
+/* isPending: NVML_FEATURE_ENABLED 1 when a retired page waits for a reboot/reset to take effect */
+nvmlReturn_t nvmlDeviceGetRetiredPagesPendingStatus(nvmlDevice_t device, unsigned int *isPending) {
+    const char *sym = "nvmlDeviceGetRetiredPagesPendingStatus";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = retirement_device(sym, device, &g, 1);
+    if (rc == NVML_SUCCESS && !isPending)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *isPending = g->retired_pending;
+    return finish(sym, rc);
+}
+
+/* A link of the GPU: INVALID_ARGUMENT at or past NVML_NVLINK_MAX_LINKS, NOT_SUPPORTED on a GPU
+ * without NVLink (`nvlinks=0`, the default: a PCIe card) or past the links it has. */
+static nvmlReturn_t nvlink_device(const char *sym, nvmlDevice_t device, unsigned int link,
+                                  struct gpu **g) {
+    nvmlReturn_t rc = begin_device(sym, device, g);
+    if (rc == NVML_SUCCESS && link >= 36)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && link >= (*g)->nvlinks)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    return rc;
+}
+
+/* isActive: NVML_FEATURE_ENABLED 1 unless the link's bit is in `nvlink_down` */
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsigned int link,
+                                      unsigned int *isActive) {
+    const char *sym = "nvmlDeviceGetNvLinkState";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = nvlink_device(sym, device, link, &g);
+    if (rc == NVML_SUCCESS && !isActive)
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS)
+        *isActive = (g->nvlink_down >> link & 1U) ? 0 : 1;
+    return finish(sym, rc);
+}
+
+/* counter: NVML_NVLINK_ERROR_DL_REPLAY 0, _DL_RECOVERY 1, _DL_CRC_FLIT 2, _DL_CRC_DATA 3;
+ * _DL_ECC_DATA 4 is NOT_SUPPORTED here (as before Ampere), anything past it INVALID_ARGUMENT. */
+nvmlReturn_t nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                             unsigned int counter,
+                                             unsigned long long *counterValue) {
+    const char *sym = "nvmlDeviceGetNvLinkErrorCounter";
+    struct gpu *g = NULL;
+    nvmlReturn_t rc = nvlink_device(sym, device, link, &g);
+    if (rc == NVML_SUCCESS && (!counterValue || counter > 4))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS && counter >= FAKE_NVLINK_COUNTERS)
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    if (rc == NVML_SUCCESS)
+        *counterValue = g->nvlink_err[link][counter];
     return finish(sym, rc);
 }
 

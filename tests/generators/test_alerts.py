@@ -61,6 +61,8 @@ DESIGN_ALERTS = {
     "GPUUncorrectableMemoryErrors",
     "GPURowRemapFailure",
     "GPURowRemapPending",
+    "GPURetiredPagesPending",
+    "GPUNvLinkErrors",
     "DuplicateHostProcess",
     "AllocatorRetrying",
     "AllocatorOOM",

@@ -787,6 +787,63 @@ def test_health_calls_with_nvml_semantics(lib_dir: Path, state_path: Path) -> No
         assert names["nvmlClocksEventReason" + camel] == bit, name
 
 
+RETIREMENT_NVLINK_CHILD = """
+n.nvmlInit()
+def read(i):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    def call(fn, *args):
+        try:
+            return fn(h, *args)
+        except n.NVMLError as e:
+            return type(e).__name__
+    fn = n._nvmlGetFunctionPointer("nvmlDeviceGetRetiredPages")
+    count = n.c_uint(0)
+    first = fn(h, 1, n.byref(count), None)  # the size alone: INSUFFICIENT_SIZE and the count
+    return {
+        "pages": [call(n.nvmlDeviceGetRetiredPages, c) for c in (0, 1, 2)],
+        "size_query": [first, count.value],
+        "pending": call(n.nvmlDeviceGetRetiredPagesPendingStatus),
+        "remap": call(n.nvmlDeviceGetRemappedRows),
+        "state": [call(n.nvmlDeviceGetNvLinkState, link) for link in (0, 1, 2, 3, 36)],
+        "errors": [call(n.nvmlDeviceGetNvLinkErrorCounter, link, c)
+                   for link in (0, 2) for c in range(6)],
+    }
+out([read(i) for i in range(n.nvmlDeviceGetCount())])
+"""
+
+
+def test_retired_pages_and_nvlink_with_nvml_semantics(lib_dir: Path, state_path: Path) -> None:
+    """A GPU before Ampere retires pages (by cause, pending; the count-only first call answers
+    INSUFFICIENT_SIZE with the count) and has no remapped rows; an H100 the reverse. NVLink:
+    state per link (inactive links 0, NOT_SUPPORTED past the GPU's links or on a GPU without
+    NVLink, INVALID_ARGUMENT past NVML_NVLINK_MAX_LINKS), error counters per link and kind
+    (ECC data NOT_SUPPORTED, as before Ampere; past it INVALID_ARGUMENT); NOT_SUPPORTED settable
+    per GPU with a fail line."""
+    state = two_gpus()
+    volta = state.gpus[0]
+    volta.page_retirement, volta.retired_sbe, volta.retired_dbe = True, 2, 1
+    volta.retired_pending = True
+    volta.nvlinks, volta.nvlink_down = 3, 0x2
+    volta.nvlink_errors = {(0, "replay"): 5, (0, "crc_data"): 2, (2, "recovery"): 1}
+    state.fail("nvmlDeviceGetNvLinkErrorCounter", "not_supported", gpu=1)
+    state.gpus[1].nvlinks = 1
+    state.write(state_path)
+    g0, g1 = run_child(RETIREMENT_NVLINK_CHILD, state.env(state_path))[0]
+    nope, bad = "NVMLError_NotSupported", "NVMLError_InvalidArgument"
+    assert g0 == {
+        "pages": [[0x100000, 0x101000], [0x200000], bad],
+        "size_query": [7, 1],
+        "pending": 1,
+        "remap": nope,
+        "state": [1, 0, 1, nope, bad],
+        "errors": [5, 0, 0, 2, nope, bad, 0, 1, 0, 0, nope, bad],
+    }
+    assert g1["pages"] == [nope, nope, nope] and g1["pending"] == nope
+    assert g1["remap"] == [0, 0, 0, 0]
+    assert g1["state"] == [1, nope, nope, nope, bad]
+    assert g1["errors"] == [nope] * 6 + [nope] * 6
+
+
 def test_health_attributes_are_checked(lib_dir: Path, state_path: Path) -> None:
     for bad, message in [
         ("gpu 0 pcie_gen=5 pcie_max_gen=4", "pcie_gen <= pcie_max_gen"),
@@ -796,6 +853,10 @@ def test_health_attributes_are_checked(lib_dir: Path, state_path: Path) -> None:
         ("gpu 0 ecc_corrected=5 ecc_corrected_aggregate=4", "aggregate ECC counts"),
         ("gpu 0 remap_pending=2", "bad gpu attribute 'remap_pending=2'"),
         ("gpu 0 power=-1", "bad gpu attribute 'power=-1'"),
+        ("gpu 0 nvlinks=19", "bad gpu attribute 'nvlinks=19'"),
+        ("gpu 0 nvlink18_replay=1", "bad gpu attribute 'nvlink18_replay=1'"),
+        ("gpu 0 nvlink0_bogus=1", "bad gpu attribute 'nvlink0_bogus=1'"),
+        ("gpu 0 retired_pending=2", "bad gpu attribute 'retired_pending=2'"),
     ]:
         state_path.write_text(f"{bad}\n")
         proc = subprocess.run(

@@ -233,6 +233,17 @@ class FakeGpu:
     remap_failure: bool = False
     temperature_slowdown: int = 87
     temperature_shutdown: int = 92
+    # page retirement: True is a GPU before Ampere (retired pages answer, remapped rows are
+    # NOT_SUPPORTED); False (an H100) the reverse
+    page_retirement: bool = False
+    retired_sbe: int = 0  # pages retired for multiple single-bit ECC errors
+    retired_dbe: int = 0  # for a double-bit ECC error
+    retired_pending: bool = False  # a retirement waits for a reboot / GPU reset
+    # NVLink: links 0..nvlinks-1 (0: a PCIe card, NOT_SUPPORTED); nvlink_down: inactive links' bits
+    nvlinks: int = 0
+    nvlink_down: int = 0
+    # (link, counter) -> count; counter: replay, recovery, crc_flit, crc_data
+    nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def line(self, index: int) -> str:
         if not 0 <= self.reserved <= self.used <= self.total:
@@ -265,6 +276,15 @@ class FakeGpu:
             f"remap_failure={int(self.remap_failure)}",
             f"temp_slowdown={self.temperature_slowdown}",
             f"temp_shutdown={self.temperature_shutdown}",
+            f"retirement={int(self.page_retirement)}",
+            f"retired_sbe={self.retired_sbe}",
+            f"retired_dbe={self.retired_dbe}",
+            f"retired_pending={int(self.retired_pending)}",
+            f"nvlinks={self.nvlinks}",
+            f"nvlink_down={self.nvlink_down:#x}",
+        ]
+        parts += [
+            f"nvlink{link}_{counter}={n}" for (link, counter), n in self.nvlink_errors.items()
         ]
         for key, value in (
             ("reasons", self.clock_event_reasons),

@@ -10,7 +10,10 @@ almost nothing of that changes: the same families with the same help, the same l
 what it rendered in the last scrape, keyed by what it was rendered from, and renders only
 what is new; what the last scrape did not use is dropped, so the memory is one scrape's.
 Families with anything this writer does not handle itself (timestamps, OpenMetrics-only
-samples such as ``_created``) are handed to prometheus_client whole.
+samples such as ``_created``) are handed to prometheus_client whole. A :class:`LineFamily`
+comes with its sample lines already rendered by its maker (the GPU health series, which a
+collector can render cheaper than any generic path: it knows which of its labels and values
+changed), and is written as it is.
 ``tests/exporter/test_exposition.py`` checks the output against ``generate_latest`` byte for byte.
 """
 
@@ -20,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
@@ -68,6 +72,50 @@ def _prefix(sample: Sample) -> str:
     return f"{name}{{{labels}}} "
 
 
+def sample_prefix(name: str, labels: dict[str, str]) -> str:
+    """A sample's line up to its value, as :class:`TextWriter` and generate_latest write it."""
+    return _prefix(Sample(name, labels, 0.0))
+
+
+def value_text(value: float) -> str:
+    """A sample's value as the text format writes it."""
+    return floatToGoString(value)
+
+
+class LineFamily(Metric):
+    """A family whose sample lines its maker rendered (``sample_prefix(...) + value_text(v)``).
+
+    Why: rendering a line from its parts at every scrape is most of what a series costs; a
+    maker that keeps a series' prefix and its last line renders only the values that changed.
+    ``samples`` is built on demand from ``rows`` (the same labels and values, in the same
+    order) for every reader but :class:`TextWriter`, so the family is still a family.
+    """
+
+    def __init__(
+        self,
+        family: Metric,
+        lines: list[str],
+        rows: list[tuple[dict[str, str], float]],
+        sample_name: str,
+    ) -> None:
+        self._rows = rows
+        self._built: list[Sample] | None = None
+        super().__init__(family.name, family.documentation, family.type)
+        self.lines = lines
+        self._sample_name = sample_name
+
+    @property
+    def samples(self) -> list[Sample]:
+        if self._built is None:
+            name = self._sample_name
+            self._built = [Sample(name, labels, value) for labels, value in self._rows]
+        return self._built
+
+    @samples.setter
+    def samples(self, value: list[Sample]) -> None:
+        self._built = value or None
+
+
 class TextWriter:
     """Renders families in the text format, reusing what the last render rendered.
 
@@ -89,7 +137,8 @@ class TextWriter:
         append = out.append
         for metric in families:
             name = metric.name
-            if not self._plain(metric):
+            lines = metric.lines if isinstance(metric, LineFamily) else None
+            if lines is None and not self._plain(metric):
                 append(generate_latest(_One(metric)).decode("utf-8"))
                 continue
             hkey = (name, metric.type, metric.documentation)
@@ -98,6 +147,9 @@ class TextWriter:
                 header = _header(metric)
             headers[hkey] = header
             append(header)
+            if lines is not None:  # rendered by its maker
+                append("".join(lines))
+                continue
             for s in metric.samples:
                 key = (s.name, *s.labels.items())
                 prefix = prefixes.get(key)

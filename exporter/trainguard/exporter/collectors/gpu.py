@@ -104,6 +104,22 @@ RUN_MEMORY = MetricSpec(
 )
 
 
+#: this module's own series (the health series come rendered from gpu_health.py, after these)
+_OWN = (
+    NVML_AVAILABLE,
+    GPU_INFO,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    PROCESS_MEMORY,
+    PROCESSES,
+    PROCESSES_UNKNOWN,
+    UNATTRIBUTED,
+    RUN_MEMORY,
+    XID_ERRORS,
+    XID_SUPPORTED,
+)
+
+
 @dataclass(frozen=True)
 class _Device:
     index: str
@@ -126,17 +142,7 @@ class GpuCollector(Collector):
     name = "gpu"
     help = "GPU memory through NVML, the driver's view per device and process"
     metrics = (
-        NVML_AVAILABLE,
-        GPU_INFO,
-        MEMORY_TOTAL,
-        MEMORY_USED,
-        PROCESS_MEMORY,
-        PROCESSES,
-        PROCESSES_UNKNOWN,
-        UNATTRIBUTED,
-        RUN_MEMORY,
-        XID_ERRORS,
-        XID_SUPPORTED,
+        *_OWN,
         *gpu_health.METRICS,  # clock event reasons, PCIe link, power, ECC...: gpu_health.py
     )
 
@@ -216,13 +222,15 @@ class GpuCollector(Collector):
             pynvml.nvmlShutdown()
 
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
-        families = {spec.name: spec.family() for spec in self.metrics}
+        families: dict[str, Any] = {spec.name: spec.family() for spec in _OWN}
         run_memory: dict[tuple[str, str, str], int | None] = {}
         with self._lock:
+            self._health.begin()
             try:
                 self._gather_devices(scrape, families, run_memory)
             except CollectorError as exc:  # NVML did not start: no GPU series this time...
                 scrape.error(str(exc))
+            health = self._health.families()  # rendered lines, after the families above
         # ...but the Xid counts are the exporter's own memory: a GPU that fell off the bus
         # (Xid 79) and took the driver with it must not take its Xid count along
         xid_family = families[XID_ERRORS.name]
@@ -232,6 +240,7 @@ class GpuCollector(Collector):
         for (run, rank, gpu), used in sorted(run_memory.items()):
             if used is not None:
                 run_family.add_metric([run, rank, gpu], used)
+        families.update(health)
         return families.values()
 
     def _gather_devices(
@@ -268,7 +277,7 @@ class GpuCollector(Collector):
                 scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
                 failed = True
             else:  # a GPU that failed above is reported once, not again for each health read
-                self._health.collect(dev, families, scrape)
+                self._health.collect(dev, scrape)
         if failed:
             self._stop()  # start afresh next scrape: a lost GPU may come back
 

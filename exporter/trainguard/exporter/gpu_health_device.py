@@ -1,0 +1,326 @@
+"""One GPU's health reads and their sample lines, at a fraction of pynvml's and add_metric's cost.
+
+Why: the health series (about 20 a GPU) had made the GPU collector's scrape 76% dearer at 64
+GPUs, and the NVML calls were the least of it (bench/RESULTS.md, "fourth pass"). What costs
+is Python per series, so per series this does as little as it can:
+
+- NVML's functions are called through ctypes with out-parameters made once per GPU (pynvml's
+  wrappers make new ctypes objects, look the function up under a lock and raise per call);
+- each series' line up to its value (name and labels) is rendered once per GPU, and its line
+  again only when its value changed; the lines go to the page as they are
+  (:class:`~trainguard.exporter.exposition.LineFamily`);
+- what changes slowly or never (ECC counts, remapped rows or retired pages, NVLink error
+  counters, the link's maxima, the slowdown temperature, the enforced power limit) is read every
+  :data:`SLOW_READ_S` at most, and published from the last read in between, so no value is
+  older than that (a read that failed is tried again at the next scrape).
+
+A read the GPU does not support (``NOT_SUPPORTED``) or the driver does not have
+(``FUNCTION_NOT_FOUND``) gives no series (unknown, never zero) and is not tried again for
+:data:`RECHECK_UNSUPPORTED_S`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from trainguard.exporter import gpu_health_metrics as hm
+from trainguard.exporter.exposition import sample_prefix, value_text
+from trainguard.exporter.scrape import Scrape
+
+#: seconds before a read that was not supported is tried again (a GPU whose MIG mode was
+#: switched off supports utilisation again)
+RECHECK_UNSUPPORTED_S = 600.0
+#: seconds between two reads of what changes slowly or never: the oldest a published ECC
+#: count, remapped-row or retired-page state or NVLink error count can be
+SLOW_READ_S = 30.0
+#: NVML_NVLINK_MAX_LINKS of nvml.h 12.8 (18 before); links are asked up to the first the GPU
+#: does not have
+MAX_NVLINKS = 36
+#: nvmlNvLinkErrorCounter_t values and the ``error`` label of each
+NVLINK_COUNTERS = (
+    (0, "replay"),
+    (1, "recovery"),
+    (2, "crc_flit"),
+    (3, "crc_data"),
+    (4, "ecc_data"),
+)
+#: nvmlPageRetirementCause_t values and the ``cause`` label of each
+RETIREMENT_CAUSES = ((0, "multiple_single_bit_ecc"), (1, "double_bit_ecc"))
+
+_SUCCESS = pynvml.NVML_SUCCESS
+_INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
+_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+_UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+_INDEX = {spec.name: i for i, spec in enumerate(hm.METRICS)}
+_SCALE = {hm.POWER_LIMIT.name: 1000.0}  # milliwatts
+
+
+def _missing(*_: Any) -> int:
+    """What a driver without the function answers."""
+    return pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+
+
+def function(symbol: str) -> Callable[..., int]:
+    """NVML's C function ``symbol`` (through pynvml's loaded library), or :func:`_missing`."""
+    try:
+        fn: Callable[..., int] = pynvml._nvmlGetFunctionPointer(symbol)
+    except pynvml.NVMLError:
+        return _missing
+    return fn
+
+
+class Functions:
+    """NVML's health functions, looked up once; and which clock reasons call the driver has."""
+
+    def __init__(self) -> None:
+        f = function
+        self.reasons = f("nvmlDeviceGetCurrentClocksEventReasons")
+        self.throttle_reasons = f("nvmlDeviceGetCurrentClocksThrottleReasons")
+        self.new_reasons = True
+        self.pcie_gen = f("nvmlDeviceGetCurrPcieLinkGeneration")
+        self.pcie_width = f("nvmlDeviceGetCurrPcieLinkWidth")
+        self.pcie_max_gen = f("nvmlDeviceGetMaxPcieLinkGeneration")
+        self.pcie_gpu_max_gen = f("nvmlDeviceGetGpuMaxPcieLinkGeneration")
+        self.pcie_max_width = f("nvmlDeviceGetMaxPcieLinkWidth")
+        self.utilization = f("nvmlDeviceGetUtilizationRates")
+        self.power = f("nvmlDeviceGetPowerUsage")
+        self.power_limit = f("nvmlDeviceGetEnforcedPowerLimit")
+        self.temperature = f("nvmlDeviceGetTemperature")
+        self.threshold = f("nvmlDeviceGetTemperatureThreshold")
+        self.ecc = f("nvmlDeviceGetTotalEccErrors")
+        self.remapped = f("nvmlDeviceGetRemappedRows")
+        self.retired = f("nvmlDeviceGetRetiredPages")
+        self.retired_pending = f("nvmlDeviceGetRetiredPagesPendingStatus")
+        self.nvlink_state = f("nvmlDeviceGetNvLinkState")
+        self.nvlink_errors = f("nvmlDeviceGetNvLinkErrorCounter")
+
+
+class Out:
+    """One scrape's health lines and rows (labels, value), per metric in ``METRICS`` order."""
+
+    def __init__(self) -> None:
+        self.lines: list[list[str]] = [[] for _ in hm.METRICS]
+        self.rows: list[list[tuple[dict[str, str], float]]] = [[] for _ in hm.METRICS]
+
+
+class DeviceHealth:
+    """One GPU's reads, its series' rendered lines, and what it does not support.
+
+    Made afresh when NVML starts afresh (a new handle): nothing is kept across a restart.
+    """
+
+    def __init__(self, index: str, uuid: str, handle: Any, fns: Functions) -> None:
+        self.index, self.uuid, self.handle = index, uuid, handle
+        self._fns = fns
+        self._labels = {"gpu": index, "uuid": uuid}
+        self._slots: dict[object, list[Any]] = {}  # key -> [prefix, labels, raw, line, value]
+        self._unsupported: dict[str, float] = {}  # read -> when it was last not supported
+        self._slow_due = 0.0
+        self._slow: list[tuple[int, str, tuple[dict[str, str], float]]] = []
+        self._pending: list[tuple[int, str, tuple[dict[str, str], float]]] = []
+        self._u = ctypes.c_uint()
+        self._ull = ctypes.c_ulonglong()
+        self._util = pynvml.c_nvmlUtilization_t()
+        self._rows = [ctypes.c_uint() for _ in range(4)]
+        self._u_ref = ctypes.byref(self._u)
+        self._util_ref = ctypes.byref(self._util)
+        #: the readings of one unsigned number at every scrape: (series, what, call, divisor)
+        self._plain = (
+            (hm.PCIE_GENERATION.name, "PCIe link generation", fns.pcie_gen, 1.0),
+            (hm.PCIE_WIDTH.name, "PCIe link width", fns.pcie_width, 1.0),
+            (hm.POWER.name, "power usage", fns.power, 1000.0),
+        )
+        self._ull_ref = ctypes.byref(self._ull)
+        self._lost = False
+        self._scrape: Scrape | None = None
+        self._now = 0.0
+
+    def collect(self, out: Out, scrape: Scrape, now: float) -> None:
+        """Read this GPU's health into ``out``; a failed read is reported on ``scrape``."""
+        self._scrape, self._now, self._lost = scrape, now, False
+        fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
+        mask = None if self._skip("clock event reasons") else self._read_reasons()
+        if mask is not None:
+            self._emit(out, hm.CLOCK_EVENT_REASONS.name, "mask", None, mask, 1.0)
+            for name in hm.reason_labels(mask):
+                self._emit(out, hm.CLOCK_EVENT_REASON.name, name, {"reason": name}, 1, 1.0)
+        for name, what, fn, scale in self._plain:
+            if self._skip(what):
+                continue
+            if self._ok(what, fn(h, uref)):
+                self._emit(out, name, None, None, u.value, scale)
+        what = "utilisation"
+        if not self._skip(what) and self._ok(what, fns.utilization(h, self._util_ref)):
+            self._emit(out, hm.UTILIZATION.name, None, None, self._util.gpu, 100.0)
+        what = "temperature"
+        if not self._skip(what) and self._ok(
+            what, fns.temperature(h, pynvml.NVML_TEMPERATURE_GPU, uref)
+        ):
+            self._emit(out, hm.TEMPERATURE.name, None, None, u.value, 1.0)
+        if self._lost:
+            return
+        if now >= self._slow_due:
+            self._read_slow()
+        lines, rows = out.lines, out.rows
+        for i, line, row in self._slow:
+            lines[i].append(line)
+            rows[i].append(row)
+
+    def _read_reasons(self) -> int | None:
+        fns, ref = self._fns, self._ull_ref
+        if fns.new_reasons:
+            rc = fns.reasons(self.handle, ref)
+            if rc != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                return self._ull.value if self._ok("clock event reasons", rc) else None
+            fns.new_reasons = False  # a driver before R535: the older name, the same bits
+        rc = fns.throttle_reasons(self.handle, ref)
+        return self._ull.value if self._ok("clock event reasons", rc) else None
+
+    def _ok(self, what: str, rc: int) -> bool:
+        """True when ``rc`` is success; else note the read as unsupported or report it."""
+        if rc == _SUCCESS:
+            if self._unsupported:
+                self._unsupported.pop(what, None)
+            return True
+        if rc in _UNSUPPORTED:
+            self._unsupported[what] = self._now
+        elif not self._lost:
+            self._lost = rc == _LOST
+            assert self._scrape is not None
+            self._scrape.error(f"GPU {self.index} ({self.uuid}): {what}: {pynvml.NVMLError(rc)}")
+        return False
+
+    def _skip(self, what: str) -> bool:
+        """Not read now: the GPU is lost, or did not support it a short while ago."""
+        if self._lost:
+            return True
+        seen = self._unsupported.get(what)
+        return seen is not None and self._now - seen < RECHECK_UNSUPPORTED_S
+
+    def _emit(
+        self,
+        out: Out | None,
+        name: str,
+        key: object,
+        extra: dict[str, str] | None,
+        raw: int,
+        scale: float,
+    ) -> None:
+        """One sample: ``raw / scale`` under this GPU's labels plus ``extra``.
+
+        Into ``out``, or into the slow reads' list when ``out`` is None.
+        """
+        slot = self._slots.get((name, key))
+        if slot is None:
+            labels = {**self._labels, **extra} if extra else self._labels
+            slot = self._slots[(name, key)] = [sample_prefix(name, labels), labels, None, "", 0.0]
+        if slot[2] != raw:
+            value = raw / scale
+            slot[2], slot[4] = raw, value
+            slot[3] = f"{slot[0]}{value_text(value)}\n"
+        i = _INDEX[name]
+        if out is None:
+            self._pending.append((i, slot[3], (slot[1], slot[4])))
+        else:
+            out.lines[i].append(slot[3])
+            out.rows[i].append((slot[1], slot[4]))
+
+    def _read_slow(self) -> None:
+        """Read what changes slowly or never into ``_slow``; due again in SLOW_READ_S."""
+        fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
+        self._pending = []
+        errors = len(self._scrape.errors) if self._scrape else 0
+        for spec, what, read in (
+            (hm.PCIE_GENERATION_MAX, "PCIe max link generation", lambda: fns.pcie_max_gen(h, uref)),
+            (
+                hm.PCIE_GENERATION_GPU_MAX,
+                "GPU max PCIe generation",
+                lambda: fns.pcie_gpu_max_gen(h, uref),
+            ),
+            (hm.PCIE_WIDTH_MAX, "PCIe max link width", lambda: fns.pcie_max_width(h, uref)),
+            (hm.POWER_LIMIT, "enforced power limit", lambda: fns.power_limit(h, uref)),
+            (
+                hm.TEMPERATURE_SLOWDOWN,
+                "slowdown temperature",
+                lambda: fns.threshold(h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, uref),
+            ),
+        ):
+            if not self._skip(what) and self._ok(what, read()):
+                self._emit(None, spec.name, None, None, u.value, _SCALE.get(spec.name, 1.0))
+        for spec, what, kind in (
+            (hm.ECC_CORRECTED, "corrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+            (
+                hm.ECC_UNCORRECTED,
+                "uncorrected ECC errors",
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            ),
+        ):
+            if self._skip(what):
+                continue
+            if self._ok(what, fns.ecc(h, kind, pynvml.NVML_VOLATILE_ECC, self._ull_ref)):
+                self._emit(None, spec.name, None, None, self._ull.value, 1.0)
+        self._read_memory_retirement()
+        self._read_nvlinks()
+        self._slow = self._pending
+        if self._scrape is None or len(self._scrape.errors) == errors:
+            self._slow_due = self._now + SLOW_READ_S  # else: tried again at the next scrape
+
+    def _read_memory_retirement(self) -> None:
+        """Remapped rows (Ampere and later) or retired pages (before): whichever the GPU has."""
+        fns, h = self._fns, self.handle
+        rows = self._rows
+        if not self._skip("remapped rows") and self._ok(
+            "remapped rows", fns.remapped(h, *(ctypes.byref(r) for r in rows))
+        ):
+            corrected, uncorrected, pending, failed = (r.value for r in rows)
+            emit, name = self._emit, hm.REMAPPED_ROWS.name
+            emit(None, name, "correctable", {"cause": "correctable"}, corrected, 1.0)
+            emit(None, name, "uncorrectable", {"cause": "uncorrectable"}, uncorrected, 1.0)
+            emit(None, hm.ROW_REMAP_PENDING.name, None, None, 1 if pending else 0, 1.0)
+            emit(None, hm.ROW_REMAP_FAILED.name, None, None, 1 if failed else 0, 1.0)
+        if self._skip("retired pages"):
+            return
+        count = self._u
+        counts = []
+        for cause, label in RETIREMENT_CAUSES:
+            count.value = 0  # asks the count alone (INSUFFICIENT_SIZE with it when not 0)
+            rc = fns.retired(h, cause, self._u_ref, None)
+            if not self._ok("retired pages", _SUCCESS if rc == _INSUFFICIENT_SIZE else rc):
+                return
+            counts.append((cause, label, count.value))
+        for cause, label, n in counts:
+            self._emit(None, hm.RETIRED_PAGES.name, cause, {"cause": label}, n, 1.0)
+        what = "retired pages pending"
+        if not self._skip(what) and self._ok(what, fns.retired_pending(h, self._u_ref)):
+            pending = 1 if self._u.value else 0
+            self._emit(None, hm.RETIRED_PAGES_PENDING.name, None, None, pending, 1.0)
+
+    def _read_nvlinks(self) -> None:
+        """Each error counter of each active NVLink link, up to the first link the GPU lacks."""
+        if self._skip("NVLink state"):
+            return
+        fns, h, u, ull = self._fns, self.handle, self._u, self._ull
+        name = hm.NVLINK_ERRORS.name
+        for link in range(MAX_NVLINKS):
+            rc = fns.nvlink_state(h, link, self._u_ref)
+            if rc == _INVALID_ARGUMENT or (rc in _UNSUPPORTED and link):
+                return  # past the GPU's links
+            if not self._ok("NVLink state", rc):
+                return  # link 0 not supported: a GPU without NVLink
+            if not u.value:
+                continue  # an inactive link: its counters say nothing
+            for counter, label in NVLINK_COUNTERS:
+                what = f"NVLink {label} errors"
+                if self._skip(what):
+                    continue
+                rc = fns.nvlink_errors(h, link, counter, self._ull_ref)
+                if self._ok(what, rc):
+                    extra = {"link": str(link), "error": label}
+                    self._emit(None, name, (link, counter), extra, ull.value, 1.0)
+                elif self._lost:
+                    return
