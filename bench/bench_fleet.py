@@ -195,7 +195,8 @@ def run_fleet(
                     series = fleet_history.snapshot(base, RULES, history_hours)
                 t = time.monotonic()
                 om = work / "history.om"
-                samples = fleet_history.write_openmetrics(om, series, first - STEP, at)
+                steps_of = fleet_history.record_steps(RULES)
+                samples = fleet_history.write_openmetrics(om, series, first - STEP, at, steps_of)
                 fleet_history.backfill(promtool, work / "history.om", work / "data")
                 (work / "history.om").unlink()
                 extra = {

@@ -250,22 +250,15 @@ GROUP = Group(
             "AllocatorFragmentation",
             "warning",
             # the value: the free cache (reserved - allocated) averaged over the window; the
-            # averages are recorded above, each once per evaluation
+            # averages are recorded above, each once per evaluation. One chain of filters on
+            # the free cache, each read once: free / reserved > frag_free_ratio as free >
+            # ratio x reserved, split / free > frag_split_share as free < split / share (free
+            # is above frag_free_floor, so positive)
             expr="""
-            (
-              AVG_RESERVED - AVG_ALLOCATED > ${frag_free_floor}
-            )
-            and
-            (
-              (AVG_RESERVED - AVG_ALLOCATED) / AVG_RESERVED > ${frag_free_ratio}
-            )
-            and on (${target_labels}, run, rank, device)
-            (
-              AVG_SPLIT
-              / on (${target_labels}, run, rank, device)
-              (AVG_RESERVED - AVG_ALLOCATED)
-              > ${frag_split_share}
-            )
+            (AVG_RESERVED - AVG_ALLOCATED)
+              > ${frag_free_floor}
+              > ${frag_free_ratio} * AVG_RESERVED
+              < AVG_SPLIT / ${frag_split_share}
             and on (${target_labels}, run, rank, device)
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])

@@ -42,6 +42,10 @@ def last_seen(series: str) -> str:
     )
 
 
+#: a GPU's least unattributed memory over released_lookback (1h): GPUMemoryNotReleased's level
+#: of the GPU while its runs trained (alerts/rules/gpu_health.py), recorded in SLOW
+UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
+
 GROUP = Group(
     "trainguard.rules",
     rules=(
@@ -253,6 +257,14 @@ SLOW = Group(
             "run_rank:trainguard_run_step_gap_seconds:max",
             """
             max_over_time(run_rank:trainguard_run_step_interval_seconds:completed[${stall_window}])
+            """,
+        ),
+        Record(
+            UNATTRIBUTED_MIN,
+            """
+            min by (${target_labels}, gpu, uuid) (
+              min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+            )
             """,
         ),
         # TrainingProcessDied's last values of its ranks' series, for an exporter that has been
