@@ -42,6 +42,10 @@ def last_seen(series: str) -> str:
     )
 
 
+#: the rank's steps per second over throughput_window_slow (1h), within its process: the rate of
+#: a rank of slow steps, recorded in SLOW (a 1h deriv of every rank every 15 s for the few of
+#: slow steps); read with last_over_time, it is up to 5m older, on a window of an hour
+SLOW_RATE = "run_rank:trainguard_run_steps_per_second:deriv_slow"
 #: a GPU's least unattributed memory over released_lookback (1h): GPUMemoryNotReleased's level
 #: of the GPU while its runs trained (alerts/rules/gpu_health.py), recorded in SLOW
 UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
@@ -132,7 +136,7 @@ GROUP = Group(
                 unless on (${target_labels}, run, rank)
                   SLOW
                 or
-                clamp_min(deriv(trainguard_run_step[${throughput_window_slow}]), 0)
+                last_over_time(SLOW_RATE[${slow_rules_lookback}])
                 and on (${target_labels}, run, rank)
                   trainguard_run_start_age_seconds > ${throughput_window_slow_s}
                 and on (${target_labels}, run, rank)
@@ -142,7 +146,7 @@ GROUP = Group(
               and on (${target_labels}, run, rank) trainguard_run_process_up == 1
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            """.replace("SLOW", SLOW_PACE),
+            """.replace("SLOW_RATE", SLOW_RATE).replace("SLOW", SLOW_PACE),
         ),
         # Prometheus' time at which the run's log file got its current mtime (first seen with
         # it): the log's quiet time by Prometheus' clock, whatever the clocks of the training
@@ -257,6 +261,14 @@ SLOW = Group(
             "run_rank:trainguard_run_step_gap_seconds:max",
             """
             max_over_time(run_rank:trainguard_run_step_interval_seconds:completed[${stall_window}])
+            """,
+        ),
+        Record(
+            SLOW_RATE,
+            """
+            clamp_min(deriv(trainguard_run_step[${throughput_window_slow}]), 0)
+            and on (${target_labels}, run, rank)
+              trainguard_run_start_age_seconds > ${throughput_window_slow_s}
             """,
         ),
         Record(
