@@ -155,6 +155,7 @@ def run_fleet(
     minutes: float,
     history_hours: float = 0,
     rule_cpu_runs: int = 3,
+    keep_snapshot: Path | None = None,
 ) -> dict[str, Any]:
     """One Prometheus over ``nodes`` simulated nodes for ``minutes``; the figures."""
     prom_exe, promtool = shutil.which("prometheus"), shutil.which("promtool")
@@ -194,7 +195,8 @@ def run_fleet(
                     series = fleet_history.snapshot(base, RULES, history_hours)
                 t = time.monotonic()
                 om = work / "history.om"
-                samples = fleet_history.write_openmetrics(om, series, first - STEP, at)
+                steps_of = fleet_history.record_steps(RULES)
+                samples = fleet_history.write_openmetrics(om, series, first - STEP, at, steps_of)
                 fleet_history.backfill(promtool, work / "history.om", work / "data")
                 (work / "history.om").unlink()
                 extra = {
@@ -216,6 +218,9 @@ def run_fleet(
         # the fleet and its Prometheus are stopped: the quiet one has the CPUs we get to itself
         if rule_cpu_runs:
             snap = work / "data" / "snapshots" / snapshot
+            if keep_snapshot is not None:  # for fleet_rules.py's own command line
+                shutil.copytree(snap, keep_snapshot / f"nodes{nodes}")
+                (keep_snapshot / f"nodes{nodes}" / "at.txt").write_text(f"{at:.3f}\n")
             result |= fleet_rules.measure_rules(
                 prom_exe, snap, work, free_port(), at, rule_cpu_runs
             )
@@ -386,6 +391,12 @@ def main() -> None:
         help="queries per rule on the quiet Prometheus (bench/fleet_rules.py); 0: skip",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--keep-snapshot",
+        type=Path,
+        help="copy each size's TSDB snapshot to DIR/nodes<N> (with at.txt), so that "
+        "bench/fleet_rules.py can measure changed rules on it without a new fleet",
+    )
     args = parser.parse_args()
     if args.minutes * 60 <= WARMUP + 2 * POLL:
         parser.error(f"--minutes must leave time after the {WARMUP:.0f} s warm-up")
@@ -407,7 +418,13 @@ def main() -> None:
         results = []
         for n in sizes:
             result = run_fleet(
-                capture, n, args.nodes_per_job, args.minutes, args.history_hours, args.rule_cpu_runs
+                capture,
+                n,
+                args.nodes_per_job,
+                args.minutes,
+                args.history_hours,
+                args.rule_cpu_runs,
+                args.keep_snapshot,
             )
             result["series_per_node"] = budget
             report(result)

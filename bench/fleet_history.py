@@ -35,6 +35,19 @@ _LOOKBACK_H = 5 / 60  # an instant selector with an offset looks back 5 minutes 
 _NOT_SERIES = {"by", "without", "on", "ignoring", "group_left", "group_right", "offset"}
 
 
+def record_steps(rules: Path) -> dict[str, int]:
+    """The seconds between samples of each recorded series: its group's interval (a series
+    a slow group records every 5 minutes has one sample per 5 minutes of history)."""
+    out: dict[str, int] = {}
+    for group in yaml.safe_load(rules.read_text())["groups"]:
+        interval = group.get("interval", f"{STEP}s")
+        seconds = int(interval[:-1]) * {"s": 1, "m": 60, "h": 3600}[interval[-1]]
+        for rule in group["rules"]:
+            if "record" in rule:
+                out[rule["record"]] = seconds
+    return out
+
+
 def ranged_series(rules: Path) -> dict[str, float]:
     """Each series the rules' expressions read over a range or at an offset, with the longest
     such reach in hours (``up`` as the fleet's ``up{job="trainguard"}``)."""
@@ -92,8 +105,14 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def write_openmetrics(path: Path, series: list[Series], end: float, at: float) -> int:
-    """The history of ``series`` up to ``end`` (Unix seconds) as OpenMetrics; the sample count."""
+def write_openmetrics(
+    path: Path, series: list[Series], end: float, at: float, steps_of: dict[str, int] | None = None
+) -> int:
+    """The history of ``series`` up to ``end`` (Unix seconds) as OpenMetrics; the sample count.
+
+    A series named in ``steps_of`` (:func:`record_steps`) gets one sample per that many seconds,
+    others one per STEP.
+    """
     by_name: dict[str, list[Series]] = {}
     for s in series:
         by_name.setdefault(s[0]["__name__"], []).append(s)
@@ -109,10 +128,11 @@ def write_openmetrics(path: Path, series: list[Series], end: float, at: float) -
                 )
                 prefix = f"{name}{{{text}}} "
                 phase = (k * 104_729) % 1000 / 1000 * 2 * math.pi
-                steps = int(hours * 3600 // STEP)
+                step = (steps_of or {}).get(name, STEP)
+                steps = int(hours * 3600 // step)
                 lines = []
                 for i in range(steps, 0, -1):
-                    ago = i * STEP
+                    ago = i * step
                     lines.append(
                         f"{prefix}{past_value(name, value, ago, phase, at)!r} {end - ago:.3f}\n"
                     )

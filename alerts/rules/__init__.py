@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from alerts.rules import (
     allocator,
+    checkpoint_history,
     checkpoints,
     deaths,
     exporter,
@@ -17,6 +18,7 @@ from alerts.rules import (
     jobs,
     jobs_slow,
     jobs_stall,
+    memory,
     recording,
     restore,
     runs,
@@ -29,15 +31,20 @@ from alerts.rules.common import Alert, Group, Record
 
 GROUPS: tuple[Group, ...] = (
     recording.GROUP,
+    memory.RANK,
+    memory.GPU,
     recording.SLOW,
     runs.GROUP,
+    checkpoint_history.SLOW,
     checkpoints.GROUP,
     gpu.GROUP,
+    allocator.SLOW,
     allocator.GROUP,
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
     training_health.GROUP,
+    training_health.SLOW,
     stuck.GROUP,
     signals.GROUP,
     jobs.GROUP,

@@ -28,6 +28,12 @@ TOTAL = "run_rank_device:trainguard_run_allocator_device_total_bytes:max"
 #: the floor of a process past its warm-up only (absent in its first leak_warmup): the trend
 #: of a leak in steps is judged on it, so the warm-up's ramp is never counted as rises
 SETTLED = "run_rank_device:trainguard_run_allocator_allocated_bytes:floor_settled"
+#: seconds until the device is full at the pace of a leak, +Inf where there is none (see SLOW)
+TO_FULL = "run_rank_device:trainguard_run_allocator_full_in_seconds:leak"
+#: a rank's device's allocator figures averaged over frag_window (AllocatorFragmentation; each
+#: was computed three or four times in the alert)
+AVG_RESERVED = "run_rank_device:trainguard_run_allocator_reserved_bytes:avg"
+AVG_ALLOCATED = "run_rank_device:trainguard_run_allocator_allocated_bytes:avg"
 #: what the device has left above the recent peak of allocated memory
 HEADROOM = """(
                   TOTAL
@@ -69,15 +75,15 @@ SNIPPETS = {
     ),
     # AllocatorMemoryLeak: bytes per step the floor grew over the window
     "leak_per_step": query_bytes(
-        "("
+        "(last_over_time("
         + FLOOR
         + "{"
         + DEV_SEL
-        + "} - "
+        + "}[${slow_rules_lookback}]) - last_over_time("
         + FLOOR
         + "{"
         + DEV_SEL
-        + "} offset ${leak_window})"
+        + "}[${slow_rules_lookback}] offset ${leak_window}))"
         + " / on (${target_labels}, run, rank)"
         + " (max by (${target_labels}, run, rank) (trainguard_run_step{"
         + RANK_SEL
@@ -94,8 +100,12 @@ SNIPPETS = {
         + "} offset ${leak_window})",
         RANK_ARGS + " " + RANK_ARGS,
     ),
-    "leak_floor": query_bytes(FLOOR + "{" + DEV_SEL + "}", DEV_ARGS),
-    "leak_total": query_bytes(TOTAL + "{" + DEV_SEL + "}", DEV_ARGS),
+    "leak_floor": query_bytes(
+        "last_over_time(" + FLOOR + "{" + DEV_SEL + "}[${slow_rules_lookback}])", DEV_ARGS
+    ),
+    "leak_total": query_bytes(
+        "last_over_time(" + TOTAL + "{" + DEV_SEL + "}[${slow_rules_lookback}])", DEV_ARGS
+    ),
     "frag_stats": (
         "Averages over ${frag_window}: reserved "
         + query_bytes(
@@ -138,40 +148,8 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
-        Record(
-            FLOOR,
-            """
-            min by (${target_labels}, run, rank, device) (
-              min_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
-            )
-            """,
-        ),
-        Record(
-            SETTLED,
-            """
-            FLOOR
-            and on (${target_labels}, run, rank)
-            max by (${target_labels}, run, rank) (
-              trainguard_run_start_age_seconds > ${leak_warmup_s}
-            )
-            """.replace("FLOOR", FLOOR),
-        ),
-        # The process's own figure (torch's total_memory: right for a MIG slice too), else its
-        # GPU's through the allocator's UUID join (older reporters).
-        Record(
-            TOTAL,
-            """
-            max by (${target_labels}, run, rank, device) (
-              trainguard_run_allocator_device_total_bytes
-            )
-            or
-            max by (${target_labels}, run, rank, device) (
-              trainguard_run_allocator_device_info
-              * on (${target_labels}, uuid) group_left
-              max by (${target_labels}, uuid) (trainguard_gpu_memory_total_bytes)
-            )
-            """,
-        ),
+        Record(AVG_RESERVED, _avg("reserved_bytes")),
+        Record(AVG_ALLOCATED, _avg("allocated_bytes")),
         Alert(
             "AllocatorRetrying",
             "warning",
@@ -239,49 +217,16 @@ GROUP = Group(
         Alert(
             "AllocatorMemoryLeak",
             "warning",
-            # headroom above the recent peak / the floor's pace = seconds until the device is
-            # full; either the floor above its value leak_rise_window ago at every evaluation
-            # for leak_for (a steady climb), or (a leak in steps) the settled floor rose in at
-            # least leak_rises separate leak_rise_windows of the last leak_trend_window and its
-            # slope over that window fills the device within leak_horizon (one step up, a
-            # buffer kept for good, is one rise); a live process that stepped, past its warm-up
+            # the time to full the slow group records (TO_FULL: +Inf where no leak), judged at
+            # every evaluation; the process checks again here, so that a record of a process
+            # that has just ended or restarted is not read
             expr="""
-            (
-              (
-                HEADROOM
-                / on (${target_labels}, run, rank, device)
-                (deriv(FLOOR[${leak_window}]) > 0)
-                < ${leak_horizon_s}
-                and on (${target_labels}, run, rank, device)
-                (FLOOR > FLOOR offset ${leak_rise_window})
-              )
-              or
-              (
-                HEADROOM
-                / on (${target_labels}, run, rank, device)
-                (deriv(SETTLED[${leak_trend_window}]) > 0)
-                < ${leak_horizon_s}
-                and on (${target_labels}, run, rank, device)
-                count_over_time(
-                  (SETTLED > SETTLED offset ${leak_rise_window})
-                  [${leak_trend_window}:${leak_rise_window}]
-                ) >= ${leak_rises}
-              )
-            )
-            and on (${target_labels}, run, rank)
-            (
-              max by (${target_labels}, run, rank) (trainguard_run_step)
-              - max by (${target_labels}, run, rank) (trainguard_run_step offset ${leak_window})
-              > 0
-            )
+            last_over_time(TO_FULL[${slow_rules_lookback}]) < ${leak_horizon_s}
             and on (${target_labels}, run, rank)
             trainguard_run_process_up == 1
             and on (${target_labels}, run, rank)
             trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
-            """.replace("HEADROOM", HEADROOM)
-            .replace("SETTLED", SETTLED)
-            .replace("FLOOR", FLOOR)
-            .replace("TOTAL", TOTAL),
+            """.replace("TO_FULL", TO_FULL),
             for_="${leak_for}",
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} keeps more GPU memory every step: a
@@ -304,42 +249,22 @@ GROUP = Group(
         Alert(
             "AllocatorFragmentation",
             "warning",
-            # the value: the free cache (reserved - allocated) averaged over the window
+            # the value: the free cache (reserved - allocated) averaged over the window; the
+            # averages are recorded above, each once per evaluation. One chain of filters on
+            # the free cache, each read once: free / reserved > frag_free_ratio as free >
+            # ratio x reserved, split / free > frag_split_share as free < split / share (free
+            # is above frag_free_floor, so positive)
             expr="""
-            (
-              AVG_RESERVED
-              - on (${target_labels}, run, rank, device)
-              AVG_ALLOCATED
+            (AVG_RESERVED - AVG_ALLOCATED)
               > ${frag_free_floor}
-            )
-            and on (${target_labels}, run, rank, device)
-            (
-              (
-                AVG_RESERVED
-                - on (${target_labels}, run, rank, device)
-                AVG_ALLOCATED
-              )
-              / on (${target_labels}, run, rank, device)
-              AVG_RESERVED
-              > ${frag_free_ratio}
-            )
-            and on (${target_labels}, run, rank, device)
-            (
-              AVG_SPLIT
-              / on (${target_labels}, run, rank, device)
-              (
-                AVG_RESERVED
-                - on (${target_labels}, run, rank, device)
-                AVG_ALLOCATED
-              )
-              > ${frag_split_share}
-            )
+              > ${frag_free_ratio} * AVG_RESERVED
+              < AVG_SPLIT / ${frag_split_share}
             and on (${target_labels}, run, rank, device)
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
-            """.replace("AVG_RESERVED", _avg("reserved_bytes"))
-            .replace("AVG_ALLOCATED", _avg("allocated_bytes"))
+            """.replace("AVG_RESERVED", AVG_RESERVED)
+            .replace("AVG_ALLOCATED", AVG_ALLOCATED)
             .replace("AVG_SPLIT", _avg("inactive_split_bytes")),
             for_="${frag_for}",
             summary="""
@@ -354,6 +279,103 @@ GROUP = Group(
             snapshot '{{ $labels.run }}' --rank {{ $labels.rank }}) before changing
             PYTORCH_CUDA_ALLOC_CONF.
             """,
+        ),
+    ),
+)
+
+#: What AllocatorMemoryLeak judges, recorded every slow_rules_interval (5m) instead of every 15 s:
+#: the floor, the settled floor, the device's size and the time to full. A leak is a trend over
+#: leak_window (30m) and leak_trend_window (2h) that must hold for leak_for (30m) towards a
+#: device full within leak_horizon (24h): judged on a record up to 5m old, the warning comes up
+#: to 5m later (and goes up to 5m later). Every 15 s, its 2h deriv and 2h:10m subquery per device
+#: made it the costliest alert of the set at fleet scale (bench/RESULTS.md, "Fleet scale"). The
+#: floor, a minimum over leak_floor_window (5m), recorded every 5m still covers every sample.
+SLOW = Group(
+    "trainguard-allocator.slow",
+    interval="${slow_rules_interval}",
+    rules=(
+        Record(
+            FLOOR,
+            """
+            min by (${target_labels}, run, rank, device) (
+              min_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+            )
+            """,
+        ),
+        Record(
+            SETTLED,
+            """
+            FLOOR
+            and on (${target_labels}, run, rank)
+            max by (${target_labels}, run, rank) (
+              trainguard_run_start_age_seconds > ${leak_warmup_s}
+            )
+            """.replace("FLOOR", FLOOR),
+        ),
+        # The process's own figure (torch's total_memory: right for a MIG slice too), else its
+        # GPU's through the allocator's UUID join (older reporters).
+        Record(
+            TOTAL,
+            """
+            max by (${target_labels}, run, rank, device) (
+              trainguard_run_allocator_device_total_bytes
+            )
+            or
+            max by (${target_labels}, run, rank, device) (
+              trainguard_run_allocator_device_info
+              * on (${target_labels}, uuid) group_left
+              max by (${target_labels}, uuid) (trainguard_gpu_memory_total_bytes)
+            )
+            """,
+        ),
+        # headroom above the recent peak / the floor's pace = seconds until the device is
+        # full, where the process is live, past its warm-up and stepped within leak_window;
+        # the pace is the larger of: the floor's slope over leak_window where the floor is
+        # above its value leak_rise_window ago (a steady climb), and the settled floor's slope
+        # over leak_trend_window where it rose in at least leak_rises separate
+        # leak_rise_windows of it (a leak in steps; one step up, a buffer kept for good, is
+        # one rise). +Inf elsewhere, so that a leak that stops is read as stopped at once.
+        Record(
+            TO_FULL,
+            """
+            (
+              HEADROOM
+              / on (${target_labels}, run, rank, device)
+              max by (${target_labels}, run, rank, device) (
+                label_replace(
+                  deriv(FLOOR[${leak_window}]) > 0
+                  and on (${target_labels}, run, rank, device)
+                  FLOOR > FLOOR offset ${leak_rise_window},
+                  "pace", "steady", "", ""
+                )
+                or
+                label_replace(
+                  deriv(SETTLED[${leak_trend_window}]) > 0
+                  and on (${target_labels}, run, rank, device)
+                  count_over_time(
+                    (SETTLED > SETTLED offset ${leak_rise_window})
+                    [${leak_trend_window}:${leak_rise_window}]
+                  ) >= ${leak_rises},
+                  "pace", "steps", "", ""
+                )
+              )
+              and on (${target_labels}, run, rank)
+              (
+                max by (${target_labels}, run, rank) (trainguard_run_step)
+                - max by (${target_labels}, run, rank) (trainguard_run_step offset ${leak_window})
+                > 0
+              )
+              and on (${target_labels}, run, rank)
+              trainguard_run_process_up == 1
+              and on (${target_labels}, run, rank)
+              trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
+            )
+            or
+            FLOOR * 0 + Inf
+            """.replace("HEADROOM", HEADROOM)
+            .replace("SETTLED", SETTLED)
+            .replace("FLOOR", FLOOR)
+            .replace("TOTAL", TOTAL),
         ),
     ),
 )

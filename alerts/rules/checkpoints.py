@@ -7,9 +7,17 @@ CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, Step
 
 from __future__ import annotations
 
+from alerts.rules.checkpoint_history import (
+    AVAIL_PREDICTED,
+    CHANGES,
+    SPREAD,
+    STEP_SEEN,
+    UP_MIN,
+)
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_bytes, query_value
 
 LOC_SEL = "${target_labels_sel},run=%q,location=%q"
+
 LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 
 SNIPPETS = {
@@ -127,11 +135,10 @@ GROUP = Group(
             "warning",
             expr="""
             max by (${target_labels}, run, location) (
-              max_over_time(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}])
+              trainguard_checkpoint_last_timestamp_seconds
             )
-            == max by (${target_labels}, run, location) (
-              min_over_time(trainguard_checkpoint_last_timestamp_seconds[${checkpoint_stale}])
-            )
+            and on (${target_labels}, run, location)
+              last_over_time(SPREAD[${slow_rules_lookback}]) == 0
             and max by (${target_labels}, run, location) (
               trainguard_checkpoint_last_timestamp_seconds
             ) > 0
@@ -160,25 +167,22 @@ GROUP = Group(
             # complete checkpoint, while the primary completed one within it (value 0: none)
             (
               (
-                min by (${target_labels}, run, location) (
-                  min_over_time(
-                    trainguard_checkpoint_location_up{location!="primary"}[${checkpoint_stale}]
-                  )
-                ) == 1
+                last_over_time(UP_MIN{location!="primary"}[${slow_rules_lookback}]) == 1
               ) * 0
               unless on (${target_labels}, run, location)
-                last_over_time(trainguard_checkpoint_last_step[${checkpoint_stale}])
+                last_over_time(STEP_SEEN[${slow_rules_lookback}])
             )
             and on (${target_labels}, run, location)
               trainguard_checkpoint_location_up offset ${checkpoint_stale}
             and on (${target_labels}, run)
               max by (${target_labels}, run) (
-                changes(
-                  trainguard_checkpoint_last_timestamp_seconds{location="primary"}[${checkpoint_stale}]
-                )
+                last_over_time(CHANGES{location="primary"}[${slow_rules_lookback}])
               ) > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
-            """,
+            """.replace("SPREAD", SPREAD)
+            .replace("UP_MIN", UP_MIN)
+            .replace("STEP_SEEN", STEP_SEEN)
+            .replace("CHANGES", CHANGES),
             for_="5m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -310,15 +314,12 @@ GROUP = Group(
             "CheckpointVolumeFillingUp",
             "warning",
             expr="""
-            predict_linear(
-              trainguard_checkpoint_filesystem_avail_bytes[${volume_fill_window}],
-              ${volume_fill_horizon_s}
-            ) < 0
-            and
+            last_over_time(AVAIL_PREDICTED[${slow_rules_lookback}]) < 0
+            and on (${target_labels}, run, location)
             trainguard_checkpoint_filesystem_avail_bytes
               < ${volume_fill_min_checkpoints}
                 * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
-            """,
+            """.replace("AVAIL_PREDICTED", AVAIL_PREDICTED),
             for_="${volume_fill_for}",
             summary="""
             Checkpoint volume of run {{ $labels.run }} at {{ $labels.location }} is filling up.

@@ -17,6 +17,7 @@ from __future__ import annotations
 from alerts.rules.common import Alert, Group, Record, query_bytes, query_value
 from alerts.rules.gpu import GPU_ARGS, GPU_SEL
 from alerts.rules.gpu import SNIPPETS as GPU_SNIPPETS
+from alerts.rules.recording import UNATTRIBUTED_MIN
 
 HW_REASONS = "hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
 
@@ -217,6 +218,9 @@ GROUP = Group(
             slot's BIOS setting; a link that trains down again needs service.
             """,
         ),
+        # The GPU's unattributed level is its least over released_lookback as the slow group
+        # recorded it (recording.UNATTRIBUTED_MIN): up to 5m older, a level from before the
+        # death either way.
         # nvidia-resiliency-ext waits for exactly this before it restarts workers: memory the
         # driver did not give back after a run's last process on the GPU died. Relative to the
         # GPU's own unattributed level while the run trained (the driver's overhead, a few
@@ -228,14 +232,12 @@ GROUP = Group(
             (
               max by (${target_labels}, gpu, uuid) (trainguard_gpu_memory_unattributed_bytes)
               - on (${target_labels}, gpu, uuid)
-              min by (${target_labels}, gpu, uuid) (
-                min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
-              )
+              last_over_time(UNATTRIBUTED_MIN[${slow_rules_lookback}])
             ) > ${released_floor}
             and on (${target_labels}, uuid)
             max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
-            """,
+            """.replace("UNATTRIBUTED_MIN", UNATTRIBUTED_MIN),
             for_="${released_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""

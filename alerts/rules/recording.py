@@ -14,6 +14,42 @@ SLOW_PACE = (
     " * ${throughput_min_steps} > ${throughput_window_s}"
 )
 
+#: series whose last value TrainingProcessDied reads over exporter_down_active_lookback (1d)
+#: for an exporter that has been down (alerts/rules/runs.py), and the slow group's records of
+#: that value (:func:`last_seen`)
+LAST_SEEN = {
+    "trainguard_run_process_up": "run_rank:trainguard_run_process_up:last_seen",
+    "trainguard_run_finished": "run_rank:trainguard_run_finished:last_seen",
+    "trainguard_run_job_info": "run_rank:trainguard_run_job_info:last_seen",
+}
+
+
+def last_seen(series: str) -> str:
+    """The last value of ``series`` within exporter_down_active_lookback, cheaply.
+
+    The series itself over slow_rules_lookback, else the slow group's record of its last value
+    over the whole lookback (LAST_SEEN). A series absent for longer than slow_rules_lookback
+    does not change, so the slow group's newest record of it (at most one interval old, and
+    evaluated after the series ended) is its last value. The exact ``last_over_time(x[1d])``
+    read a day of samples of every rank every 15 s: 110 ms of TrainingProcessDied's 150 ms at
+    100 nodes (bench/RESULTS.md, "Fleet scale"). Only where a series ended more than
+    exporter_down_active_lookback ago does this differ: it is seen up to slow_rules_lookback
+    longer.
+    """
+    return (
+        "(last_over_time(" + series + "[${slow_rules_lookback}])"
+        " or last_over_time(" + LAST_SEEN[series] + "[${slow_rules_lookback}]))"
+    )
+
+
+#: the rank's steps per second over throughput_window_slow (1h), within its process: the rate of
+#: a rank of slow steps, recorded in SLOW (a 1h deriv of every rank every 15 s for the few of
+#: slow steps); read with last_over_time, it is up to 5m older, on a window of an hour
+SLOW_RATE = "run_rank:trainguard_run_steps_per_second:deriv_slow"
+#: a GPU's least unattributed memory over released_lookback (1h): GPUMemoryNotReleased's level
+#: of the GPU while its runs trained (alerts/rules/gpu_health.py), recorded in SLOW
+UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
+
 GROUP = Group(
     "trainguard.rules",
     rules=(
@@ -69,14 +105,6 @@ GROUP = Group(
               max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
             """,
         ),
-        # The rank's longest completed interval between two steps in the window. While the rank
-        # stalls nothing new is completed, and the threshold keeps the pace it had before.
-        Record(
-            "run_rank:trainguard_run_step_gap_seconds:max",
-            """
-            max_over_time(run_rank:trainguard_run_step_interval_seconds:completed[${stall_window}])
-            """,
-        ),
         # How long the rank may go without a step: stall_factor x its longest recent interval
         # between steps, within [stall, stall_max]; stall_max while that interval is unknown.
         Record(
@@ -101,25 +129,24 @@ GROUP = Group(
             "run_rank:trainguard_run_steps_per_second:deriv",
             """
             max by (${target_labels}, run, rank) (
-              clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
-              and on (${target_labels}, run, rank)
-                trainguard_run_start_age_seconds > ${throughput_window_s}
+              (
+                clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
+                and on (${target_labels}, run, rank)
+                  trainguard_run_start_age_seconds > ${throughput_window_s}
+                unless on (${target_labels}, run, rank)
+                  SLOW
+                or
+                last_over_time(SLOW_RATE[${slow_rules_lookback}])
+                and on (${target_labels}, run, rank)
+                  trainguard_run_start_age_seconds > ${throughput_window_slow_s}
+                and on (${target_labels}, run, rank)
+                  SLOW
+              )
+              # the gates both paces share, once
               and on (${target_labels}, run, rank) trainguard_run_process_up == 1
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-              unless on (${target_labels}, run, rank)
-                SLOW
             )
-            or
-            max by (${target_labels}, run, rank) (
-              clamp_min(deriv(trainguard_run_step[${throughput_window_slow}]), 0)
-              and on (${target_labels}, run, rank)
-                trainguard_run_start_age_seconds > ${throughput_window_slow_s}
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-              and on (${target_labels}, run, rank)
-                SLOW
-            )
-            """.replace("SLOW", SLOW_PACE),
+            """.replace("SLOW_RATE", SLOW_RATE).replace("SLOW", SLOW_PACE),
         ),
         # Prometheus' time at which the run's log file got its current mtime (first seen with
         # it): the log's quiet time by Prometheus' clock, whatever the clocks of the training
@@ -165,132 +192,6 @@ GROUP = Group(
         Record(
             "run:trainguard_checkpoint_last_step:max",
             "max by (${target_labels}, run) (trainguard_checkpoint_last_step)",
-        ),
-        Record(
-            "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
-            "sum by (${target_labels}, run, rank) (trainguard_run_gpu_memory_used_bytes)",
-        ),
-        Record(
-            "run_rank:trainguard_run_allocator_reserved_bytes:sum",
-            "sum by (${target_labels}, run, rank) (trainguard_run_allocator_reserved_bytes)",
-        ),
-        Record(
-            "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum",
-            """
-            run_rank:trainguard_run_gpu_memory_used_bytes:sum
-            - run_rank:trainguard_run_allocator_reserved_bytes:sum
-            """,
-        ),
-        Record(
-            "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio",
-            """
-            run_rank:trainguard_run_gpu_memory_used_bytes:sum
-            / run_rank:trainguard_run_allocator_reserved_bytes:sum
-            """,
-        ),
-        # The device-level view of ghost memory, for GPUs whose memory NVML cannot attribute
-        # to processes (WDDM/WSL): what the live runs' allocators reserved on each GPU (joined
-        # by UUID, whatever CUDA_VISIBLE_DEVICES did to the index), how many processes that
-        # is, and the GPU's used memory beyond it and a CUDA context per process.
-        Record(
-            "uuid:trainguard_run_allocator_reserved_bytes:sum",
-            """
-            sum by (${target_labels}, uuid) (
-              trainguard_run_allocator_reserved_bytes
-              * on (${target_labels}, run, rank, device) group_left (uuid)
-              trainguard_run_allocator_device_info
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-            )
-            """,
-        ),
-        Record(
-            "uuid:trainguard_run_allocator_devices:count",
-            """
-            count by (${target_labels}, uuid) (
-              trainguard_run_allocator_device_info
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-            )
-            """,
-        ),
-        Record(
-            "gpu:trainguard_gpu_memory_ghost_bytes:sum",
-            """
-            trainguard_gpu_memory_used_bytes
-            - on (${target_labels}, uuid) group_left ()
-            (
-              uuid:trainguard_run_allocator_reserved_bytes:sum
-              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
-            )
-            """,
-        ),
-        Record(
-            "gpu:trainguard_gpu_memory_used_over_accounted:ratio",
-            """
-            trainguard_gpu_memory_used_bytes
-            / on (${target_labels}, uuid) group_left ()
-            (
-              uuid:trainguard_run_allocator_reserved_bytes:sum
-              + uuid:trainguard_run_allocator_devices:count * ${ghost_context_allowance}
-            )
-            """,
-        ),
-        # Live allocator devices that cannot be put on a GPU of their host (no uuid: an older
-        # reporter; a uuid no GPU has: a MIG instance): their memory is somewhere unknown, so
-        # no GPU of that host is judged per device.
-        Record(
-            "instance:trainguard_run_allocator_devices_unplaced:count",
-            """
-            count by (${target_labels}) (
-              trainguard_run_allocator_reserved_bytes
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank, device)
-              (
-                trainguard_run_allocator_device_info
-                and on (${target_labels}, uuid) trainguard_gpu_info
-              )
-            )
-            """,
-        ),
-        # OOMs (or OOM memory snapshots) of a rank within oom_recent. increase() needs two
-        # samples, so an OOM counter above 0 in a process younger than oom_recent counts too
-        # (the counter resets with each process: a relaunch that OOMs in its first batch shows
-        # 1 at its first sample, as the dead process's series did), and so does a counter that
-        # did not exist oom_recent ago while Prometheus was scraping the exporter then (not an
-        # old count seen by a Prometheus just started). Comparisons with the past match on the
-        # series' identity only (on/by), never on labels of the scrape such as a Kubernetes
-        # `pod`, which a rollout of the exporter changes.
-        Record(
-            "run_rank:trainguard_run_allocator_ooms:recent",
-            """
-            sum by (${target_labels}, run, rank) (
-              increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
-              or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
-              or (
-                max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
-                  > 0
-                and on (${target_labels}, run, rank)
-                  max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
-                  < ${oom_recent_s}
-              )
-              or (
-                (
-                  max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
-                    > 0
-                  unless on (${target_labels}, run, rank, device)
-                    trainguard_run_allocator_ooms_total offset ${oom_recent}
-                )
-                and on (${target_labels}) (up offset ${oom_recent} == 1)
-              )
-              or (
-                (
-                  max by (${target_labels}, run, rank) (trainguard_run_memory_snapshots_total) > 0
-                  unless on (${target_labels}, run, rank)
-                    trainguard_run_memory_snapshots_total offset ${oom_recent}
-                )
-                and on (${target_labels}) (up offset ${oom_recent} == 1)
-              )
-            )
-            """,
         ),
         # Xid errors counted within the window, per GPU and code. The counter is the exporter's
         # count since it started, and a code's series appears with its first event, which
@@ -349,6 +250,40 @@ SLOW = Group(
               0.9, run_rank:trainguard_run_steps_per_second:deriv[${throughput_baseline}]
             )
             """,
+        ),
+        # The rank's longest completed interval between two steps in the window. While the rank
+        # stalls nothing new is completed, and the threshold keeps the pace it had before.
+        # Recorded here, every slow_rules_interval (5m), not every 15 s (a max_over_time over
+        # 6h per rank): its readers look back stall_max (4h) anyway. A newly completed longer
+        # interval raises the stall threshold up to 5m later; the threshold is at least stall
+        # (10m), so the next interval cannot be judged on the old pace before it is known.
+        Record(
+            "run_rank:trainguard_run_step_gap_seconds:max",
+            """
+            max_over_time(run_rank:trainguard_run_step_interval_seconds:completed[${stall_window}])
+            """,
+        ),
+        Record(
+            SLOW_RATE,
+            """
+            clamp_min(deriv(trainguard_run_step[${throughput_window_slow}]), 0)
+            and on (${target_labels}, run, rank)
+              trainguard_run_start_age_seconds > ${throughput_window_slow_s}
+            """,
+        ),
+        Record(
+            UNATTRIBUTED_MIN,
+            """
+            min by (${target_labels}, gpu, uuid) (
+              min_over_time(trainguard_gpu_memory_unattributed_bytes[${released_lookback}])
+            )
+            """,
+        ),
+        # TrainingProcessDied's last values of its ranks' series, for an exporter that has been
+        # down (last_seen()): read once every slow_rules_interval instead of every 15 s.
+        *(
+            Record(record, "last_over_time(" + series + "[${exporter_down_active_lookback}])")
+            for series, record in LAST_SEEN.items()
         ),
         # The location's usual interval between successful saves (alerts/rules/saves.py).
         Record(

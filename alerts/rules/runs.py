@@ -16,6 +16,7 @@ from __future__ import annotations
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
+from alerts.rules.recording import last_seen
 from alerts.rules.signals import stopped
 from alerts.rules.stuck import STUCK_ANNOTATION
 
@@ -23,17 +24,19 @@ from alerts.rules.stuck import STUCK_ANNOTATION
 #: discovery): the ranks last seen dead, not finished, not stopped by a signal, not a job's
 #: (TrainingJobRankDied's), once it has been down for exporter_down_for (a shorter gap is
 #: keep_firing_for's). Their series went stale with the exporter, so the death page would
-#: resolve though nothing new is known; it stays until the exporter is back and says.
-DEAD_WHEN_LAST_SEEN = """(
-                last_over_time(trainguard_run_process_up[${exporter_down_active_lookback}]) == 0
+#: resolve though nothing new is known; it stays until the exporter is back and says. The last
+#: values over exporter_down_active_lookback (1d) come from recording.last_seen().
+DEAD_WHEN_LAST_SEEN = (
+    """(
+                (UP) == 0
                 unless on (${target_labels}, run, rank)
-                  last_over_time(trainguard_run_finished[${exporter_down_active_lookback}]) == 1
+                  (FINISHED) == 1
                 unless on (${target_labels}, run, rank)
                   last_over_time(
                     trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
                   )
                 unless on (${target_labels}, run, rank)
-                  last_over_time(trainguard_run_job_info[${exporter_down_active_lookback}])
+                  JOB
                 and on (${target_labels})
                 (
                   max by (${target_labels}) (up{${job_selector}} == 0)
@@ -49,7 +52,10 @@ DEAD_WHEN_LAST_SEEN = """(
                 max by (${target_labels}) (
                   max_over_time(up{${job_selector}}[${exporter_down_for}])
                 ) == 1
-              )"""
+              )""".replace("UP", last_seen("trainguard_run_process_up"))
+    .replace("FINISHED", last_seen("trainguard_run_finished"))
+    .replace("JOB", last_seen("trainguard_run_job_info"))
+)
 
 SNIPPETS = {
     # "0, 3": the ranks of the run that are gone without finishing.

@@ -16,6 +16,10 @@ from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, Reco
 #: the run's loss, without NaN and infinities (those are TrainingLossNonFinite's): what the
 #: spike's median is taken over; a NaN in a quantile would poison it
 LOSS = "run_rank:trainguard_run_loss:finite"
+#: the rank's loss level TrainingLossSpike compares with: the median of LOSS over
+#: loss_spike_baseline (positive), once the rank has loss_spike_min_samples in it and reported a
+#: loss that long ago; recorded in SLOW, read with last_over_time
+BASELINE = "run_rank:trainguard_run_loss:median"
 #: the run's newest complete primary checkpoint (progress that survives a restart)
 CKPT = 'trainguard_checkpoint_last_step{location="primary"}'
 
@@ -107,22 +111,22 @@ GROUP = Group(
         ),
         # Against the run's own median over the baseline window, after a warm-up: a loss
         # reported that long ago already and enough samples since. Only a positive median is
-        # judged: k times a negative or zero loss is no level to compare with.
+        # judged: k times a negative or zero loss is no level to compare with. The median is
+        # recorded every slow_rules_interval (SLOW): a 1h quantile per rank every 15 s was the
+        # set's second costliest alert at fleet scale. It is up to 5m older than when taken
+        # at each evaluation (a level over an hour, which a spike must exceed twice for
+        # loss_spike_for), and the warm-up ends up to 5m later; a spike is still judged at
+        # every evaluation.
         Alert(
             "TrainingLossSpike",
             "warning",
             expr="""
             max by (${target_labels}, run) (
-              LOSS
-                > ${loss_spike_factor} * (
-                  quantile_over_time(0.5, LOSS[${loss_spike_baseline}]) > 0
-                )
-              and count_over_time(LOSS[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
-              and last_over_time(LOSS[10m] offset ${loss_spike_baseline})
+              LOSS > ${loss_spike_factor} * last_over_time(BASELINE[${slow_rules_lookback}])
               unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            """.replace("LOSS", LOSS),
+            """.replace("LOSS", LOSS).replace("BASELINE", BASELINE),
             for_="${loss_spike_for}",
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
@@ -188,6 +192,21 @@ GROUP = Group(
             Every restart repeats the same work and dies again. Causes of the deaths:
             ${loop_causes}. Restarting again will not help: look at why it dies.
             """,
+        ),
+    ),
+)
+
+SLOW = Group(
+    "trainguard-training-health.slow",
+    interval="${slow_rules_interval}",
+    rules=(
+        Record(
+            BASELINE,
+            """
+            quantile_over_time(0.5, LOSS[${loss_spike_baseline}]) > 0
+            and count_over_time(LOSS[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
+            and last_over_time(LOSS[10m] offset ${loss_spike_baseline})
+            """.replace("LOSS", LOSS),
         ),
     ),
 )
