@@ -108,7 +108,7 @@ class RunLife:
 
     A process that ends after training began but before the framework said it ended (an exception
     caught by the script, an uncaught one) records a failure, with the exception's type when the
-    interpreter saw one.
+    interpreter saw one. Before training began (:meth:`prepare`), the end is the ``Run``'s.
     """
 
     def __init__(self, run_kwargs: Mapping[str, Any]) -> None:
@@ -119,6 +119,24 @@ class RunLife:
         self._lock = threading.Lock()
         self._hooked = False
         self.ended = False  # the framework said training ended (cleanly or not)
+        self.starting = False  # the open run has not begun training (prepare, then start)
+
+    def prepare(
+        self,
+        name: str,
+        rank: int,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        checkpoint_pattern: str | None,
+        checkpoint_layout: str | None = None,
+    ) -> Run:
+        """The open ``Run``, created in its starting phase when none is open.
+
+        Called at the framework's set-up, before it loads a checkpoint: a relaunch that dies
+        there is a process the exporter sees and counts (docs/heartbeat.md#starting). The
+        interpreter's end, while still starting, is the ``Run``'s own: a clean exit finished
+        (an evaluation-only script), an uncaught exception failed.
+        """
+        return self._open(name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, True)
 
     def start(
         self,
@@ -128,10 +146,35 @@ class RunLife:
         checkpoint_pattern: str | None,
         checkpoint_layout: str | None = None,
     ) -> Run:
-        """The open ``Run``, created at the first start (or after an end).
+        """The open ``Run``, its training begun: created at the first start (or after an end).
 
+        A starting ``Run`` (:meth:`prepare`) of this name and rank begins; one of another name
+        (a hyperparameter search's trial renames the run) ends cleanly and a new one starts.
         After an end, a second ``train()`` is a new process life of the same run and rank.
         """
+        with self._lock:
+            run = self.run
+            if run is not None and not self.ended and self.starting:
+                if (run.name, run.rank) == (name, rank):
+                    run.begin(checkpoint_dir, checkpoint_pattern, checkpoint_layout)
+                    self.starting = False
+                    return run
+                self.ended = True
+            else:
+                run = None
+        if run is not None:
+            run.close()  # never trained under that name: nothing to fail
+        return self._open(name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, False)
+
+    def _open(
+        self,
+        name: str,
+        rank: int,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        checkpoint_pattern: str | None,
+        checkpoint_layout: str | None,
+        starting: bool,
+    ) -> Run:
         with self._lock:
             if self.run is not None and not self.ended:
                 return self.run
@@ -142,8 +185,9 @@ class RunLife:
                 "rank": rank,
                 **self._run_kwargs,
             }
-            self.run = Run(name, **kwargs)
+            self.run = Run(name, starting=starting, **kwargs)
             self.ended = False
+            self.starting = starting
             if not self._hooked:
                 # after Run's own atexit hook, so it runs before it (atexit is LIFO)
                 atexit.register(self._at_exit)
@@ -151,9 +195,12 @@ class RunLife:
             return self.run
 
     def step(self, step: int, timing: tuple[float | None, float | None] = (None, None)) -> None:
-        """Report ``step`` with the kept scalars and (data, compute) seconds measured for it."""
+        """Report ``step`` with the kept scalars and (data, compute) seconds measured for it.
+
+        Not while starting: an evaluation's log before training is no step of training.
+        """
         run = self.run
-        if run is not None:
+        if run is not None and not self.starting:
             run.step(step, data_seconds=timing[0], compute_seconds=timing[1], **self._scalars)
 
     def log(self, logs: Mapping[str, Any]) -> None:
@@ -193,5 +240,6 @@ class RunLife:
         run.__exit__(type(exc), exc, exc.__traceback__)
 
     def _at_exit(self) -> None:
-        if self.run is not None and not self.ended:
+        # still starting: the Run's own exit hooks say finished, or failed by an exception
+        if self.run is not None and not self.ended and not self.starting:
             self.fail(getattr(sys, "last_value", None))
