@@ -110,3 +110,28 @@ def test_a_relaunch_after_a_death_is_never_starting(tmp_path: Path) -> None:
     again = child(tmp_path, "raise OSError('truncated checkpoint')")
     assert again.returncode != 0
     assert read_heartbeat(heartbeat(tmp_path)).deaths == 2
+
+
+def test_a_second_trainer_of_the_same_run_takes_over_and_never_writes_beside_the_first(
+    tmp_path: Path,
+) -> None:
+    """A notebook cell that builds the trainer again: the earlier starting run gives way
+    (finished), one Run writes the heartbeat; a trainer built while another trains the run
+    opens none."""
+    kwargs = {"state_dir": tmp_path, "interval": 0.02}
+    first, second = RunLife(kwargs), RunLife(kwargs)
+    a = first.prepare("nb", 0, None, None)
+    b = second.prepare("nb", 0, None, None)
+    assert a is not None and b is not None and b is not a
+    assert first.ended and not second.ended
+    path = heartbeat(tmp_path, "nb")
+    wait_for(lambda: read_heartbeat(path).state == "running", 60, what="the second's heartbeat")
+    trained = first.start("nb", 0, None, None)  # the first trainer's train() after all
+    assert trained is not b and second.ended
+    trained.step(3)
+    wait_for(lambda: read_heartbeat(path).step == 3, 60, what="step 3")
+    third = RunLife(kwargs)
+    assert third.prepare("nb", 0, None, None) is None  # built while the first one trains
+    assert read_heartbeat(path).step == 3 and not read_heartbeat(path).starting
+    first.finish()
+    assert read_heartbeat(path).state == "finished"

@@ -103,6 +103,13 @@ def as_float(value: Any) -> float | None:
     return None
 
 
+#: the life of each (run name, rank) that opened a Run in this process last: a second trainer of
+#: the same run (a notebook cell that builds it again) must not write its heartbeat from a second
+#: Run, each overwriting the other's
+_OWNERS: dict[tuple[str, int], RunLife] = {}
+_OWNERS_LOCK = threading.Lock()
+
+
 class RunLife:
     """One ``Run`` driven by a framework's events.
 
@@ -128,15 +135,37 @@ class RunLife:
         checkpoint_dir: str | os.PathLike[str] | None,
         checkpoint_pattern: str | None,
         checkpoint_layout: str | None = None,
-    ) -> Run:
+    ) -> Run | None:
         """The open ``Run``, created in its starting phase when none is open.
 
         Called at the framework's set-up, before it loads a checkpoint: a relaunch that dies
         there is a process the exporter sees and counts (docs/heartbeat.md#starting). The
         interpreter's end, while still starting, is the ``Run``'s own: a clean exit finished
-        (an evaluation-only script), an uncaught exception failed.
+        (an evaluation-only script), an uncaught exception failed. None while another trainer of
+        this process trains the same run and rank (it keeps the heartbeat).
         """
+        if not self._claim((name, rank), starting=True):
+            return None
         return self._open(name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, True)
+
+    def _claim(self, key: tuple[str, int], *, starting: bool) -> bool:
+        """Take ``key`` for this life: another life's starting run gives way (closed, finished).
+
+        False (nothing taken) for a starting run while another life trains that run and rank.
+        """
+        with _OWNERS_LOCK:
+            other = _OWNERS.get(key)
+            gives_way = None
+            if other is not None and other is not self and other.run is not None:
+                with other._lock:
+                    if not other.ended and not other.starting and starting:
+                        return False
+                    if not other.ended and other.starting:
+                        gives_way, other.ended = other.run, True
+            _OWNERS[key] = self
+        if gives_way is not None:
+            gives_way.close()  # never trained: a clean end, before this life's Run writes
+        return True
 
     def start(
         self,
@@ -164,6 +193,7 @@ class RunLife:
                 run = None
         if run is not None:
             run.close()  # never trained under that name: nothing to fail
+        self._claim((name, rank), starting=False)
         return self._open(name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, False)
 
     def _open(
