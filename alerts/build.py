@@ -37,7 +37,7 @@ from alerts import site as sites
 from alerts import thresholds
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
-from alerts.rules.common import RUN_CONTEXT, fill
+from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, fill
 from alerts.runbook_url import runbook_url
 
 RULES_FILE = Path(__file__).resolve().parent / "trainguard.rules.yml"
@@ -66,11 +66,12 @@ class Folded(str):
 
 
 def _group_table(group: Group, table: Mapping[str, str]) -> dict[str, str]:
-    """The thresholds plus the group's snippets (their own placeholders filled)."""
-    clash = sorted(set(group.snippets) & set(table))
+    """The thresholds plus the common snippets and the group's (their own placeholders filled)."""
+    snippets = {**COMMON_SNIPPETS, **group.snippets}
+    clash = sorted(set(snippets) & set(table)) + sorted(set(COMMON_SNIPPETS) & set(group.snippets))
     if clash:
-        raise KeyError(f"{group.name}: snippet names clash with thresholds: {clash}")
-    return {**table, **{name: fill(text, table) for name, text in group.snippets.items()}}
+        raise KeyError(f"{group.name}: snippet names clash with thresholds or common ones: {clash}")
+    return {**table, **{name: fill(text, table) for name, text in snippets.items()}}
 
 
 def _rule(

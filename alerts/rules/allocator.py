@@ -161,7 +161,7 @@ GROUP = Group(
             summary="The CUDA allocator of run {{ $labels.run }} keeps retrying allocations.",
             description="""
             The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }}
-            (device {{ $labels.device }}) on {{ $labels.instance }} had to free its
+            (device {{ $labels.device }}) on ${rank_host} had to free its
             cache and retry a cudaMalloc in every ${alloc_retry_window} for
             ${alloc_retry_for} ({{ $value | printf "%.0f" }} retries in the last
             ${alloc_retry_window}): memory pressure or fragmentation, slow steps, an OOM
@@ -182,7 +182,7 @@ GROUP = Group(
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
             description="""
-            Run {{ $labels.run }} rank {{ $labels.rank }} on {{ $labels.instance }}
+            Run {{ $labels.run }} rank {{ $labels.rank }} on ${rank_host}
             recorded a CUDA out-of-memory in the last ${oom_recent} (OOMs so far: ${ooms},
             memory snapshots dumped so far: ${snapshots}) and has not stepped in the last
             ${oom_window}, or
@@ -206,7 +206,7 @@ GROUP = Group(
             Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory and carried on.
             """,
             description="""
-            Run {{ $labels.run }} rank {{ $labels.rank }} on {{ $labels.instance }}
+            Run {{ $labels.run }} rank {{ $labels.rank }} on ${rank_host}
             recorded a CUDA out-of-memory in the last ${oom_recent} (OOMs so far: ${ooms},
             memory snapshots dumped so far: ${snapshots}) and is still stepping (a step within
             the last
@@ -234,7 +234,7 @@ GROUP = Group(
             """,
             description="""
             The memory PyTorch's allocator keeps across steps for run {{ $labels.run }} rank
-            {{ $labels.rank }} (device {{ $labels.device }}) on {{ $labels.instance }} has
+            {{ $labels.rank }} (device {{ $labels.device }}) on ${rank_host} has
             climbed for ${leak_for}: ${leak_per_step} per step over the last ${leak_window}
             (${leak_steps} steps), now ${leak_floor} of ${leak_total}. At this pace the device
             is full in {{ $value | humanizeDuration }}. Not the warm-up (the process is past its
@@ -272,7 +272,7 @@ GROUP = Group(
             """,
             description="""
             The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }} (device
-            {{ $labels.device }}) on {{ $labels.instance }} holds {{ $value | humanize1024 }}B
+            {{ $labels.device }}) on ${rank_host} holds {{ $value | humanize1024 }}B
             it has not handed to tensors, mostly in pieces of split blocks (inactive split),
             and still had to free its cache and retry cudaMalloc, for ${frag_for}: the "out of
             memory with free VRAM" is coming. ${frag_stats} Take a memory snapshot (trainguard

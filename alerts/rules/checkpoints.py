@@ -191,12 +191,12 @@ GROUP = Group(
             """,
             description="""
             {{ if eq $value 0.0 }}Location {{ $labels.location }} of run {{ $labels.run }} on
-            {{ $labels.instance }} has not held one complete checkpoint for at least
+            ${run_host} has not held one complete checkpoint for at least
             ${checkpoint_stale} (threshold), while the primary location completed at least one
             in that time: the copies to it fail, or never finish (look for .part files, a full
             volume or a copy job that stopped). If the primary's volume is lost, nothing is
             left.{{ else }}The newest complete checkpoint of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} has not changed for at least
+            {{ $labels.location }} on ${run_host} has not changed for at least
             ${checkpoint_stale} (threshold) while the run has been alive for at least that
             long. Everything trained since then is lost if the run dies now.{{ end }}
             """,
@@ -227,7 +227,7 @@ GROUP = Group(
             checkpoint.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} has been alive and stepping for at
+            Run {{ $labels.run }} on ${run_host} has been alive and stepping for at
             least ${checkpoint_stale} (threshold) and its primary checkpoint location is
             readable, but it holds no complete checkpoint (files matching the pattern:
             ${files}, of which without a record: ${unrecorded}; .part files: ${partials}).
@@ -243,7 +243,7 @@ GROUP = Group(
             "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
             """
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} are smaller than the size
+            {{ $labels.location }} on ${run_host} are smaller than the size
             recorded when they were written (${truncated_steps}).
             """,
         ),
@@ -255,7 +255,7 @@ GROUP = Group(
             "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
             """
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} no longer match the sha256
+            {{ $labels.location }} on ${run_host} no longer match the sha256
             recorded when they were written.
             """,
         ),
@@ -270,7 +270,7 @@ GROUP = Group(
             """,
             description="""
             {{ $value }} checkpoint or .part file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} report an mtime of 0 (a network or
+            {{ $labels.location }} on ${run_host} report an mtime of 0 (a network or
             FUSE bridge that does not pass it on), for ${checkpoint_unjudged_for}. Such files
             are never judged settled: never complete, never truncated, never pruned.
             """,
@@ -289,7 +289,7 @@ GROUP = Group(
             """,
             description="""
             {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} have had no recorded size for
+            {{ $labels.location }} on ${run_host} have had no recorded size for
             ${checkpoint_unjudged_for} (no manifest record, and for a mirror none on the
             primary), and the location does not trust unrecorded files: they are never
             complete. Saved without trainguard.checkpoint, or their records were lost.
@@ -305,7 +305,7 @@ GROUP = Group(
             """,
             description="""
             A .part file of run {{ $labels.run }} at location {{ $labels.location }} on
-            {{ $labels.instance }} has not been written to for {{ $value | humanizeDuration }}
+            ${run_host} has not been written to for {{ $value | humanizeDuration }}
             (threshold ${partial_orphaned}): a save or copy died half-way. It takes space and
             the checkpoint it was meant to become does not exist.
             """,
@@ -326,7 +326,7 @@ GROUP = Group(
             """,
             description="""
             The volume holding checkpoints of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} has ${avail} free and, at
+            {{ $labels.location }} on ${run_host} has ${avail} free and, at
             the rate of the last ${volume_fill_window}, is full within
             ${volume_fill_horizon}; that is fewer than ${volume_fill_min_checkpoints}
             checkpoints of the average size (${avg_size}).
@@ -358,7 +358,7 @@ GROUP = Group(
             """,
             description="""
             The volume holding checkpoints of run {{ $labels.run }} at location
-            {{ $labels.location }} on {{ $labels.instance }} has ${avail} free, less than
+            {{ $labels.location }} on ${run_host} has ${avail} free, less than
             ${checkpoint_fit_margin}x the largest of its newest checkpoints (${largest}) or of
             the primary's (${largest_primary}): the next save or copy fails there, or leaves a
             .part file behind. Free space now (prune, move
@@ -380,7 +380,7 @@ GROUP = Group(
             Run {{ $labels.run }} is {{ $value }} steps past its newest complete checkpoint.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} is {{ $value }} steps
+            Run {{ $labels.run }} on ${run_host} is {{ $value }} steps
             past its newest complete primary checkpoint, more than ${steps_at_risk_factor}x its
             usual ${cadence} steps between checkpoints. If it dies now, those steps are lost.
             """,

@@ -111,6 +111,33 @@ def query_bytes(query: str, args: str) -> str:
     return query_value(query, args, "humanize1024", suffix="B")
 
 
+def hosts(sel: str = RUN_SEL, args: str = RUN_ARGS) -> str:
+    """Template text naming the host(s) of the alert's run, else its scrape address.
+
+    The hosts are those the run's processes recorded (``trainguard_run_info``, on the alert's
+    target): the first rank's first, then any other, joined by ", "; the ``instance`` (the
+    scrape address, e.g. ``10.0.3.7:9636``) when no process of the run is known there, or it
+    recorded no host. ``sel``/``args``: the run's (default) or the rank's
+    (:data:`RANK_SEL`, :data:`RANK_ARGS`) selector and its printf arguments.
+    """
+    info = "trainguard_run_info{" + sel
+    return (
+        "{{ with printf `" + info + "}` " + args + ' | query | sortByLabel "rank" }}'
+        "{{ with (first .).Labels.host }}{{ . }}"
+        "{{ range printf `count by (${target_labels}, host) ("
+        + info
+        + ',host!=%q,host!=""})` '
+        + args
+        + " . "
+        '| query | sortByLabel "host" }}, {{ .Labels.host }}{{ end }}'
+        "{{ else }}{{ $labels.instance }}{{ end }}{{ else }}{{ $labels.instance }}{{ end }}"
+    )
+
+
+#: snippets every group's annotations may use: ``${run_host}`` (the run's host(s)) and
+#: ``${rank_host}`` (the rank's), each falling back to the scrape address (:func:`hosts`)
+COMMON_SNIPPETS = {"run_host": hosts(), "rank_host": hosts(RANK_SEL, RANK_ARGS)}
+
 #: the step annotation of a run that reports none (a restarted run before its first step)
 NO_STEP = "none reported yet"
 #: steps at risk of a run that has steps and no complete primary checkpoint

@@ -99,10 +99,10 @@ GROUP = Group(
             keep_firing_for="${keep_firing_for}",
             labels=RESTARTED_LABELS,
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} died and was restarted.
+            Training run {{ $labels.run }} on ${run_host} died and was restarted.
             """,
             description="""
-            A process of run {{ $labels.run }} on {{ $labels.instance }} died without a clean
+            A process of run {{ $labels.run }} on ${run_host} died without a clean
             exit less than ${restart_window} ago (cause: ${cause}), and the run was started
             again: by torchrun, systemd or Kubernetes (then the death may never have shown as
             TrainingProcessDied) or by hand. Step reached before the death: ${last_death};
@@ -153,7 +153,7 @@ GROUP = Group(
             """.replace("DISTANCE", DISTANCE),
             summary="Run {{ $labels.run }} died again near the same step.",
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} died within
+            Run {{ $labels.run }} on ${run_host} died within
             {{ $value | printf "%.0f" }} steps of the death recorded before it, both in the
             last ${repeated_death_window} (threshold ${repeated_death_steps} steps); its last
             recorded death was at step ${last_death} (cause: ${cause}). Once is bad luck,

@@ -81,7 +81,7 @@ GROUP = Group(
             description="""
             For at least ${ghost_window} the driver has attributed
             {{ $value | humanize1024 }}B or more VRAM to run {{ $labels.run }} rank
-            {{ $labels.rank }} on {{ $labels.instance }} than its PyTorch allocator has
+            {{ $labels.rank }} on ${rank_host} than its PyTorch allocator has
             reserved (now: driver ${driver}, reserved ${reserved}, ratio ${ratio}; thresholds:
             ratio > ${ghost_ratio} and gap > ${ghost_floor_h}). Typical of ghost memory left
             by crashed runs under WDDM/WSL: throughput drops until the VM or driver session is

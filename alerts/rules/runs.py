@@ -142,9 +142,9 @@ GROUP = Group(
             # STOPPED: stopped by a signal, a warning for a while
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
-            summary="Training run {{ $labels.run }} died on {{ $labels.instance }}.",
+            summary="Training run {{ $labels.run }} died on ${run_host}.",
             description="""
-            {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }}
+            {{ $value }} rank(s) of run {{ $labels.run }} on ${run_host}
             are gone without a clean exit (no live process with the recorded PID and create
             time): rank(s) ${dead_ranks}. Last step ${last_step}; ${checkpoint_at}.
             ${dead_vram}${unreachable}
@@ -172,11 +172,11 @@ GROUP = Group(
             for_="2m",
             keep_firing_for="${keep_firing_for}",
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} is alive but not
+            Training run {{ $labels.run }} on ${run_host} is alive but not
             progressing.
             """,
             description="""
-            The process of run {{ $labels.run }} on {{ $labels.instance }} is alive, but
+            The process of run {{ $labels.run }} on ${run_host} is alive, but
             a rank has made no progress for {{ $value | humanizeDuration }}: no new step
             within its stall threshold (${stall_threshold}), or no new heartbeat within
             ${stall}. The threshold is ${stall_factor}x the run's longest recent interval
@@ -203,11 +203,11 @@ GROUP = Group(
             """,
             keep_firing_for="${keep_firing_for}",
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} has made no step since it
+            Training run {{ $labels.run }} on ${run_host} has made no step since it
             started.
             """,
             description="""
-            A process of run {{ $labels.run }} on {{ $labels.instance }} started
+            A process of run {{ $labels.run }} on ${run_host} started
             {{ $value | humanizeDuration }} ago (threshold ${first_step}) and is alive, its
             reporter writes heartbeats, but it has not reported a single step: hung before
             training started (NCCL rendezvous or init, a data loader, loading a checkpoint).
@@ -229,11 +229,11 @@ GROUP = Group(
             for_="${throughput_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} steps at
+            Training run {{ $labels.run }} on ${run_host} steps at
             {{ $value | humanizePercentage }} of its usual rate.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} has stepped at less than
+            Run {{ $labels.run }} on ${run_host} has stepped at less than
             ${throughput_ratio}x its usual rate for ${throughput_for}: now ${rate_now} steps/min,
             usually ${rate_usual} (the 90th percentile over ${throughput_baseline}, earlier
             processes of the run included). The field reports' symptom of ghost GPU memory after
@@ -269,9 +269,9 @@ GROUP = Group(
             )
             """,
             keep_firing_for="${keep_firing_for}",
-            summary="The log of training run {{ $labels.run }} on {{ $labels.instance }} is stale.",
+            summary="The log of training run {{ $labels.run }} on ${run_host} is stale.",
             description="""
-            The log file of run {{ $labels.run }} on {{ $labels.instance }} has not been
+            The log file of run {{ $labels.run }} on ${run_host} has not been
             modified for at least ${log_stale} although the run is alive (and was alive
             ${log_stale} ago). The run may be hung, or logging to somewhere else.
             """,

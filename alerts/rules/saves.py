@@ -100,7 +100,7 @@ GROUP = Group(
             while it trains on.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} keeps stepping, but its saves at
+            Run {{ $labels.run }} on ${run_host} keeps stepping, but its saves at
             location {{ $labels.location }} do not complete: the last one failed with no
             success since, or none has succeeded for ${saves_overdue_factor}x its usual
             interval (${interval}). Last success: ${since_success}. Failures in the last

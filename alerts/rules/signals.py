@@ -78,10 +78,10 @@ GROUP = Group(
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} was stopped by a signal.
+            Training run {{ $labels.run }} on ${run_host} was stopped by a signal.
             """,
             description="""
-            {{ $value }} rank(s) of run {{ $labels.run }} on {{ $labels.instance }} ended
+            {{ $value }} rank(s) of run {{ $labels.run }} on ${run_host} ended
             on a signal they caught: rank (signal, cause) ${stopped_ranks}. A scheduler's
             stop (time_limit: at the job's end time; signal: scancel, a preemption, a pod
             deleted or evicted, torchrun stopping the ranks after another one died) rather

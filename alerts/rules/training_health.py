@@ -98,11 +98,11 @@ GROUP = Group(
             """,
             keep_firing_for="${keep_firing_for}",
             summary="""
-            The loss of training run {{ $labels.run }} on {{ $labels.instance }} is NaN or
+            The loss of training run {{ $labels.run }} on ${run_host} is NaN or
             infinite.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} has reported a NaN or infinite loss
+            Run {{ $labels.run }} on ${run_host} has reported a NaN or infinite loss
             for {{ $value | printf "%.0f" }} consecutive observed steps (threshold
             ${loss_nonfinite_steps}) on rank(s) ${nonfinite_ranks}: every step since is
             likely wasted. Non-finite values so far by scalar: ${nonfinite_counts}. Last step
@@ -130,10 +130,10 @@ GROUP = Group(
             for_="${loss_spike_for}",
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
-            The loss of training run {{ $labels.run }} on {{ $labels.instance }} spiked.
+            The loss of training run {{ $labels.run }} on ${run_host} spiked.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} has reported a loss of
+            Run {{ $labels.run }} on ${run_host} has reported a loss of
             {{ $value | printf "%.4g" }} for ${loss_spike_for}, above ${loss_spike_factor}x
             its median over the last ${loss_spike_baseline} (${loss_median}). A spike that
             does not come back down is a diverging run (or corrupted data, or a silent
@@ -181,11 +181,11 @@ GROUP = Group(
             """.replace("CKPT", CKPT),
             keep_firing_for="${keep_firing_for}",
             summary="""
-            Training run {{ $labels.run }} on {{ $labels.instance }} is restarting without
+            Training run {{ $labels.run }} on ${run_host} is restarting without
             progress.
             """,
             description="""
-            Run {{ $labels.run }} on {{ $labels.instance }} died and was restarted
+            Run {{ $labels.run }} on ${run_host} died and was restarted
             {{ $value | printf "%.0f" }} times in the last ${restart_loop_window} (threshold
             ${restart_loop_restarts}) without progress: no newer complete primary checkpoint
             than before (${checkpoint}); highest step reached in the window ${loop_step}.

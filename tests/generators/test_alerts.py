@@ -16,7 +16,7 @@ import yaml
 
 from alerts import build, kinds, site, thresholds
 from alerts.rules import GROUPS, Alert
-from alerts.rules.common import PLACEHOLDER
+from alerts.rules.common import COMMON_SNIPPETS, PLACEHOLDER
 from helpers.exporter_proc import Exporter
 from helpers.paths import REPO
 
@@ -332,8 +332,8 @@ def test_list_prints_every_threshold_as_a_config(
 
 
 def test_every_placeholder_is_known_and_every_threshold_used() -> None:
-    texts = ["${runbook_base}"]  # runbook_url is built by the renderer
-    snippets: set[str] = set()
+    texts = ["${runbook_base}", *COMMON_SNIPPETS.values()]  # runbook_url: by the renderer
+    snippets: set[str] = set(COMMON_SNIPPETS)
     for group in GROUPS:
         snippets |= set(group.snippets)
         texts.append(group.interval or "")

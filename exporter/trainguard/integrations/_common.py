@@ -103,12 +103,19 @@ def as_float(value: Any) -> float | None:
     return None
 
 
+#: the life of each (run name, rank) that opened a Run in this process last: a second trainer of
+#: the same run (a notebook cell that builds it again) must not write its heartbeat from a second
+#: Run, each overwriting the other's
+_OWNERS: dict[tuple[str, int], RunLife] = {}
+_OWNERS_LOCK = threading.Lock()
+
+
 class RunLife:
     """One ``Run`` driven by a framework's events.
 
     A process that ends after training began but before the framework said it ended (an exception
     caught by the script, an uncaught one) records a failure, with the exception's type when the
-    interpreter saw one.
+    interpreter saw one. Before training began (:meth:`prepare`), the end is the ``Run``'s.
     """
 
     def __init__(self, run_kwargs: Mapping[str, Any]) -> None:
@@ -119,6 +126,49 @@ class RunLife:
         self._lock = threading.Lock()
         self._hooked = False
         self.ended = False  # the framework said training ended (cleanly or not)
+        self.starting = False  # the open run has not begun training (prepare, then start)
+
+    def prepare(
+        self,
+        name: str,
+        rank: int,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        checkpoint_pattern: str | None,
+        checkpoint_layout: str | None = None,
+        job: str | None = None,
+    ) -> Run | None:
+        """The open ``Run``, created in its starting phase when none is open.
+
+        Called at the framework's set-up, before it loads a checkpoint: a relaunch that dies
+        there is a process the exporter sees and counts (docs/heartbeat.md#starting). The
+        interpreter's end, while still starting, is the ``Run``'s own: a clean exit finished
+        (an evaluation-only script), an uncaught exception failed. None while another trainer of
+        this process trains the same run and rank (it keeps the heartbeat).
+        """
+        if not self._claim((name, rank), starting=True):
+            return None
+        return self._open(
+            name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, True, job
+        )
+
+    def _claim(self, key: tuple[str, int], *, starting: bool) -> bool:
+        """Take ``key`` for this life: another life's starting run gives way (closed, finished).
+
+        False (nothing taken) for a starting run while another life trains that run and rank.
+        """
+        with _OWNERS_LOCK:
+            other = _OWNERS.get(key)
+            gives_way = None
+            if other is not None and other is not self and other.run is not None:
+                with other._lock:
+                    if not other.ended and not other.starting and starting:
+                        return False
+                    if not other.ended and other.starting:
+                        gives_way, other.ended = other.run, True
+            _OWNERS[key] = self
+        if gives_way is not None:
+            gives_way.close()  # never trained: a clean end, before this life's Run writes
+        return True
 
     def start(
         self,
@@ -129,11 +179,40 @@ class RunLife:
         checkpoint_layout: str | None = None,
         job: str | None = None,
     ) -> Run:
-        """The open ``Run``, created at the first start (or after an end).
+        """The open ``Run``, its training begun: created at the first start (or after an end).
 
+        A starting ``Run`` (:meth:`prepare`) of this name and rank begins; one of another name
+        (a hyperparameter search's trial renames the run) ends cleanly and a new one starts.
         After an end, a second ``train()`` is a new process life of the same run and rank.
         ``job``: the framework's own launcher's job identity, unless the user gave one.
         """
+        with self._lock:
+            run = self.run
+            if run is not None and not self.ended and self.starting:
+                if (run.name, run.rank) == (name, rank):
+                    run.begin(checkpoint_dir, checkpoint_pattern, checkpoint_layout)
+                    self.starting = False
+                    return run
+                self.ended = True
+            else:
+                run = None
+        if run is not None:
+            run.close()  # never trained under that name: nothing to fail
+        self._claim((name, rank), starting=False)
+        return self._open(
+            name, rank, checkpoint_dir, checkpoint_pattern, checkpoint_layout, False, job
+        )
+
+    def _open(
+        self,
+        name: str,
+        rank: int,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        checkpoint_pattern: str | None,
+        checkpoint_layout: str | None,
+        starting: bool,
+        job: str | None = None,
+    ) -> Run:
         with self._lock:
             if self.run is not None and not self.ended:
                 return self.run
@@ -146,8 +225,9 @@ class RunLife:
             }
             if job is not None and kwargs.get("job") is None:
                 kwargs["job"] = job
-            self.run = Run(name, **kwargs)
+            self.run = Run(name, starting=starting, **kwargs)
             self.ended = False
+            self.starting = starting
             if not self._hooked:
                 # after Run's own atexit hook, so it runs before it (atexit is LIFO)
                 atexit.register(self._at_exit)
@@ -155,9 +235,12 @@ class RunLife:
             return self.run
 
     def step(self, step: int, timing: tuple[float | None, float | None] = (None, None)) -> None:
-        """Report ``step`` with the kept scalars and (data, compute) seconds measured for it."""
+        """Report ``step`` with the kept scalars and (data, compute) seconds measured for it.
+
+        Not while starting: an evaluation's log before training is no step of training.
+        """
         run = self.run
-        if run is not None:
+        if run is not None and not self.starting:
             run.step(step, data_seconds=timing[0], compute_seconds=timing[1], **self._scalars)
 
     def log(self, logs: Mapping[str, Any]) -> None:
@@ -197,5 +280,6 @@ class RunLife:
         run.__exit__(type(exc), exc, exc.__traceback__)
 
     def _at_exit(self) -> None:
-        if self.run is not None and not self.ended:
+        # still starting: the Run's own exit hooks say finished, or failed by an exception
+        if self.run is not None and not self.ended and not self.starting:
             self.fail(getattr(sys, "last_value", None))

@@ -253,7 +253,9 @@ class TrainguardCallback(Callback):
     checkpoints and the end of ``fit()``. ``name`` overrides the run's name (else
     ``$TRAINGUARD_RUN``, else the last component of ``default_root_dir``); the other keyword
     arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``, ``state_dir``,
-    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` started. Each
+    ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once ``fit()`` set up: it
+    reports from there, starting (not judged on progress) until ``on_fit_start``, so that a
+    resume that dies loading ``ckpt_path`` is a death (docs/heartbeat.md#starting). Each
     checkpoint the ``ModelCheckpoint`` names by step (its default ``epoch=0-step=500.ckpt``)
     is written through ``TrainguardCheckpointIO`` and its location announced
     (docs/integrations.md).
@@ -288,7 +290,12 @@ class TrainguardCallback(Callback):
         # before any checkpoint is saved or loaded; the ModelCheckpoint's dirpath may not be
         # resolved yet, but its file names are
         mc = trainer.checkpoint_callback
-        if stage != "fit" or not isinstance(mc, ModelCheckpoint):
+        if stage != "fit":
+            return
+        # report before fit(ckpt_path=...) loads the checkpoint (before on_fit_start), so that
+        # a relaunch dying there is seen; starting until on_fit_start (docs/heartbeat.md)
+        self._life.prepare(*self._identity(trainer, warn=False), job=launcher_job(trainer.strategy))
+        if not isinstance(mc, ModelCheckpoint):
             return
         pattern, why = checkpoint_pattern(mc)
         if pattern is not None:
@@ -302,20 +309,29 @@ class TrainguardCallback(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         # after every callback's setup(): the ModelCheckpoint's dirpath is resolved by now
+        self._life.start(*self._identity(trainer, warn=True), job=launcher_job(trainer.strategy))
+
+    def _identity(self, trainer: Any, *, warn: bool) -> tuple[str, int, str | None, Any, str]:
+        """(name, rank, checkpoint dir, pattern, layout): the dir once the ModelCheckpoint has it.
+
+        Single files, written in place: no step directories to judge (layout ``files``).
+        """
         name = run_name(self._name, trainer.default_root_dir)
         checkpoint_dir, pattern = None, None
         mc = trainer.checkpoint_callback
         if isinstance(mc, ModelCheckpoint) and mc.dirpath:
             pattern, why = checkpoint_pattern(mc)
             if pattern is None:
-                log.warning(
-                    "trainguard: run %r: checkpoints in %s not announced: %s", name, mc.dirpath, why
-                )
+                if warn:
+                    log.warning(
+                        "trainguard: run %r: checkpoints in %s not announced: %s",
+                        name,
+                        mc.dirpath,
+                        why,
+                    )
             else:
                 checkpoint_dir = os.fspath(mc.dirpath)
-        # single files, written in place: no step directories to judge
-        job = launcher_job(trainer.strategy)
-        self._life.start(name, int(trainer.global_rank), checkpoint_dir, pattern, "files", job)
+        return name, int(trainer.global_rank), checkpoint_dir, pattern, "files"
 
     # Who is slow: the wait for a batch runs from one batch's end to the next one's start;
     # computing from there to the backward, whose gradient all-reduce waits for the slowest

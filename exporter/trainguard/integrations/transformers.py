@@ -68,13 +68,15 @@ class TrainguardCallback(TrainerCallback):
     log, checkpoint and the end of ``train()``. ``name`` overrides the run's name (else
     ``$TRAINGUARD_RUN``, the Trainer's ``run_name``, the last component of ``output_dir``); the
     other keyword arguments go to :class:`trainguard.Run` (``mirrors``, ``log_file``,
-    ``state_dir``, ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once training
-    started. The ``output_dir``'s ``checkpoint-{step}`` directories are announced to the
+    ``state_dir``, ``oom_snapshots``, ``interval``...). ``run`` is the ``Run`` once the
+    Trainer is built. The ``output_dir``'s ``checkpoint-{step}`` directories are announced to the
     exporter, and each is recorded when the Trainer has saved it (``on_save``: every rank
     waits for the others, rank 0 fsyncs, hashes and records every file;
     ``checkpoint_hashes=False`` records sizes only, for models too large to hash at each
     save); records of directories the Trainer rotated away (``save_total_limit``) are
-    removed (docs/integrations.md).
+    removed (docs/integrations.md). The run reports from the end of ``Trainer(...)``, starting
+    (not judged on progress) until ``train()`` begins: a resume that dies loading its
+    checkpoint is a death, a script that only evaluates finishes (docs/heartbeat.md#starting).
 
     Example::
 
@@ -112,16 +114,24 @@ class TrainguardCallback(TrainerCallback):
     def run(self) -> Run | None:
         return self._life.run
 
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # the end of Trainer(...): report before train() loads a checkpoint (before
+        # on_train_begin), so that a relaunch dying there is seen; starting, so that a script
+        # that only evaluates is not judged on training (docs/heartbeat.md#starting)
+        self._life.prepare(*self._identity(args))
+
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._save_aborted(None)  # a train() before this one raised inside its save
-        if self._life.run is not None and not self._life.ended:
+        if self._life.run is not None and not self._life.ended and not self._life.starting:
             self._life.fail(None)  # a train() before this one raised, and the script went on
+        self._life.start(*self._identity(args))
+        self._hook_forward(kwargs.get("model"), args)
+
+    def _identity(self, args: Any) -> tuple[str, int, str | None, str, str]:
+        """(name, rank, checkpoint dir, pattern, layout) of the run, from the Trainer's args."""
         output_dir = os.fspath(args.output_dir) if args.output_dir else None
         name = run_name(self._name, args.run_name, output_dir)
-        self._life.start(
-            name, int(args.process_index), output_dir, CHECKPOINT_PATTERN, CHECKPOINT_LAYOUT
-        )
-        self._hook_forward(kwargs.get("model"), args)
+        return name, int(args.process_index), output_dir, CHECKPOINT_PATTERN, CHECKPOINT_LAYOUT
 
     # Who is slow: the Trainer has no hook between forward and backward, so computing is timed
     # by forward hooks on the model (the part of a step surely before the gradient all-reduce);

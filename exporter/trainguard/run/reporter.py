@@ -110,6 +110,9 @@ class Run:
             docs/checkpoints.md#checkpoint-names).
         checkpoint_layout: how a step directory is committed, default ``auto``
             (docs/checkpoints.md).
+        starting: the process has not begun training yet (a framework callback reporting
+            before the framework loads a checkpoint): its death counts, its progress is not
+            judged until :meth:`begin` (docs/heartbeat.md#starting).
 
     Example::
 
@@ -142,6 +145,7 @@ class Run:
         checkpoint_pattern: str | None = None,
         checkpoint_layout: str | None = None,
         job: str | None = None,
+        starting: bool = False,
     ) -> None:
         check_naming(name, checkpoint_pattern, checkpoint_layout)
         for label, value in (
@@ -172,6 +176,8 @@ class Run:
         self._pid = os.getpid()
         self._host = socket.gethostname()[:255]
         self._started = time.time()
+        self._starting = bool(starting)
+        self._relaunch = False  # the previous process of this run and rank died: see begin()
         try:
             self._create_time = procinfo.own_create_time()
         except Exception:
@@ -245,6 +251,31 @@ class Run:
         """
         self._finish("finished" if finished else "failed", None)
 
+    def begin(
+        self,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_pattern: str | None = None,
+        checkpoint_layout: str | None = None,
+    ) -> None:
+        """Training begins now: the end of a ``starting=True`` run's starting phase.
+
+        A checkpoint directory given replaces the constructor's (a framework resolves it late).
+        The start (``trainguard_run_start_age_seconds``) is now, unless the starting heartbeat
+        was already judged as training: a relaunch after a death, which is no evaluation.
+        """
+        if checkpoint_dir is not None:
+            check_naming(self.name, checkpoint_pattern, checkpoint_layout)
+            self._checkpoint_pattern, self._checkpoint_layout = (
+                checkpoint_pattern,
+                checkpoint_layout,
+            )
+            self._checkpoint_dir = abspath(checkpoint_dir)
+        if self._starting and not self._relaunch:
+            self._started = time.time()
+            self._stuck.restart()
+        self._starting = False
+        self._wake.set()
+
     @property
     def last_oom_snapshot(self) -> Path | None:
         """The OOM snapshot this process wrote last, if any."""
@@ -313,6 +344,7 @@ class Run:
         written: object = None  # the _latest tuple last written (compared by identity:
         # the script's scalars may be tensors with a strange __eq__)
         written_snapshots = written_stuck = written_signals = -1
+        written_starting = self._starting
         last_write = -math.inf
         snapshots_on = self._snapshots.enabled
         while self._final is None:
@@ -321,10 +353,11 @@ class Run:
                 self._snapshots.tick(self._progress)
             latest, snapshots = self._latest, self._snapshots.version
             self._stuck.tick(latest)
-            signals = self._signals.version
+            signals, starting = self._signals.version, self._starting
             now = time.monotonic()
             if (
                 latest is not written
+                or starting != written_starting
                 or snapshots != written_snapshots
                 or self._stuck.version != written_stuck
                 or signals != written_signals
@@ -333,7 +366,7 @@ class Run:
                 self._write("running", None)
                 written, written_snapshots, last_write = latest, snapshots, now
                 written_stuck = self._stuck.version
-                written_signals = signals
+                written_signals, written_starting = signals, starting
             self._wake.wait(self._interval)
         self._write(*self._final)
 
@@ -351,6 +384,7 @@ class Run:
         me = Identity(self._pid, self._host, self._boot_id, self._boot_time, self._pid_ns)
         who = f"run {self.name!r} rank {self.rank}"
         prev, self._deaths, died = predecessor(self.path, me, who, self._warn_once)
+        self._relaunch = died is not None  # a relaunch is judged at once, starting or not
         self._snapshots.carry(prev, died)
 
     def _write(self, state: str, error: str | None) -> None:
@@ -371,6 +405,7 @@ class Run:
 
     def _heartbeat(self, state: str, error: str | None) -> Heartbeat:
         self._take_latest()
+        starting = self._starting and not self._relaunch
         now = time.monotonic()
         if now - self._create_time_read >= CREATE_TIME_REFRESH:
             # psutil derives it from the boot time, which moves when the clock is stepped:
@@ -408,10 +443,11 @@ class Run:
             death_history=self._deaths.recent,
             version=__version__,
             nonfinite=self._health.state(),
-            stuck=self._stuck.current if state == "running" else None,
+            stuck=self._stuck.current if state == "running" and not starting else None,
             **self._signals.fields(),
             job=self.job,
             timing=self._timing.totals,
+            starting=starting,
         )
 
     def _progress(self) -> tuple[int | None, dict[str, float]]:

@@ -208,6 +208,13 @@ class StuckWatch:
         self.current: Stuck | None = None
         self.version = 0
 
+    def restart(self) -> None:
+        """Progress is counted from now (training began after a starting phase)."""
+        self._progress_at = time.monotonic()
+        if self.current is not None:
+            self.current = None
+            self.version += 1
+
     def overdue_after(self) -> float | None:
         """Seconds without a step after which the step is overdue (None: never sampled)."""
         if self._after is None:

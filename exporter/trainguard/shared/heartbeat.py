@@ -265,6 +265,11 @@ class Heartbeat:
     #: time waiting for data and computing, summed over this process's steps (None: the
     #: process never gave ``data_seconds``/``compute_seconds`` to ``step``)
     timing: Timing | None = None
+    #: the process has not begun training yet and may never (a framework callback reports from
+    #: the framework's set-up, before a checkpoint is loaded, for a relaunch that dies there to
+    #: be seen; an evaluation-only script never begins): alive, it is not judged on progress;
+    #: gone without finishing, it died. False: training (every older reporter's heartbeat)
+    starting: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document, ``format`` first; the optional sections only when set."""
@@ -311,6 +316,8 @@ class Heartbeat:
             out["job"] = self.job.to_dict()
         if self.timing is not None:
             out["timing"] = self.timing.to_dict()
+        if self.starting:
+            out["starting"] = True
         return out
 
     @property

@@ -154,4 +154,9 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         last_signal_time=f.timestamp("last_signal_time", optional=True),
         job=f.job("job"),
         timing=f.timing("timing"),
+        starting=f.get("starting", _boolean, default=False),
     )
+
+
+def _boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else f"expected true or false, got {kind_of(v)}"

@@ -25,6 +25,7 @@ from trainguard.exporter.run_timing import add_timing
 from trainguard.exporter.runtable import RunRow, RunTable, RunView
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.snapshot_rows import SNAPSHOT_METRICS, add_snapshots
+from trainguard.exporter.starting_rows import STARTING, add_starting
 from trainguard.exporter.stuck_rows import STUCK_INFO, add_stuck
 from trainguard.exporter.targets import ownership_problem
 from trainguard.shared.heartbeat import Heartbeat
@@ -239,6 +240,7 @@ class RunsCollector(Collector):
         HEARTBEAT_FILE_ERRORS,
         STUCK_INFO,
         *JOB_METRICS,
+        STARTING,
     )
 
     @classmethod
@@ -266,9 +268,10 @@ class RunsCollector(Collector):
         labels = [row.run, row.rank]
         pid = "" if row.pid is None else str(row.pid)
         fam[RUN_INFO.name].add_metric([row.run, row.rank, row.host, pid], 1)
-        if row.up is not None:
+        starting = add_starting(fam, row)  # alive, not training yet: not judged on progress
+        if row.up is not None and not starting:
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
-        if row.finished is not None:
+        if row.finished is not None and not starting:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
         add_exit(fam, row)  # how its process ended, if it ended without finishing
         add_job_rows(fam, row)
@@ -280,11 +283,12 @@ class RunsCollector(Collector):
         if hb.step_time is not None:
             fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
         fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
-        fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
+        if not starting:
+            fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
         for spec, then in (
             (STEP_AGE, hb.step_time),
             (HEARTBEAT_AGE, hb.time),
-            (START_AGE, hb.started),
+            (START_AGE, None if starting else hb.started),
         ):
             if then:  # 0 is an unknown time: no age, never a huge one
                 fam[spec.name].add_metric(labels, age(now, then))
