@@ -147,7 +147,7 @@ NO_CHECKPOINT = "no complete checkpoint: everything since the start is at risk"
 LAST_STEP = query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS)
 
 #: annotations of every alert about a run (Group.run_context): what on-call needs in the
-#: notification whatever the alert (deploy/trainguard.tmpl prints them)
+#: notification whatever the alert (deploy/trainguard.tmpl prints them), its host included
 RUN_CONTEXT = {
     "step": query_value("max(trainguard_run_step{" + RUN_SEL + "})", RUN_ARGS, unknown=NO_STEP),
     "checkpoint_step": query_value(
@@ -167,4 +167,11 @@ RUN_CONTEXT = {
         + NO_CHECKPOINT
         + "{{ else }}unknown{{ end }}",
     ),
+    # where it runs, as the processes named their host (not the scrape address): the rank's
+    # for an alert about one rank, else the run's
+    "host": "{{ if $labels.rank }}"
+    + hosts(RANK_SEL, RANK_ARGS)
+    + "{{ else }}"
+    + hosts()
+    + "{{ end }}",
 }

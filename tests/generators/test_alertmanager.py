@@ -36,9 +36,9 @@ RENDERED = """\
 ---
 CRITICAL AllocatorOOM: Run llama rank 3 hit CUDA out of memory.
 Run: llama, rank 3
-Host: node-1:9636 (cluster a, namespace train)
+Host: gpu-node-1 (exporter node-1:9636) (cluster a, namespace train)
 Step: 1812; newest complete checkpoint: step 1750; steps at risk: 62
-Run llama rank 3 on node-1:9636 recorded a CUDA out-of-memory in the last 30m and has not \
+Run llama rank 3 on gpu-node-1 recorded a CUDA out-of-memory in the last 30m and has not \
 stepped in the last 5m, or its process is gone.
 Runbook: http://node-1:9636/runbook#allocatoroom
 
@@ -53,7 +53,8 @@ RESOLVED TrainingStalled run llama on node-1:9636
 
 @needs_amtool
 def test_notification_template_renders_what_on_call_needs() -> None:
-    # a run's alert: run, rank, host, step, newest complete checkpoint, steps at risk, runbook;
+    # a run's alert: run, rank, host (the processes' own name, with the exporter's address;
+    # without the annotation, the address alone), step, newest complete checkpoint, steps at risk, runbook;
     # a GPU's alert: host and GPU, no run lines; a resolved one in a line
     assert AMTOOL is not None
     result = subprocess.run(
