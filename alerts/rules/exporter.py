@@ -9,6 +9,7 @@ man's switch notices when the whole alerting pipeline stops.
 from __future__ import annotations
 
 from alerts.rules.common import Alert, Group, query_value
+from alerts.rules.recording import last_seen
 
 SNIPPETS = {
     # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.
@@ -55,16 +56,16 @@ GROUP = Group(
               or
               (
                 max by (${target_labels}) (
-                  last_over_time(up{${job_selector}}[${exporter_down_active_lookback}])
+                  LASTUP
                 )
                 unless on (${target_labels}) up{${job_selector}}
               )
             )
             and on (${target_labels})
-            last_over_time(
-              instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
-            ) > 0
-            """,
+            LASTACTIVE > 0
+            """.replace("LASTUP", last_seen("up{${job_selector}}")).replace(
+                "LASTACTIVE", last_seen("instance:trainguard_run_active_ranks:sum")
+            ),
             for_="${exporter_down_for}",
             summary="""
             trainguard exporter {{ $labels.instance }} is down while training runs were
@@ -82,10 +83,8 @@ GROUP = Group(
             expr="""
             max by (${target_labels}) (up{${job_selector}} == 0)
             unless on (${target_labels})
-            last_over_time(
-              instance:trainguard_run_active_ranks:sum[${exporter_down_active_lookback}]
-            ) > 0
-            """,
+            LASTACTIVE > 0
+            """.replace("LASTACTIVE", last_seen("instance:trainguard_run_active_ranks:sum")),
             for_="${exporter_down_for}",
             summary="trainguard exporter {{ $labels.instance }} is down.",
             description="""

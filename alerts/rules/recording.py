@@ -14,13 +14,17 @@ SLOW_PACE = (
     " * ${throughput_min_steps} > ${throughput_window_s}"
 )
 
-#: series whose last value TrainingProcessDied reads over exporter_down_active_lookback (1d)
-#: for an exporter that has been down (alerts/rules/runs.py), and the slow group's records of
-#: that value (:func:`last_seen`)
+#: series whose last value TrainingProcessDied and TrainguardExporterDown read over
+#: exporter_down_active_lookback (1d) for an exporter that has been down (alerts/rules/runs.py,
+#: exporter.py), and the slow group's records of that value (:func:`last_seen`)
 LAST_SEEN = {
     "trainguard_run_process_up": "run_rank:trainguard_run_process_up:last_seen",
     "trainguard_run_finished": "run_rank:trainguard_run_finished:last_seen",
     "trainguard_run_job_info": "run_rank:trainguard_run_job_info:last_seen",
+    # whether a target that vanished from discovery was up, and the ranks it watched when last
+    # seen: TrainguardExporterDown's and TrainingProcessDied's day of samples per target
+    "up{${job_selector}}": "instance:trainguard_up:last_seen",
+    "instance:trainguard_run_active_ranks:sum": "instance:trainguard_run_active_ranks:last_seen",
 }
 
 
@@ -279,8 +283,9 @@ SLOW = Group(
             )
             """,
         ),
-        # TrainingProcessDied's last values of its ranks' series, for an exporter that has been
-        # down (last_seen()): read once every slow_rules_interval instead of every 15 s.
+        # TrainingProcessDied's and TrainguardExporterDown's last values of their series, for an
+        # exporter that has been down (last_seen()): read once every slow_rules_interval
+        # instead of every 15 s.
         *(
             Record(record, "last_over_time(" + series + "[${exporter_down_active_lookback}])")
             for series, record in LAST_SEEN.items()

@@ -43,7 +43,7 @@ DEAD_WHEN_LAST_SEEN = (
                   or
                   (
                     max by (${target_labels}) (
-                      last_over_time(up{${job_selector}}[${exporter_down_active_lookback}])
+                      ANYTARGET
                     )
                     unless on (${target_labels}) up{${job_selector}}
                   )
@@ -55,6 +55,7 @@ DEAD_WHEN_LAST_SEEN = (
               )""".replace("UP", last_seen("trainguard_run_process_up"))
     .replace("FINISHED", last_seen("trainguard_run_finished"))
     .replace("JOB", last_seen("trainguard_run_job_info"))
+    .replace("ANYTARGET", last_seen("up{${job_selector}}"))
 )
 
 SNIPPETS = {
