@@ -54,7 +54,8 @@ RESOLVED TrainingStalled run llama on node-1:9636
 @needs_amtool
 def test_notification_template_renders_what_on_call_needs() -> None:
     # a run's alert: run, rank, host (the processes' own name, with the exporter's address;
-    # without the annotation, the address alone), step, newest complete checkpoint, steps at risk, runbook;
+    # without the annotation, the address alone), step, newest complete checkpoint, steps at
+    # risk, runbook;
     # a GPU's alert: host and GPU, no run lines; a resolved one in a line
     assert AMTOOL is not None
     result = subprocess.run(
