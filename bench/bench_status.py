@@ -25,21 +25,13 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from bench_hf_latest import build
 
+from helpers.hf_holder import hold
+
 PATTERN = "checkpoint-{step}"
-HOLD = """
-import sys, time
-from trainguard import Run
-run = Run("bench", checkpoint_dir=sys.argv[1], checkpoint_pattern="checkpoint-{step}",
-          checkpoint_layout="huggingface", state_dir=sys.argv[2], interval=0.2)
-run.step(int(sys.argv[3]))
-if sys.argv[4] == "alive":
-    print("ready", flush=True)
-    time.sleep(3600)
-run.close()
-"""
 
 
 def status(state: Path, *extra: str) -> tuple[float, float, str]:
@@ -80,11 +72,7 @@ def main() -> None:
         build(out, opts.steps)
         print(f"built {opts.steps} checkpoint dirs in {time.perf_counter() - t0:.1f} s")
         mode = "alive" if opts.alive else "finished"
-        holder = subprocess.Popen(
-            [sys.executable, "-c", HOLD, str(out), str(state), str(opts.steps * 50), mode],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        holder = hold(out, state, opts.steps * 50, mode, "bench")
         try:
             if opts.alive:
                 assert holder.stdout is not None and holder.stdout.readline() == "ready\n"

@@ -5,31 +5,17 @@ that stops answering, helpers/hangfs.py) said on the terminal while it waits, th
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pexpect
 import torch
 from safetensors.torch import save_file
 
-from helpers.exporter_proc import child_env
+from helpers.hf_holder import hold
 from test_hung_mounts import HangFS
 from test_terminal import on_terminal, tg
 
 DEADLINE = 60.0
-#: a run announcing Hugging Face checkpoint directories, alive until killed or finished
-HOLD = """
-import sys, time
-from trainguard import Run
-run = Run("hf", checkpoint_dir=sys.argv[1], checkpoint_pattern="checkpoint-{step}",
-          checkpoint_layout="huggingface", state_dir=sys.argv[2], interval=0.1)
-run.step(int(sys.argv[3]))
-if sys.argv[4] == "alive":
-    print("ready", flush=True)
-    time.sleep(600)
-run.close()
-"""
 
 
 def hf_dirs(out: Path, steps: list[int]) -> None:
@@ -44,15 +30,6 @@ def hf_dirs(out: Path, steps: list[int]) -> None:
         (d / "trainer_state.json").write_text(json.dumps({"global_step": step}) + "\n")
 
 
-def hold(out: Path, state: Path, step: int, mode: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(out), str(state), str(step), mode],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_an_alive_runs_checkpoints_come_with_the_sampled_rate(tmp_path: Path) -> None:
     """``--sample``: the checkpoints judged during the sample are the ones shown, newest
     complete first; a truncated newest model file sends it back to the one before."""
@@ -61,7 +38,7 @@ def test_an_alive_runs_checkpoints_come_with_the_sampled_rate(tmp_path: Path) ->
     model = out / "checkpoint-30" / "model.safetensors"
     with open(model, "r+b") as fh:
         fh.truncate(model.stat().st_size - 8)
-    proc = hold(out, state, 35, "alive")
+    proc = hold(out, state, 35, "alive", "hf")
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         r = tg("status", f"--state.dir={state}", "--json", "--sample=1s")
@@ -87,7 +64,7 @@ def test_status_says_which_location_it_waits_for(tmp_path: Path) -> None:
     hf_dirs(backing, [10, 20])
     mnt.mkdir()
     with HangFS(backing, mnt, tmp_path / "hangfs.log") as fs:
-        done = hold(mnt, state, 20, "finished")
+        done = hold(mnt, state, 20, "finished", "hf")
         assert done.wait(DEADLINE) == 0
         fs.hang()
         child = on_terminal("status", f"--state.dir={state}")
