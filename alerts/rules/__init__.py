@@ -19,6 +19,7 @@ from alerts.rules import (
     jobs_slow,
     jobs_stall,
     memory,
+    pace,
     recording,
     restore,
     runs,
@@ -31,6 +32,7 @@ from alerts.rules.common import Alert, Group, Record
 
 GROUPS: tuple[Group, ...] = (
     recording.GROUP,
+    pace.GROUP,
     memory.RANK,
     memory.GPU,
     recording.SLOW,

@@ -14,12 +14,20 @@ SLOW_PACE = (
     " * ${throughput_min_steps} > ${throughput_window_s}"
 )
 
+#: a rank's process in one series: 1 alive and not finished, 0 gone without finishing, 2
+#: finished (absent while starting, as process_up is). Recorded first in GROUP, so that the rules
+#: asking "live and unfinished?" read one series instead of joining process_up and finished each
+#: time: at 100 nodes each read of an 800-series metric costs ~10 ms of Prometheus' CPU
+#: (bench/RESULTS.md, "Fleet scale, fifth pass").
+STATE = "run_rank:trainguard_run_process_state:max"
+#: the live, unfinished ranks, to join on (target labels, run, rank)
+LIVE = STATE + " == 1"
+
 #: series whose last value TrainingProcessDied and TrainguardExporterDown read over
 #: exporter_down_active_lookback (1d) for an exporter that has been down (alerts/rules/runs.py,
 #: exporter.py), and the slow group's records of that value (:func:`last_seen`)
 LAST_SEEN = {
-    "trainguard_run_process_up": "run_rank:trainguard_run_process_up:last_seen",
-    "trainguard_run_finished": "run_rank:trainguard_run_finished:last_seen",
+    STATE: "run_rank:trainguard_run_process_state:last_seen",
     "trainguard_run_job_info": "run_rank:trainguard_run_job_info:last_seen",
     # whether a target that vanished from discovery was up, and the ranks it watched when last
     # seen: TrainguardExporterDown's and TrainingProcessDied's day of samples per target
@@ -58,13 +66,19 @@ GROUP = Group(
     "trainguard.rules",
     rules=(
         Record(
-            "run:trainguard_run_active_ranks:count",
+            STATE,
             """
-            count by (${target_labels}, run) (
-              trainguard_run_process_up == 1
+            max by (${target_labels}, run, rank) (
+              trainguard_run_process_up
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              or
+              (trainguard_run_finished == 1) + 1
             )
             """,
+        ),
+        Record(
+            "run:trainguard_run_active_ranks:count",
+            "count by (${target_labels}, run) (" + LIVE + ")",
         ),
         Record(
             "instance:trainguard_run_active_ranks:sum",
@@ -83,31 +97,9 @@ GROUP = Group(
             "run_rank:trainguard_run_step_age_seconds:running",
             """
             max by (${target_labels}, run, rank) (
-              trainguard_run_step_age_seconds
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              trainguard_run_step_age_seconds and on (${target_labels}, run, rank) LIVE
             )
-            """,
-        ),
-        # An interval between two steps that just ended within one process: the highest step
-        # age seen within stall_gap_lookback, recorded while the age is below it (a step came),
-        # the process has been up longer than that lookback and longer than the interval. A
-        # hang that ended with a kill has no such step: its ages stop with the process
-        # (process_up 0), and the relaunch's first steps are within a lookback of its start or
-        # shorter than its uptime, so the hang is never learned as the run's pace.
-        Record(
-            "run_rank:trainguard_run_step_interval_seconds:completed",
-            """
-            max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_gap_lookback}])
-            > run_rank:trainguard_run_step_age_seconds:running
-            unless on (${target_labels}, run, rank)
-              max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
-              <= ${stall_gap_lookback_s}
-            unless on (${target_labels}, run, rank)
-              max_over_time(run_rank:trainguard_run_step_age_seconds:running[${stall_gap_lookback}])
-              >= on (${target_labels}, run, rank)
-              max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
-            """,
+            """.replace("LIVE", LIVE),
         ),
         # How long the rank may go without a step: stall_factor x its longest recent interval
         # between steps, within [stall, stall_max]; stall_max while that interval is unknown.
@@ -123,34 +115,6 @@ GROUP = Group(
             or
             run_rank:trainguard_run_step_age_seconds:running * 0 + ${stall_max_s}
             """,
-        ),
-        # Steps per second of a live, unfinished rank, within its current process only (the
-        # process has been up for the whole window: a resume, whose step goes down, is never in
-        # it). deriv() and not rate(): the step is a gauge. A rank whose longest recent interval
-        # leaves fewer than throughput_min_steps steps in throughput_window (slow steps) is
-        # judged over throughput_window_slow: over a window of 0-2 steps deriv() is noise.
-        Record(
-            "run_rank:trainguard_run_steps_per_second:deriv",
-            """
-            max by (${target_labels}, run, rank) (
-              (
-                clamp_min(deriv(trainguard_run_step[${throughput_window}]), 0)
-                and on (${target_labels}, run, rank)
-                  trainguard_run_start_age_seconds > ${throughput_window_s}
-                unless on (${target_labels}, run, rank)
-                  SLOW
-                or
-                last_over_time(SLOW_RATE[${slow_rules_lookback}])
-                and on (${target_labels}, run, rank)
-                  trainguard_run_start_age_seconds > ${throughput_window_slow_s}
-                and on (${target_labels}, run, rank)
-                  SLOW
-              )
-              # the gates both paces share, once
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-            )
-            """.replace("SLOW_RATE", SLOW_RATE).replace("SLOW", SLOW_PACE),
         ),
         # Prometheus' time at which the run's log file got its current mtime (first seen with
         # it): the log's quiet time by Prometheus' clock, whatever the clocks of the training

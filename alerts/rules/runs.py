@@ -1,7 +1,7 @@
 """Alerts on whether the training run is alive and making progress.
 
-TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingThroughputDropped,
-TrainingLogStale.
+TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingLogStale;
+TrainingThroughputDropped is evaluated with the step rate it reads, in ``pace.py``.
 
 The ranks of a job of many nodes (``trainguard_run_job_info``) are judged per job, not per node,
 for deaths and stalls: ``jobs.py`` and ``jobs_stall.py`` page once for the whole job.
@@ -16,21 +16,20 @@ from __future__ import annotations
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
-from alerts.rules.recording import last_seen
+from alerts.rules.recording import LIVE, STATE, last_seen
 from alerts.rules.signals import stopped
 from alerts.rules.stuck import STUCK_ANNOTATION
 
 #: TrainingProcessDied while its exporter is down (failing its scrapes, or gone from service
-#: discovery): the ranks last seen dead, not finished, not stopped by a signal, not a job's
-#: (TrainingJobRankDied's), once it has been down for exporter_down_for (a shorter gap is
-#: keep_firing_for's). Their series went stale with the exporter, so the death page would
-#: resolve though nothing new is known; it stays until the exporter is back and says. The last
-#: values over exporter_down_active_lookback (1d) come from recording.last_seen().
+#: discovery): the ranks last seen dead and not finished (the process state's last value), not
+#: stopped by a signal, not a job's (TrainingJobRankDied's), once it has been down for
+#: exporter_down_for (a shorter gap is keep_firing_for's). Their series went stale with the
+#: exporter, so the death page would resolve though nothing new is known; it stays until the
+#: exporter is back and says. The last values over exporter_down_active_lookback (1d) come from
+#: recording.last_seen().
 DEAD_WHEN_LAST_SEEN = (
     """(
-                (UP) == 0
-                unless on (${target_labels}, run, rank)
-                  (FINISHED) == 1
+                (STATE) == 0
                 unless on (${target_labels}, run, rank)
                   last_over_time(
                     trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
@@ -52,8 +51,7 @@ DEAD_WHEN_LAST_SEEN = (
                 max by (${target_labels}) (
                   max_over_time(up{${job_selector}}[${exporter_down_for}])
                 ) == 1
-              )""".replace("UP", last_seen("trainguard_run_process_up"))
-    .replace("FINISHED", last_seen("trainguard_run_finished"))
+              )""".replace("STATE", last_seen(STATE))
     .replace("JOB", last_seen("trainguard_run_job_info"))
     .replace("ANYTARGET", last_seen("up{${job_selector}}"))
 )
@@ -89,18 +87,6 @@ SNIPPETS = {
         RUN_ARGS,
         "humanizeDuration",
         unknown="not known yet",
-    ),
-    "rate_now": query_value(
-        "min(run_rank:trainguard_run_steps_per_second:deriv{" + RUN_SEL + "}) * 60",
-        RUN_ARGS,
-        'printf "%.3g"',
-    ),
-    "rate_usual": query_value(
-        "max(last_over_time(run_rank:trainguard_run_steps_per_second:baseline_p90{"
-        + RUN_SEL
-        + "}[${slow_rules_lookback}])) * 60",
-        RUN_ARGS,
-        'printf "%.3g"',
     ),
     # A whole sentence, only while the exporter is down: the page is what it last saw.
     "unreachable": (
@@ -162,14 +148,13 @@ GROUP = Group(
                 or
                 (
                   trainguard_run_heartbeat_age_seconds > ${stall_s}
-                  and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-                  unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+                  and on (${target_labels}, run, rank) LIVE
                 )
               )
               # a job's ranks: one alert for the job (TrainingJobStalled, jobs_stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """,
+            """.replace("LIVE", LIVE),
             for_="2m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -193,15 +178,14 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              and on (${target_labels}, run, rank) LIVE
               unless on (${target_labels}, run, rank) trainguard_run_step
               unless on (${target_labels}, run, rank)
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
               # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs_stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """,
+            """.replace("LIVE", LIVE),
             keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on ${run_host} has made no step since it
@@ -214,34 +198,6 @@ GROUP = Group(
             training started (NCCL rendezvous or init, a data loader, loading a checkpoint).
             """,
             annotations={"stuck": STUCK_ANNOTATION},  # where its ranks are (stuck.py)
-        ),
-        Alert(
-            "TrainingThroughputDropped",
-            "warning",
-            expr="""
-            min by (${target_labels}, run) (
-              (run_rank:trainguard_run_steps_per_second:deriv > 0)
-              / on (${target_labels}, run, rank)
-              last_over_time(
-                run_rank:trainguard_run_steps_per_second:baseline_p90[${slow_rules_lookback}]
-              )
-            ) < ${throughput_ratio}
-            """,
-            for_="${throughput_for}",
-            keep_firing_for="${keep_firing_for}",
-            summary="""
-            Training run {{ $labels.run }} on ${run_host} steps at
-            {{ $value | humanizePercentage }} of its usual rate.
-            """,
-            description="""
-            Run {{ $labels.run }} on ${run_host} has stepped at less than
-            ${throughput_ratio}x its usual rate for ${throughput_for}: now ${rate_now} steps/min,
-            usually ${rate_usual} (the 90th percentile over ${throughput_baseline}, earlier
-            processes of the run included). The field reports' symptom of ghost GPU memory after
-            crashes (a relaunched run at a fraction of its speed); also a straggler rank,
-            thermal or power throttling, a slow data source or swapping.
-            """,
-            annotations={"gpu_cause": GPU_CAUSE},  # what its GPUs say (gpu_health.py)
         ),
         Alert(
             "TrainingLogStale",

@@ -104,6 +104,10 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     table: dict[str, str] = {}
     for threshold in THRESHOLDS:
         table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
+    # the pace group feeds the slow group: never evaluated less often than it
+    if int(table["pace_rules_interval_s"]) > int(table["slow_rules_interval_s"]):
+        table["pace_rules_interval"] = table["slow_rules_interval"]
+        table["pace_rules_interval_s"] = table["slow_rules_interval_s"]
     # how far a reader of the slow group's series looks back: three of its intervals
     table["slow_rules_lookback"] = format_duration(3 * int(table["slow_rules_interval_s"]))
     return table

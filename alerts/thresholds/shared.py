@@ -47,6 +47,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "readers look back 3 intervals (last_over_time), so a late evaluation leaves no gap.",
     ),
     Threshold(
+        "pace_rules_interval",
+        "1m",
+        DURATION,
+        "Evaluation interval of the group trainguard.rules.pace: a run's completed intervals "
+        "between steps, its step rate and TrainingThroughputDropped, judged over minutes. Never "
+        "longer than slow_rules_interval (it is shortened to that), whose records read its own.",
+    ),
+    Threshold(
         "keep_firing_for",
         "10m",
         DURATION,

@@ -207,6 +207,18 @@ def test_overrides_change_only_what_they_name() -> None:
     assert "trainguard_checkpoint_oldest_partial_age_seconds > 1800" in text
 
 
+def test_pace_group_is_never_evaluated_less_often_than_the_slow_group() -> None:
+    # the slow group reads the pace group's records: a site (or a test) that runs the slow
+    # group every 30s gets the pace group every 30s too, not every minute
+    def interval(text: str) -> str:
+        group = next(g for g in yaml.safe_load(text)["groups"] if g["name"].endswith(".pace"))
+        return str(group["interval"])
+
+    assert interval(build.render({})) == "1m"
+    assert interval(build.render({"slow_rules_interval": "30s"})) == "30s"
+    assert interval(build.render({"pace_rules_interval": "2m"})) == "2m"
+
+
 def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     # alerts/tests/labels_test.yml: the defaults keep cluster and namespace; a site adds its own
     text = build.render({"target_labels": ["region", "job", "instance"]})
@@ -415,7 +427,10 @@ def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str,
     # Mixin style: [7d] range queries cost too much to evaluate every 15 s; the slow group's
     # interval is slow_rules_interval, and its readers look back over several of its intervals
     # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
-    slow = [g for g in groups if "interval" in g]
+    slow = [g for g in groups if g["name"].endswith(".slow")]
+    # the pace group (1m): minutes-scale records; instant reads of them (lookback 5m) see them
+    pace = [g for g in groups if "interval" in g and g not in slow]
+    assert [(g["name"], g["interval"]) for g in pace] == [("trainguard.rules.pace", "1m")]
     assert [g["name"] for g in slow] == [
         "trainguard.rules.slow",
         "trainguard-checkpoints.slow",
