@@ -59,6 +59,7 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
     state = tmp_path / "state"
     procs = {
         "live": start_child("live", state, 0, "steady"),
+        "load": start_child("load", state, 0, "starting"),  # alive, no step: never stalled
         "dead": start_child("dead", state, 20, "hang"),
         "done": start_child("done", state, 20, "with"),
         "stuck": start_child("stuck", state, 5, "hang"),
@@ -69,14 +70,20 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
         wait_heartbeat(heartbeat_path(state, "done"), lambda hb: hb.state == "finished")
         procs["dead"].kill()
         procs["dead"].wait(DEADLINE)
-        want = {"live": "alive", "dead": "dead", "done": "finished", "stuck": "stalled"}
+        want = {
+            "live": "alive",
+            "load": "starting",
+            "dead": "dead",
+            "done": "finished",
+            "stuck": "stalled",
+        }
 
         def seen() -> dict[str, Any] | None:
             # --stall 3s: the live run steps every 20 ms, the stuck one stopped at step 5
             doc = status_json(state, "--stall=3s", "--sample=1s")
             return doc if states(doc) == want else None
 
-        doc = until(seen, "status tells the four runs apart")
+        doc = until(seen, "status tells the five runs apart")
         rows = {r["run"]: r for r in doc["runs"]}
         assert rows["stuck"]["step"] == 5 and rows["dead"]["step"] == 20
         assert rows["live"]["steps_per_second"] > 0
@@ -99,7 +106,7 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
         child.wait()
         assert child.exitstatus == 0, out
         assert "\x1b[" in out  # ANSI colour codes
-        assert "stalled" in out and "finished" in out and "dead" in out
+        assert "stalled" in out and "finished" in out and "dead" in out and "starting" in out
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -45,6 +45,10 @@ if mode == "hang":  # reach the step, then wait to be killed
     train(run)
     while True:
         time.sleep(1)
+elif mode == "starting":  # alive, never begins training (a checkpoint load that takes long)
+    run = trainguard.Run(name, starting=True, **kw)
+    while True:
+        time.sleep(1)
 elif mode == "steady":  # keep training until killed
     run = trainguard.Run(name, **kw)
     i = 0

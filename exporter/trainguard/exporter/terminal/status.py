@@ -2,15 +2,13 @@
 
 Read with the exporter's run table, checkpoint verdict and GPU collector: no judgement of its own.
 
-Stalled: alive, and no new step for longer than ``--stall`` (default 10m, the least stall the
-TrainingStalled alert pages on). The alert is adaptive (``stall_factor`` times the run's longest
-recent gap between steps, from Prometheus' history, capped at ``stall_max``); this command has
-no history, so it uses the fixed threshold only: a run that steps slower than ``--stall`` shows
-as stalled here before the alert fires.
-
-Steps per second: from two reads of the heartbeats ``--sample`` seconds apart (or two
-refreshes of ``--watch``), the steps between them over the time between their ``step_time``s;
-empty when the run reported no new step in between.
+Stalled: alive, no new step for longer than ``--stall`` (10m, the least stall TrainingStalled
+pages on). The alert adapts (``stall_factor`` x the run's longest recent gap between steps, from
+Prometheus' history); with no history this uses the fixed threshold: a run stepping slower than
+``--stall`` shows as stalled here first. Starting: alive, not training yet (loading a
+checkpoint, evaluating), never stalled. Steps per second: from two reads of the heartbeats
+``--sample`` seconds apart (or two ``--watch`` refreshes), the steps between them over the time
+between their ``step_time``s; empty when the run reported no new step in between.
 """
 
 from __future__ import annotations
@@ -28,9 +26,13 @@ from trainguard.exporter.config import Config
 from trainguard.exporter.death_events import last_death
 from trainguard.exporter.runtable import RunRow, RunTable
 from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.starting_rows import starting
 from trainguard.exporter.targets import CheckpointTarget
 from trainguard.exporter.terminal.status_checkpoints import Found, judge_all
 from trainguard.exporter.terminal.stuck_lines import stuck_lines, stuck_text
+
+#: (run, rank) -> gpu index -> driver-view bytes
+RunMem = dict[tuple[str, str], dict[str, int | None]]
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Location:
 class RunStatus:
     run: str
     rank: str
-    state: str  # alive, stalled, finished, dead, unknown
+    state: str  # alive, starting, stalled, finished, dead, unknown
     pid: int | None
     step: int | None
     steps_per_second: float | None
@@ -137,9 +139,7 @@ class Status:
             mine = [t for t in self.targets if t.run == r.run]
             r.checkpoints = [_location(t, r.step, found[(t.run, t.location)]) for t in mine]
 
-    def _gpus(
-        self, scrape: Scrape
-    ) -> tuple[list[GpuStatus], dict[tuple[str, str], dict[str, int | None]], bool, list[str]]:
+    def _gpus(self, scrape: Scrape) -> tuple[list[GpuStatus], RunMem, bool, list[str]]:
         """The GPU collector's own reading of NVML, taken apart."""
         own = scrape.for_collector()
         fams = {f.name: f for f in self.gpu.gather(own)}
@@ -165,19 +165,14 @@ class Status:
             )
             for gpu, (uuid, value) in sorted(used.items(), key=lambda kv: int(kv[0]))
         ]
-        run_mem: dict[tuple[str, str], dict[str, int | None]] = {}
+        run_mem: RunMem = {}
         fam = fams.get("trainguard_run_gpu_memory_used_bytes")
         for s in fam.samples if fam else ():
             key = (s.labels["run"], s.labels["rank"])
             run_mem.setdefault(key, {})[s.labels["gpu"]] = int(s.value)
         return gpus, run_mem, nvml, own.errors
 
-    def _row(
-        self,
-        row: RunRow,
-        now: float,
-        run_mem: dict[tuple[str, str], dict[str, int | None]],
-    ) -> RunStatus:
+    def _row(self, row: RunRow, now: float, run_mem: RunMem) -> RunStatus:
         hb = row.heartbeat
         step = hb.step if hb else None
         step_time = (hb.step_time if hb else None) or (hb.started if hb else None)
@@ -192,6 +187,8 @@ class Status:
             self._prev[key] = (hb.step, hb.step_time)
         if row.finished:
             state = "finished"
+        elif starting(row):
+            state = "starting"
         elif row.up is True:
             stalled = step_age is not None and step_age > self.stall
             state = "stalled" if stalled else "alive"
@@ -250,6 +247,7 @@ def size(n: int | None) -> str:
 
 COLOURS = {
     "alive": "green",
+    "starting": "cyan",
     "stalled": "yellow",
     "finished": "blue",
     "dead": "bold red",
