@@ -108,6 +108,12 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     if int(table["pace_rules_interval_s"]) > int(table["slow_rules_interval_s"]):
         table["pace_rules_interval"] = table["slow_rules_interval"]
         table["pace_rules_interval_s"] = table["slow_rules_interval_s"]
+    if int(table["stall_gap_lookback_s"]) <= 2 * int(table["pace_rules_interval_s"]):
+        raise ThresholdError(
+            f"threshold stall_gap_lookback ({table['stall_gap_lookback']}) must be more than "
+            f"twice pace_rules_interval ({table['pace_rules_interval']}): the pace group would "
+            "miss the intervals that end between its evaluations"
+        )
     # how far a reader of the slow group's series looks back: three of its intervals
     table["slow_rules_lookback"] = format_duration(3 * int(table["slow_rules_interval_s"]))
     return table

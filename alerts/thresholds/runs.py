@@ -35,7 +35,8 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "5m",
         DURATION,
         "TrainingStalled: ...an interval counts once it ended with a step of the same process, "
-        "seen within this long (more than twice the rule evaluation interval) by a process up "
+        "seen within this long (more than twice pace_rules_interval, whose group records it) "
+        "by a process up "
         "longer than this and longer than the interval: a hang that ended with a kill and a "
         "relaunch never teaches the pace...",
     ),

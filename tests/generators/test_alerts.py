@@ -217,6 +217,8 @@ def test_pace_group_is_never_evaluated_less_often_than_the_slow_group() -> None:
     assert interval(build.render({})) == "1m"
     assert interval(build.render({"slow_rules_interval": "30s"})) == "30s"
     assert interval(build.render({"pace_rules_interval": "2m"})) == "2m"
+    with pytest.raises(thresholds.ThresholdError, match=r"stall_gap_lookback .* pace_rules"):
+        build.render({"pace_rules_interval": "3m"})  # 5m lookback: would miss intervals
 
 
 def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
