@@ -12,7 +12,9 @@ is Python per series, so per series this does as little as it can:
 - what changes slowly or never (ECC counts, remapped rows or retired pages, NVLink error
   counters, the link's maxima, the slowdown temperature, the enforced power limit) is read every
   :data:`SLOW_READ_S` at most, and published from the last read in between, so no value is
-  older than that (a read that failed is tried again at the next scrape).
+  older than that (a read that failed is tried again at the next scrape); ECC counts, remapped
+  rows and retired pages in one ``nvmlDeviceGetFieldValues`` call, each value the driver does
+  not answer there by its own call as before (``gpu_health_fields.py``).
 
 A read the GPU does not support (``NOT_SUPPORTED``) or the driver does not have
 (``FUNCTION_NOT_FOUND``) gives no series (unknown, never zero) and is not tried again for
@@ -27,6 +29,7 @@ from typing import Any
 
 import pynvml
 
+from trainguard.exporter import gpu_health_fields as fi
 from trainguard.exporter import gpu_health_metrics as hm
 from trainguard.exporter.exposition import sample_prefix, value_text
 from trainguard.exporter.scrape import Scrape
@@ -98,6 +101,7 @@ class Functions:
         self.retired_pending = f("nvmlDeviceGetRetiredPagesPendingStatus")
         self.nvlink_state = f("nvmlDeviceGetNvLinkState")
         self.nvlink_errors = f("nvmlDeviceGetNvLinkErrorCounter")
+        self.field_values = f("nvmlDeviceGetFieldValues")
 
 
 class Out:
@@ -136,6 +140,7 @@ class DeviceHealth:
             (hm.POWER.name, "power usage", fns.power, 1000.0),
         )
         self._ull_ref = ctypes.byref(self._ull)
+        self._fields = fi.SlowFields()
         self._lost = False
         self._scrape: Scrape | None = None
         self._now = 0.0
@@ -195,6 +200,11 @@ class DeviceHealth:
             self._scrape.error(f"GPU {self.index} ({self.uuid}): {what}: {pynvml.NVMLError(rc)}")
         return False
 
+    def _found(self, what: str) -> None:
+        """``what`` was read (here or from a field value): supported again."""
+        if self._unsupported:
+            self._unsupported.pop(what, None)
+
     def _skip(self, what: str) -> bool:
         """Not read now: the GPU is lost, or did not support it a short while ago."""
         if self._lost:
@@ -235,6 +245,7 @@ class DeviceHealth:
         fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
         self._pending = []
         errors = len(self._scrape.errors) if self._scrape else 0
+        fields = self._fields.read(fns.field_values, h)
         for spec, what, read in (
             (hm.PCIE_GENERATION_MAX, "PCIe max link generation", lambda: fns.pcie_max_gen(h, uref)),
             (
@@ -252,32 +263,55 @@ class DeviceHealth:
         ):
             if not self._skip(what) and self._ok(what, read()):
                 self._emit(None, spec.name, None, None, u.value, _SCALE.get(spec.name, 1.0))
-        for spec, what, kind in (
-            (hm.ECC_CORRECTED, "corrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        for spec, what, kind, field in (
+            (
+                hm.ECC_CORRECTED,
+                "corrected ECC errors",
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                fi.ECC_SBE_VOL_TOTAL,
+            ),
             (
                 hm.ECC_UNCORRECTED,
                 "uncorrected ECC errors",
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                fi.ECC_DBE_VOL_TOTAL,
             ),
         ):
             if self._skip(what):
                 continue
-            if self._ok(what, fns.ecc(h, kind, pynvml.NVML_VOLATILE_ECC, self._ull_ref)):
-                self._emit(None, spec.name, None, None, self._ull.value, 1.0)
-        self._read_memory_retirement()
+            count = fields.get(field)
+            if count is None and self._ok(
+                what, fns.ecc(h, kind, pynvml.NVML_VOLATILE_ECC, self._ull_ref)
+            ):
+                count = self._ull.value
+            if count is not None:
+                self._found(what)
+                self._emit(None, spec.name, None, None, count, 1.0)
+        self._read_memory_retirement(fields)
         self._read_nvlinks()
         self._slow = self._pending
         if self._scrape is None or len(self._scrape.errors) == errors:
             self._slow_due = self._now + SLOW_READ_S  # else: tried again at the next scrape
 
-    def _read_memory_retirement(self) -> None:
-        """Remapped rows (Ampere and later) or retired pages (before): whichever the GPU has."""
+    def _read_memory_retirement(self, fields: dict[int, int]) -> None:
+        """Remapped rows (Ampere and later) or retired pages (before): whichever the GPU has.
+
+        From ``fields`` (this slow read's field values) where they answered, else each by its
+        own call.
+        """
         fns, h = self._fns, self.handle
         rows = self._rows
-        if not self._skip("remapped rows") and self._ok(
+        answered = [fields[f] for f in fi.SLOW_FIELDS[2:6] if f in fields]
+        remapped: list[int] | None = answered if len(answered) == 4 else None
+        if self._skip("remapped rows"):
+            remapped = None
+        elif remapped is None and self._ok(
             "remapped rows", fns.remapped(h, *(ctypes.byref(r) for r in rows))
         ):
-            corrected, uncorrected, pending, failed = (r.value for r in rows)
+            remapped = [r.value for r in rows]
+        if remapped is not None:
+            self._found("remapped rows")
+            corrected, uncorrected, pending, failed = remapped
             emit, name = self._emit, hm.REMAPPED_ROWS.name
             emit(None, name, "correctable", {"cause": "correctable"}, corrected, 1.0)
             emit(None, name, "uncorrectable", {"cause": "uncorrectable"}, uncorrected, 1.0)
@@ -287,17 +321,29 @@ class DeviceHealth:
             return
         count = self._u
         counts = []
-        for cause, label in RETIREMENT_CAUSES:
-            count.value = 0  # asks the count alone (INSUFFICIENT_SIZE with it when not 0)
-            rc = fns.retired(h, cause, self._u_ref, None)
-            if not self._ok("retired pages", _SUCCESS if rc == _INSUFFICIENT_SIZE else rc):
-                return
-            counts.append((cause, label, count.value))
+        for (cause, label), field in zip(
+            RETIREMENT_CAUSES, (fi.RETIRED_SBE, fi.RETIRED_DBE), strict=True
+        ):
+            n = fields.get(field)
+            if n is None:
+                count.value = 0  # asks the count alone (INSUFFICIENT_SIZE with it when not 0)
+                rc = fns.retired(h, cause, self._u_ref, None)
+                if not self._ok("retired pages", _SUCCESS if rc == _INSUFFICIENT_SIZE else rc):
+                    return
+                n = count.value
+            counts.append((cause, label, n))
+        self._found("retired pages")
         for cause, label, n in counts:
             self._emit(None, hm.RETIRED_PAGES.name, cause, {"cause": label}, n, 1.0)
         what = "retired pages pending"
-        if not self._skip(what) and self._ok(what, fns.retired_pending(h, self._u_ref)):
-            pending = 1 if self._u.value else 0
+        if self._skip(what):
+            return
+        flag = fields.get(fi.RETIRED_PENDING)
+        if flag is None and self._ok(what, fns.retired_pending(h, self._u_ref)):
+            flag = self._u.value
+        if flag is not None:
+            self._found(what)
+            pending = 1 if flag else 0
             self._emit(None, hm.RETIRED_PAGES_PENDING.name, None, None, pending, 1.0)
 
     def _read_nvlinks(self) -> None:
