@@ -67,6 +67,9 @@ if sys.argv[2] == "no-per-call":
     sys.exit(0)
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 n = pynvml
+from trainguard.exporter.gpu_health_device import function
+from trainguard.exporter.gpu_health_fields import SlowFields
+slow_fields, field_values = SlowFields(), function("nvmlDeviceGetFieldValues")
 calls = {
     "nvmlDeviceGetCurrentClocksEventReasons": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
     "nvmlDeviceGetCurrPcieLinkGeneration": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
@@ -78,6 +81,8 @@ calls = {
     "nvmlDeviceGetTotalEccErrors": lambda: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0),
     "nvmlDeviceGetRemappedRows": lambda: pynvml.nvmlDeviceGetRemappedRows(h),
     "nvmlDeviceGetMemoryInfo (existing)": lambda: pynvml.nvmlDeviceGetMemoryInfo(h),
+    # the exporter's slow fields in one call, as it reads them (gpu_health_fields.py)
+    "nvmlDeviceGetFieldValues (ECC, rows, pages)": lambda: slow_fields.read(field_values, h),
 }
 for name, fn in calls.items():
     samples = []
@@ -114,6 +119,11 @@ HEALTH_SYMBOLS = {
     "nvmlDeviceGetTemperatureThreshold",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetFieldValues",
 }
 
 
@@ -150,6 +160,10 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
     steady.subtract(s for s in one if not s.startswith("nvmlEvent"))
     totals, health = result["totals"], result["health"]
     health_calls = sum(n for s, n in steady.items() if s in HEALTH_SYMBOLS)
+    # the slow reads' calls (every 30 s): the first gather's health calls less a steady one's
+    first = Counter(s for s in one if s in HEALTH_SYMBOLS)
+    first.subtract({s: 2 * n for s, n in steady.items() if s in HEALTH_SYMBOLS})
+    slow = {s: n / gpus for s, n in sorted(first.items()) if n > 0}
     return {
         "gpus": gpus,
         "procs": procs,
@@ -165,6 +179,8 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
         ),
         "nvml_calls_per_gpu_and_scrape_before": (sum(steady.values()) - health_calls) / gpus,
         "nvml_calls_per_gpu_and_scrape_added": health_calls / gpus,
+        "nvml_calls_per_gpu_and_slow_read": sum(slow.values()),
+        "slow_read_calls_per_gpu": slow,
         "per_call_us": {k: round(v * 1e6, 1) for k, v in result["per_call"].items()},
     }
 
