@@ -1,7 +1,7 @@
 """The slow GPU health reads through nvmlDeviceGetFieldValues (one call per GPU for ECC counts,
 remapped rows and retired pages), and their fallback to each value's own call where the driver
-lacks a field or the function: the same series either way, from the real pynvml on the test
-NVML library."""
+lacks a field or the function: the same series either way; and the per-mask clock reason
+series kept between scrapes. From the real pynvml on the test NVML library, gathered in a child."""
 
 from __future__ import annotations
 
@@ -145,3 +145,43 @@ def test_a_field_the_driver_does_not_answer_is_read_by_its_own_call(tmp_path: Pa
     assert count(by_gpu, "nvmlDeviceGetTotalEccErrors", "0") == 1  # the H100's uncorrected
     assert count(by_gpu, "nvmlDeviceGetRetiredPagesPendingStatus", "0") == 1  # the V100
     assert count(by_gpu, "nvmlDeviceGetRetiredPages", "0") == 0  # the V100's: by field
+
+
+def test_clock_reasons_follow_the_mask_from_scrape_to_scrape(tmp_path: Path) -> None:
+    """Each mask's reason series are found once and kept: a mask that changes, goes to 0
+    (no reason series, the mask series 0) and comes back publishes exactly its own reasons."""
+    state = FakeNvmlState()
+    gpu = state.add_gpu(UUIDS[0], utilization=100)
+    path = tmp_path / "nvml.state"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD],
+        env=state.env(path, base=child_env()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    seen = []
+    try:
+        for at, mask in enumerate((0x44, 0x0, 0x8, 0x44, 0x0)):
+            gpu.clock_event_reasons = mask
+            state.write(path)
+            child.stdin.write(f"{1000 + at}\n")
+            child.stdin.flush()
+            s = json.loads(child.stdout.readline())["samples"]
+            reasons = sorted(
+                json.loads(k.removeprefix("trainguard_gpu_clock_event_reason"))["reason"]
+                for k in s
+                if k.startswith("trainguard_gpu_clock_event_reason{")
+            )
+            seen.append((s[key("trainguard_gpu_clock_event_reasons", 0)], reasons))
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    assert seen == [
+        (0x44, ["hw_thermal_slowdown", "sw_power_cap"]),
+        (0, []),
+        (8, ["hw_slowdown"]),
+        (0x44, ["hw_thermal_slowdown", "sw_power_cap"]),
+        (0, []),
+    ]

@@ -153,7 +153,8 @@ class DeviceHealth:
         mask = None if skip("clock event reasons") else self._read_reasons()
         if mask is not None:
             put(lines, rows, self._mask_slot, mask, 1.0)
-            for slot in self._reason_slots.get(mask) or self._reasons_of(mask):
+            slots = self._reason_slots.get(mask)
+            for slot in self._reasons_of(mask) if slots is None else slots:
                 put(lines, rows, slot, 1, 1.0)
         for what, fn, slot, scale in self._plain:
             if not skip(what) and ok(what, fn(h, uref)):
