@@ -308,7 +308,7 @@ class DeviceHealth:
         """
         fns, h = self._fns, self.handle
         rows = self._rows
-        answered = [fields[f] for f in fi.SLOW_FIELDS[2:6] if f in fields]
+        answered = [fields[f] for f in fi.REMAPPED if f in fields]
         remapped: list[int] | None = answered if len(answered) == 4 else None
         if self._skip("remapped rows"):
             remapped = None
