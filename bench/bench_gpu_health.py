@@ -3,6 +3,13 @@ GPU, the NVML calls per GPU and scrape before and after, and the health reads' s
 collector's time per scrape, at 8 and 64 GPUs.
 
     python bench/bench_gpu_health.py [--gpus 8 64] [--procs 100 1000] [--scrapes 30]
+    python bench/bench_gpu_health.py --with-without [--scrapes 300]
+
+``--with-without``: the GPU part of a scrape in-process (gather, text writer, gzip at the
+exporter's level), scrapes alternating in one child between with and without the health reads
+(without: ``GpuHealth.collect`` keeps the GPU's state and reads nothing, as the "same code
+without health" commits of bench/RESULTS.md), the garbage collector run between scrapes and off
+in the timed part (its pauses land on whichever scrape is unlucky), CPU by ``process_time``.
 
 What is real and what is not: the real pynvml on the test NVML library (tests/fakenvml), which
 stat()s its state file at every call and re-parses it only when it changed, so every call costs
@@ -67,6 +74,9 @@ if sys.argv[2] == "no-per-call":
     sys.exit(0)
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 n = pynvml
+from trainguard.exporter.gpu_health_device import function
+from trainguard.exporter.gpu_health_fields import SlowFields
+slow_fields, field_values = SlowFields(), function("nvmlDeviceGetFieldValues")
 calls = {
     "nvmlDeviceGetCurrentClocksEventReasons": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
     "nvmlDeviceGetCurrPcieLinkGeneration": lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h),
@@ -78,6 +88,8 @@ calls = {
     "nvmlDeviceGetTotalEccErrors": lambda: pynvml.nvmlDeviceGetTotalEccErrors(h, 1, 0),
     "nvmlDeviceGetRemappedRows": lambda: pynvml.nvmlDeviceGetRemappedRows(h),
     "nvmlDeviceGetMemoryInfo (existing)": lambda: pynvml.nvmlDeviceGetMemoryInfo(h),
+    # the exporter's slow fields in one call, as it reads them (gpu_health_fields.py)
+    "nvmlDeviceGetFieldValues (ECC, rows, pages)": lambda: slow_fields.read(field_values, h),
 }
 for name, fn in calls.items():
     samples = []
@@ -88,6 +100,71 @@ for name, fn in calls.items():
     per_call[name] = sorted(samples)[len(samples) // 2]
 print(json.dumps({**series, "per_call": per_call}))
 """
+
+
+WITH_WITHOUT_CHILD = r"""
+import gc, gzip, json, sys, time
+from trainguard.exporter.collectors.gpu import GpuCollector
+from trainguard.exporter.exposition import TextWriter
+from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.web import GZIP_LEVEL
+
+collector, writer = GpuCollector(), TextWriter()
+health = collector._health
+read = health.collect
+def kept(dev, scrape):  # the GPU stays known (and its lines kept), nothing is read
+    health._seen[dev.uuid] = health._devices[dev.uuid]
+for _ in range(5):
+    writer.render(list(collector.gather(Scrape())))
+time.sleep(0.3)  # past the test library's 200 ms of re-parsing a fresh state file
+for _ in range(5):
+    writer.render(list(collector.gather(Scrape())))
+n, pt = int(sys.argv[1]), time.process_time
+acc = {"without": [0.0, 0.0, 0.0], "with": [0.0, 0.0, 0.0]}
+size = {}
+for i in range(2 * n):
+    mode = "with" if i % 2 else "without"
+    health.collect = read if mode == "with" else kept
+    gc.collect()
+    gc.disable()
+    t0 = pt(); families = list(collector.gather(Scrape()))
+    t1 = pt(); page = writer.render(families)
+    t2 = pt(); gzip.compress(page, compresslevel=GZIP_LEVEL, mtime=0)
+    t3 = pt()
+    gc.enable()
+    a = acc[mode]
+    a[0] += t1 - t0; a[1] += t2 - t1; a[2] += t3 - t2
+    size[mode] = len(page)
+out = {}
+for mode, (g, r, z) in acc.items():
+    out[mode] = {"gather_ms": 1e3 * g / n, "render_ms": 1e3 * r / n, "gzip_ms": 1e3 * z / n,
+                 "total_ms": 1e3 * (g + r + z) / n, "bytes": size[mode]}
+print(json.dumps(out))
+"""
+
+
+def with_without(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
+    """The GPU part of a scrape with and without the health reads, in one child."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "nvml.state"
+        st = state(gpus, procs)
+        st.write(path)
+        proc = subprocess.run(
+            [sys.executable, "-c", WITH_WITHOUT_CHILD, str(scrapes)],
+            env=st.env(path, base=child_env()),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    res = json.loads(proc.stdout)
+    without, with_ = res["without"]["total_ms"], res["with"]["total_ms"]
+    return {
+        "gpus": gpus,
+        "procs": procs,
+        **{f"{k}_{m}": round(v, 3) for m, r in res.items() for k, v in r.items()},
+        "added_ms": round(with_ - without, 3),
+        "added_share": round((with_ - without) / without, 3),
+    }
 
 
 def state(gpus: int, procs: int) -> FakeNvmlState:
@@ -114,6 +191,11 @@ HEALTH_SYMBOLS = {
     "nvmlDeviceGetTemperatureThreshold",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetFieldValues",
 }
 
 
@@ -150,6 +232,10 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
     steady.subtract(s for s in one if not s.startswith("nvmlEvent"))
     totals, health = result["totals"], result["health"]
     health_calls = sum(n for s, n in steady.items() if s in HEALTH_SYMBOLS)
+    # the slow reads' calls (every 30 s): the first gather's health calls less a steady one's
+    first = Counter(s for s in one if s in HEALTH_SYMBOLS)
+    first.subtract({s: 2 * n for s, n in steady.items() if s in HEALTH_SYMBOLS})
+    slow = {s: n / gpus for s, n in sorted(first.items()) if n > 0}
     return {
         "gpus": gpus,
         "procs": procs,
@@ -165,6 +251,8 @@ def run(gpus: int, procs: int, scrapes: int) -> dict[str, object]:
         ),
         "nvml_calls_per_gpu_and_scrape_before": (sum(steady.values()) - health_calls) / gpus,
         "nvml_calls_per_gpu_and_scrape_added": health_calls / gpus,
+        "nvml_calls_per_gpu_and_slow_read": sum(slow.values()),
+        "slow_read_calls_per_gpu": slow,
         "per_call_us": {k: round(v * 1e6, 1) for k, v in result["per_call"].items()},
     }
 
@@ -174,11 +262,17 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--procs", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--scrapes", type=int, default=30)
+    ap.add_argument(
+        "--with-without",
+        action="store_true",
+        help="the GPU part of a scrape (gather, render, gzip) with vs without the health reads",
+    )
     args = ap.parse_args()
     if len(args.gpus) != len(args.procs):
         ap.error("--gpus and --procs pair up: give as many of each")
+    bench = with_without if args.with_without else run
     for gpus, procs in zip(args.gpus, args.procs, strict=True):
-        print(json.dumps(run(gpus, procs, args.scrapes), indent=1))
+        print(json.dumps(bench(gpus, procs, args.scrapes), indent=1))
     return 0
 
 

@@ -45,6 +45,26 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from helpers.exporter_proc import child_env, free_port  # noqa: E402
+from trainguard.exporter.gpu_health_device import function  # noqa: E402
+from trainguard.exporter.gpu_health_fields import SLOW_FIELDS, SlowFields  # noqa: E402
+
+#: the fields the real-GPU check records the answers of: the exporter's slow fields, and the
+#: two power fields (does either equal nvmlDeviceGetPowerUsage on this GPU? the exporter
+#: reads power by that call)
+CHECKED_FIELDS = [*SLOW_FIELDS, (185, 0), (186, 0)]
+
+
+def field_answers(handle: Any) -> list[list[int]]:
+    """Each checked field's (id, nvmlReturn, value or -1) on this driver and GPU."""
+    import pynvml
+
+    return [
+        [v.fieldId, v.nvmlReturn, v.value.ullVal if v.valueType == 3 else v.value.uiVal]
+        if v.nvmlReturn == 0
+        else [v.fieldId, v.nvmlReturn, -1]
+        for v in pynvml.nvmlDeviceGetFieldValues(handle, CHECKED_FIELDS)
+    ]
+
 
 #: what Prometheus sends at every scrape (as bench/bench_scrape.py)
 SCRAPE_HEADERS = {
@@ -157,6 +177,13 @@ def nvml_calls(n: int) -> dict[str, Any]:
                 "nvmlDeviceGetNvLinkErrorCounter",
                 lambda d: pynvml.nvmlDeviceGetNvLinkErrorCounter(d, 0, 0),
             ),
+            # the exporter's one call per GPU and slow read (ECC, remapped rows, retired
+            # pages: gpu_health_fields.py), as it makes it; which fields answer is recorded
+            (
+                "nvmlDeviceGetFieldValues",
+                partial(SlowFields().read, function("nvmlDeviceGetFieldValues")),
+            ),
+            ("nvmlDeviceGetFieldValues (each field's answer)", field_answers),
         ):
             try:
                 out[name + " (health)"] = {"when": "what it read", "value": repr(fn(h))}

@@ -1,9 +1,9 @@
 """GPU health panels of the GPU dashboard: which GPU slows a run, and why, at a glance.
 
 Per GPU: why it holds its clocks down, its PCIe link against what it could be, utilisation,
-power, temperature, ECC errors and row remapping (the series of
-``trainguard/exporter/gpu_health.py``); GPUHardwareSlowdown, GPUPcieLinkDegraded and the memory
-alerts judge the same.
+power, temperature, ECC errors, row remapping or page retirement, and NVLink errors (the series
+of ``trainguard/exporter/gpu_health.py``); GPUHardwareSlowdown, GPUPcieLinkDegraded,
+GPUNvLinkErrors and the memory alerts judge the same.
 """
 
 from __future__ import annotations
@@ -129,5 +129,44 @@ def panels(q: Promql) -> list[Panel]:
             ],
             minimum=0,
             colors={"/uncorrectable$/": "red"},
+        ),
+        ts(
+            "Retired memory pages (GPUs before Ampere)",
+            "Pages each GPU before Ampere has retired over its life, by cause (solid), and "
+            "whether a retirement waits for a GPU reset (dashed, 1 = waiting: "
+            "GPURetiredPagesPending pages, the bad page is still in use until then). Ampere and "
+            "later GPUs remap rows instead (the table above); no line here for them.",
+            "none",
+            [
+                (
+                    q.by("instance, gpu, cause", "trainguard_gpu_retired_pages_total", "max", I),
+                    f"{PER_GPU} {{{{cause}}}}",
+                ),
+                (
+                    q.by("instance, gpu", "trainguard_gpu_retired_pages_pending", "max", I),
+                    f"{PER_GPU} pending",
+                ),
+            ],
+            minimum=0,
+            dashed="/ pending$/",
+            colors={"/ double_bit_ecc$/": "red", "/ pending$/": "orange"},
+        ),
+        ts(
+            "NVLink errors per hour",
+            "Errors counted on each GPU's active NVLink links over the last hour, per link and "
+            "kind (replay, recovery, CRC, ECC). Each replay or recovery stalls the collectives "
+            "over that link; GPUNvLinkErrors warns while a run trains on the GPU. No line: a "
+            "PCIe card without NVLink.",
+            "none",
+            [
+                (
+                    f"sum {q.group_by('instance, gpu, link, error')} (increase("
+                    f"trainguard_gpu_nvlink_errors_total{{{I}}}[1h]))",
+                    f"{PER_GPU} link {{{{link}}}} {{{{error}}}}",
+                )
+            ],
+            w=24,
+            minimum=0,
+            colors={"/ recovery$/": "red"},
         ),
     ]

@@ -128,8 +128,11 @@ def test_a_failing_read_fails_that_part_only(tmp_path: Path) -> None:
 def test_unsupported_and_slow_reads_are_not_repeated(tmp_path: Path) -> None:
     """What a GPU does not support is not asked again at every scrape, and what changes slowly
     or never (ECC counts, remapped rows, retired pages, NVLink, the link's maximum, the slowdown
-    temperature) is read once per SLOW_READ_S (30 s): three scrapes in a row read it once."""
+    temperature) is read once per SLOW_READ_S (30 s): three scrapes in a row read it once.
+    A driver without nvmlDeviceGetFieldValues, so every value by its own call (with field
+    values: tests/exporter/test_gpu_health_fields.py)."""
     state = three_gpus()
+    state.fail("nvmlDeviceGetFieldValues", "function_not_found")
     path = state.write(tmp_path / "nvml.state")
     log_path = tmp_path / "calls.log"
     with Exporter(env=state.env(path, log_path=log_path), state_dir=tmp_path / "s") as exp:

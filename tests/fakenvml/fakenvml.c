@@ -1401,6 +1401,147 @@ nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device, unsigned int
     return finish(sym, rc);
 }
 
+/* ---- field values (nvmlDeviceGetFieldValues): many values of a device in one call ---- */
+
+/* nvmlValueType_t */
+#define VT_UINT 1
+#define VT_ULL 3
+
+/* nvmlValue_t and nvmlFieldValue_t as nvml.h lays them out (pynvml's c_nvmlFieldValue_t) */
+typedef union {
+    double dVal;
+    unsigned int uiVal;
+    unsigned long ulVal;
+    unsigned long long ullVal;
+    long long sllVal;
+    int siVal;
+    unsigned short usVal;
+} nvmlValue_t;
+
+typedef struct {
+    unsigned int fieldId;
+    unsigned int scopeId;
+    long long timestamp;   /* CLOCK_REALTIME, microseconds */
+    long long latencyUsec; /* 0: read now, not cached by the driver */
+    int valueType;         /* nvmlValueType_t */
+    nvmlReturn_t nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+/* NVML_FI_DEV_* ids answered here (nvml.h); every other id answers NOT_SUPPORTED in its own
+ * nvmlReturn, as a driver does for a field the GPU lacks. */
+#define FI_ECC_SBE_VOL_TOTAL 3
+#define FI_ECC_DBE_VOL_TOTAL 4
+#define FI_ECC_SBE_AGG_TOTAL 5
+#define FI_ECC_DBE_AGG_TOTAL 6
+#define FI_RETIRED_SBE 29
+#define FI_RETIRED_DBE 30
+#define FI_RETIRED_PENDING 31
+#define FI_REMAPPED_COR 142
+#define FI_REMAPPED_UNC 143
+#define FI_REMAPPED_PENDING 144
+#define FI_REMAPPED_FAILURE 145
+#define FI_POWER_AVERAGE 185 /* scopeId: NVML_POWER_SCOPE_GPU 0 (MODULE 1, MEMORY 2: no) */
+#define FI_POWER_INSTANT 186
+
+/* One field of GPU idx. The value comes from the same state as the single-value call that
+ * reads it (its `twin`), and a `fail TWIN ...` line fails the field too (the GPU lacks it
+ * either way); `fail nvmlDeviceGetFieldValues:ID ...` fails the field alone (a driver that
+ * does not know the id, where the older call still answers). */
+static void field_value(const struct gpu *g, unsigned int idx, nvmlFieldValue_t *v) {
+    char own[SYM_MAX];
+    const char *twin = NULL;
+    nvmlReturn_t rc = NVML_SUCCESS;
+    unsigned long long value = 0;
+    int type = VT_UINT;
+    unsigned int id = v->fieldId;
+    switch (id) {
+    case FI_ECC_SBE_VOL_TOTAL:
+    case FI_ECC_DBE_VOL_TOTAL:
+    case FI_ECC_SBE_AGG_TOTAL:
+    case FI_ECC_DBE_AGG_TOTAL: /* single bit == corrected, double bit == uncorrected */
+        twin = "nvmlDeviceGetTotalEccErrors";
+        value = g->ecc[(id - FI_ECC_SBE_VOL_TOTAL) % 2][(id - FI_ECC_SBE_VOL_TOTAL) / 2];
+        type = VT_ULL;
+        break;
+    case FI_RETIRED_SBE:
+    case FI_RETIRED_DBE:
+        twin = "nvmlDeviceGetRetiredPages";
+        if (!g->retirement)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        value = g->retired[id - FI_RETIRED_SBE];
+        type = VT_ULL;
+        break;
+    case FI_RETIRED_PENDING:
+        twin = "nvmlDeviceGetRetiredPagesPendingStatus";
+        if (!g->retirement)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        value = g->retired_pending;
+        break;
+    case FI_REMAPPED_COR:
+    case FI_REMAPPED_UNC:
+    case FI_REMAPPED_PENDING:
+    case FI_REMAPPED_FAILURE:
+        twin = "nvmlDeviceGetRemappedRows";
+        if (g->retirement)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        value = id == FI_REMAPPED_COR       ? g->remap_corr
+                : id == FI_REMAPPED_UNC     ? g->remap_unc
+                : id == FI_REMAPPED_PENDING ? g->remap_pending
+                                            : g->remap_failure;
+        break;
+    case FI_POWER_AVERAGE:
+    case FI_POWER_INSTANT: /* the fake draws a steady power: the average is the instant */
+        twin = "nvmlDeviceGetPowerUsage";
+        if (v->scopeId > 2)
+            rc = NVML_ERROR_INVALID_ARGUMENT;
+        else if (v->scopeId != 0)
+            rc = NVML_ERROR_NOT_SUPPORTED;
+        value = g->power_mw;
+        break;
+    default:
+        rc = NVML_ERROR_NOT_SUPPORTED;
+    }
+    if (rc == NVML_SUCCESS && twin)
+        rc = injected(twin, (int)idx);
+    snprintf(own, sizeof(own), "nvmlDeviceGetFieldValues:%u", id);
+    if (rc == NVML_SUCCESS)
+        rc = injected(own, (int)idx);
+    v->nvmlReturn = rc;
+    v->valueType = type;
+    v->latencyUsec = 0;
+    if (rc != NVML_SUCCESS)
+        return;
+    if (type == VT_ULL)
+        v->value.ullVal = value;
+    else
+        v->value.uiVal = (unsigned int)value;
+}
+
+/* NVML's semantics: SUCCESS once the values were attempted, each with its own nvmlReturn (a
+ * field the GPU or driver lacks is NOT_SUPPORTED there, not in the call's result); the
+ * call itself fails only for what fails every query on the device (lost GPU, bad handle). */
+nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
+                                      nvmlFieldValue_t *values) {
+    const char *sym = "nvmlDeviceGetFieldValues";
+    struct gpu *g = NULL;
+    struct timespec now;
+    long long us;
+    int i;
+    nvmlReturn_t rc = begin_device(sym, device, &g);
+    if (rc == NVML_SUCCESS && (!values || valuesCount <= 0))
+        rc = NVML_ERROR_INVALID_ARGUMENT;
+    if (rc == NVML_SUCCESS) {
+        clock_gettime(CLOCK_REALTIME, &now);
+        us = (long long)now.tv_sec * 1000000LL + now.tv_nsec / 1000;
+        for (i = 0; i < valuesCount; i++) {
+            values[i].timestamp = us;
+            field_value(g, device->index, &values[i]);
+        }
+    }
+    return finish(sym, rc);
+}
+
 /* ---- events (critical Xid errors) ---- */
 
 static struct fake_event_set *valid_set(nvmlEventSet_t set) {

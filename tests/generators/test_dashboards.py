@@ -59,6 +59,9 @@ METRICS_WITHOUT_RUN = {
     "trainguard_gpu_ecc_uncorrected_errors_total",
     "trainguard_gpu_row_remap_pending",
     "trainguard_gpu_row_remap_failed",
+    "trainguard_gpu_retired_pages_total",
+    "trainguard_gpu_retired_pages_pending",
+    "trainguard_gpu_nvlink_errors_total",
 }
 METRICS_WITH_RUN = {
     "trainguard_gpu_process_memory_used_bytes",

@@ -129,7 +129,12 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         stack.nvml.add_process(0, sleeper.pid, 12 * GIB)
         # a second GPU where one process's memory is not available (WDDM): its unattributed
         # memory is unknown, while GPU 0 still has a value
-        stack.nvml.add_gpu("GPU-e2e00001-0000-0000-0000-000000000000", used=3 * GIB)
+        gpu1 = stack.nvml.add_gpu("GPU-e2e00001-0000-0000-0000-000000000000", used=3 * GIB)
+        # GPU 1 is older than Ampere (it retires pages, no row remapping), GPU 0 has NVLink
+        # links: the retired-pages and NVLink panels have series (GPU 0 the remapped rows')
+        gpu1.page_retirement, gpu1.retired_sbe, gpu1.retired_dbe = True, 2, 1
+        stack.nvml.gpus[0].nvlinks = 2
+        stack.nvml.gpus[0].nvlink_errors = {(0, "replay"): 3, (1, "crc_flit"): 1}
         stack.nvml.add_process(1, 4_000_000, None, kind="graphics")
         stack.nvml.gpus[0].used += 12 * GIB
         stack.nvml.add_xid(1, 94)  # a contained ECC error on GPU 1

@@ -30,8 +30,8 @@ from trainguard.exporter.gpu_health_device import (
     SLOW_READ_S,
     DeviceHealth,
     Functions,
-    Out,
 )
+from trainguard.exporter.gpu_health_lines import Out
 from trainguard.exporter.gpu_health_metrics import METRICS, REASONS, reason_labels
 from trainguard.exporter.scrape import Scrape
 

@@ -12,7 +12,9 @@ is Python per series, so per series this does as little as it can:
 - what changes slowly or never (ECC counts, remapped rows or retired pages, NVLink error
   counters, the link's maxima, the slowdown temperature, the enforced power limit) is read every
   :data:`SLOW_READ_S` at most, and published from the last read in between, so no value is
-  older than that (a read that failed is tried again at the next scrape).
+  older than that (a read that failed is tried again at the next scrape); ECC counts, remapped
+  rows and retired pages in one ``nvmlDeviceGetFieldValues`` call, each value the driver does
+  not answer there by its own call as before (``gpu_health_fields.py``).
 
 A read the GPU does not support (``NOT_SUPPORTED``) or the driver does not have
 (``FUNCTION_NOT_FOUND``) gives no series (unknown, never zero) and is not tried again for
@@ -27,8 +29,10 @@ from typing import Any
 
 import pynvml
 
+from trainguard.exporter import gpu_health_fields as fi
 from trainguard.exporter import gpu_health_metrics as hm
-from trainguard.exporter.exposition import sample_prefix, value_text
+from trainguard.exporter.exposition import sample_prefix
+from trainguard.exporter.gpu_health_lines import Out, put, update
 from trainguard.exporter.scrape import Scrape
 
 #: seconds before a read that was not supported is tried again (a GPU whose MIG mode was
@@ -56,6 +60,7 @@ _INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT
 _INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 _INDEX = {spec.name: i for i, spec in enumerate(hm.METRICS)}
 _SCALE = {hm.POWER_LIMIT.name: 1000.0}  # milliwatts
 
@@ -98,14 +103,7 @@ class Functions:
         self.retired_pending = f("nvmlDeviceGetRetiredPagesPendingStatus")
         self.nvlink_state = f("nvmlDeviceGetNvLinkState")
         self.nvlink_errors = f("nvmlDeviceGetNvLinkErrorCounter")
-
-
-class Out:
-    """One scrape's health lines and rows (labels, value), per metric in ``METRICS`` order."""
-
-    def __init__(self) -> None:
-        self.lines: list[list[str]] = [[] for _ in hm.METRICS]
-        self.rows: list[list[tuple[dict[str, str], float]]] = [[] for _ in hm.METRICS]
+        self.field_values = f("nvmlDeviceGetFieldValues")
 
 
 class DeviceHealth:
@@ -118,7 +116,9 @@ class DeviceHealth:
         self.index, self.uuid, self.handle = index, uuid, handle
         self._fns = fns
         self._labels = {"gpu": index, "uuid": uuid}
-        self._slots: dict[object, list[Any]] = {}  # key -> [prefix, labels, raw, line, value]
+        #: (series, key) -> [prefix, labels, raw, line, (labels, value), series' index]
+        self._slots: dict[object, list[Any]] = {}
+        self._reason_slots: dict[int, list[list[Any]]] = {}  # mask -> its reasons' slots
         self._unsupported: dict[str, float] = {}  # read -> when it was last not supported
         self._slow_due = 0.0
         self._slow: list[tuple[int, str, tuple[dict[str, str], float]]] = []
@@ -129,13 +129,18 @@ class DeviceHealth:
         self._rows = [ctypes.c_uint() for _ in range(4)]
         self._u_ref = ctypes.byref(self._u)
         self._util_ref = ctypes.byref(self._util)
-        #: the readings of one unsigned number at every scrape: (series, what, call, divisor)
+        slot = self._slot
+        #: the readings of one unsigned number at every scrape: (what, call, slot, divisor)
         self._plain = (
-            (hm.PCIE_GENERATION.name, "PCIe link generation", fns.pcie_gen, 1.0),
-            (hm.PCIE_WIDTH.name, "PCIe link width", fns.pcie_width, 1.0),
-            (hm.POWER.name, "power usage", fns.power, 1000.0),
+            ("PCIe link generation", fns.pcie_gen, slot(hm.PCIE_GENERATION.name), 1.0),
+            ("PCIe link width", fns.pcie_width, slot(hm.PCIE_WIDTH.name), 1.0),
+            ("power usage", fns.power, slot(hm.POWER.name), 1000.0),
         )
+        self._mask_slot = slot(hm.CLOCK_EVENT_REASONS.name, "mask")
+        self._util_slot = slot(hm.UTILIZATION.name)
+        self._temperature_slot = slot(hm.TEMPERATURE.name)
         self._ull_ref = ctypes.byref(self._ull)
+        self._fields = fi.SlowFields()
         self._lost = False
         self._scrape: Scrape | None = None
         self._now = 0.0
@@ -144,32 +149,38 @@ class DeviceHealth:
         """Read this GPU's health into ``out``; a failed read is reported on ``scrape``."""
         self._scrape, self._now, self._lost = scrape, now, False
         fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
-        mask = None if self._skip("clock event reasons") else self._read_reasons()
+        lines, rows, skip, ok = out.lines, out.rows, self._skip, self._ok
+        mask = None if skip("clock event reasons") else self._read_reasons()
         if mask is not None:
-            self._emit(out, hm.CLOCK_EVENT_REASONS.name, "mask", None, mask, 1.0)
-            for name in hm.reason_labels(mask):
-                self._emit(out, hm.CLOCK_EVENT_REASON.name, name, {"reason": name}, 1, 1.0)
-        for name, what, fn, scale in self._plain:
-            if self._skip(what):
-                continue
-            if self._ok(what, fn(h, uref)):
-                self._emit(out, name, None, None, u.value, scale)
+            put(lines, rows, self._mask_slot, mask, 1.0)
+            slots = self._reason_slots.get(mask)
+            for slot in self._reasons_of(mask) if slots is None else slots:
+                put(lines, rows, slot, 1, 1.0)
+        for what, fn, slot, scale in self._plain:
+            if not skip(what) and ok(what, fn(h, uref)):
+                put(lines, rows, slot, u.value, scale)
         what = "utilisation"
-        if not self._skip(what) and self._ok(what, fns.utilization(h, self._util_ref)):
-            self._emit(out, hm.UTILIZATION.name, None, None, self._util.gpu, 100.0)
+        if not skip(what) and ok(what, fns.utilization(h, self._util_ref)):
+            put(lines, rows, self._util_slot, self._util.gpu, 100.0)
         what = "temperature"
-        if not self._skip(what) and self._ok(
-            what, fns.temperature(h, pynvml.NVML_TEMPERATURE_GPU, uref)
-        ):
-            self._emit(out, hm.TEMPERATURE.name, None, None, u.value, 1.0)
+        if not skip(what) and ok(what, fns.temperature(h, _TEMPERATURE_GPU, uref)):
+            put(lines, rows, self._temperature_slot, u.value, 1.0)
         if self._lost:
             return
         if now >= self._slow_due:
             self._read_slow()
-        lines, rows = out.lines, out.rows
         for i, line, row in self._slow:
             lines[i].append(line)
             rows[i].append(row)
+
+    def _reasons_of(self, mask: int) -> list[list[Any]]:
+        """The slots of the reasons ``mask`` gives (kept: a GPU goes through few masks)."""
+        if len(self._reason_slots) >= 64:
+            self._reason_slots.clear()
+        name = hm.CLOCK_EVENT_REASON.name
+        slots = [self._slot(name, r, {"reason": r}) for r in hm.reason_labels(mask)]
+        self._reason_slots[mask] = slots
+        return slots
 
     def _read_reasons(self) -> int | None:
         fns, ref = self._fns, self._ull_ref
@@ -195,6 +206,11 @@ class DeviceHealth:
             self._scrape.error(f"GPU {self.index} ({self.uuid}): {what}: {pynvml.NVMLError(rc)}")
         return False
 
+    def _found(self, what: str) -> None:
+        """``what`` was read (here or from a field value): supported again."""
+        if self._unsupported:
+            self._unsupported.pop(what, None)
+
     def _skip(self, what: str) -> bool:
         """Not read now: the GPU is lost, or did not support it a short while ago."""
         if self._lost:
@@ -215,26 +231,28 @@ class DeviceHealth:
 
         Into ``out``, or into the slow reads' list when ``out`` is None.
         """
+        slot = self._slot(name, key, extra)
+        if out is not None:
+            put(out.lines, out.rows, slot, raw, scale)
+            return
+        update(slot, raw, scale)
+        self._pending.append((slot[5], slot[3], slot[4]))
+
+    def _slot(self, name: str, key: object = None, extra: dict[str, str] | None = None) -> Any:
+        """The slot of series ``name`` (``key`` tells apart its series of this GPU)."""
         slot = self._slots.get((name, key))
         if slot is None:
             labels = {**self._labels, **extra} if extra else self._labels
-            slot = self._slots[(name, key)] = [sample_prefix(name, labels), labels, None, "", 0.0]
-        if slot[2] != raw:
-            value = raw / scale
-            slot[2], slot[4] = raw, value
-            slot[3] = f"{slot[0]}{value_text(value)}\n"
-        i = _INDEX[name]
-        if out is None:
-            self._pending.append((i, slot[3], (slot[1], slot[4])))
-        else:
-            out.lines[i].append(slot[3])
-            out.rows[i].append((slot[1], slot[4]))
+            prefix = sample_prefix(name, labels)
+            slot = self._slots[(name, key)] = [prefix, labels, None, "", None, _INDEX[name]]
+        return slot
 
     def _read_slow(self) -> None:
         """Read what changes slowly or never into ``_slow``; due again in SLOW_READ_S."""
         fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
         self._pending = []
         errors = len(self._scrape.errors) if self._scrape else 0
+        fields = self._fields.read(fns.field_values, h)
         for spec, what, read in (
             (hm.PCIE_GENERATION_MAX, "PCIe max link generation", lambda: fns.pcie_max_gen(h, uref)),
             (
@@ -252,32 +270,55 @@ class DeviceHealth:
         ):
             if not self._skip(what) and self._ok(what, read()):
                 self._emit(None, spec.name, None, None, u.value, _SCALE.get(spec.name, 1.0))
-        for spec, what, kind in (
-            (hm.ECC_CORRECTED, "corrected ECC errors", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+        for spec, what, kind, field in (
+            (
+                hm.ECC_CORRECTED,
+                "corrected ECC errors",
+                pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                fi.ECC_SBE_VOL_TOTAL,
+            ),
             (
                 hm.ECC_UNCORRECTED,
                 "uncorrected ECC errors",
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                fi.ECC_DBE_VOL_TOTAL,
             ),
         ):
             if self._skip(what):
                 continue
-            if self._ok(what, fns.ecc(h, kind, pynvml.NVML_VOLATILE_ECC, self._ull_ref)):
-                self._emit(None, spec.name, None, None, self._ull.value, 1.0)
-        self._read_memory_retirement()
+            count = fields.get(field)
+            if count is None and self._ok(
+                what, fns.ecc(h, kind, pynvml.NVML_VOLATILE_ECC, self._ull_ref)
+            ):
+                count = self._ull.value
+            if count is not None:
+                self._found(what)
+                self._emit(None, spec.name, None, None, count, 1.0)
+        self._read_memory_retirement(fields)
         self._read_nvlinks()
         self._slow = self._pending
         if self._scrape is None or len(self._scrape.errors) == errors:
             self._slow_due = self._now + SLOW_READ_S  # else: tried again at the next scrape
 
-    def _read_memory_retirement(self) -> None:
-        """Remapped rows (Ampere and later) or retired pages (before): whichever the GPU has."""
+    def _read_memory_retirement(self, fields: dict[int, int]) -> None:
+        """Remapped rows (Ampere and later) or retired pages (before): whichever the GPU has.
+
+        From ``fields`` (this slow read's field values) where they answered, else each by its
+        own call.
+        """
         fns, h = self._fns, self.handle
         rows = self._rows
-        if not self._skip("remapped rows") and self._ok(
+        answered = [fields[f] for f in fi.REMAPPED if f in fields]
+        remapped: list[int] | None = answered if len(answered) == 4 else None
+        if self._skip("remapped rows"):
+            remapped = None
+        elif remapped is None and self._ok(
             "remapped rows", fns.remapped(h, *(ctypes.byref(r) for r in rows))
         ):
-            corrected, uncorrected, pending, failed = (r.value for r in rows)
+            remapped = [r.value for r in rows]
+        if remapped is not None:
+            self._found("remapped rows")
+            corrected, uncorrected, pending, failed = remapped
             emit, name = self._emit, hm.REMAPPED_ROWS.name
             emit(None, name, "correctable", {"cause": "correctable"}, corrected, 1.0)
             emit(None, name, "uncorrectable", {"cause": "uncorrectable"}, uncorrected, 1.0)
@@ -287,17 +328,29 @@ class DeviceHealth:
             return
         count = self._u
         counts = []
-        for cause, label in RETIREMENT_CAUSES:
-            count.value = 0  # asks the count alone (INSUFFICIENT_SIZE with it when not 0)
-            rc = fns.retired(h, cause, self._u_ref, None)
-            if not self._ok("retired pages", _SUCCESS if rc == _INSUFFICIENT_SIZE else rc):
-                return
-            counts.append((cause, label, count.value))
+        for (cause, label), field in zip(
+            RETIREMENT_CAUSES, (fi.RETIRED_SBE, fi.RETIRED_DBE), strict=True
+        ):
+            n = fields.get(field)
+            if n is None:
+                count.value = 0  # asks the count alone (INSUFFICIENT_SIZE with it when not 0)
+                rc = fns.retired(h, cause, self._u_ref, None)
+                if not self._ok("retired pages", _SUCCESS if rc == _INSUFFICIENT_SIZE else rc):
+                    return
+                n = count.value
+            counts.append((cause, label, n))
+        self._found("retired pages")
         for cause, label, n in counts:
             self._emit(None, hm.RETIRED_PAGES.name, cause, {"cause": label}, n, 1.0)
         what = "retired pages pending"
-        if not self._skip(what) and self._ok(what, fns.retired_pending(h, self._u_ref)):
-            pending = 1 if self._u.value else 0
+        if self._skip(what):
+            return
+        flag = fields.get(fi.RETIRED_PENDING)
+        if flag is None and self._ok(what, fns.retired_pending(h, self._u_ref)):
+            flag = self._u.value
+        if flag is not None:
+            self._found(what)
+            pending = 1 if flag else 0
             self._emit(None, hm.RETIRED_PAGES_PENDING.name, None, None, pending, 1.0)
 
     def _read_nvlinks(self) -> None:
