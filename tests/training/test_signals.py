@@ -245,3 +245,43 @@ def test_handlers_are_installed_from_the_main_thread_only_and_restored(tmp_path:
         run.close()
     assert signal.getsignal(signal.SIGTERM) is before
     assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd given back too
+
+
+UNWINDING = r"""
+import sys, time
+import trainguard
+with trainguard.Run(sys.argv[1], state_dir=sys.argv[2], interval=0.05) as run:
+    run.step(1)
+    run.step(2)
+    time.sleep(0.3)  # its running heartbeats written
+    sys.stdout.write("raising\n")
+    sys.stdout.flush()
+    raise RuntimeError("Connection closed by peer")  # a collective whose peer died
+"""
+
+
+def test_a_launchers_sigterm_while_the_run_closes_is_in_its_final_heartbeat(
+    tmp_path: Path,
+) -> None:
+    # torchrun stops a dead rank's peers with SIGTERM while their collective's exception is
+    # unwinding through the Run: the signal may come as the final heartbeat is being written.
+    # Whenever it comes, the rank's last heartbeat says how it ended (the signal, or the
+    # exception when the signal came after): never the running one left by a process killed
+    # between removing the handlers and writing (cause "unknown", named the job's first death).
+    for attempt in range(6):
+        state = tmp_path / f"s{attempt}"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", UNWINDING, "unwinding", str(state)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=child_env(),
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "raising\n"
+        time.sleep(attempt * 0.0004)  # a little later each time: across the closing window
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        hb = wait_heartbeat(heartbeat_path(state, "unwinding"), lambda hb: True, 10)
+        assert hb.state == "failed", (attempt, hb)
+        assert hb.signal == "SIGTERM" or hb.error == "RuntimeError", (attempt, hb)

@@ -313,15 +313,23 @@ class Run:
         if os.getpid() != self._pid:
             return  # a forked child (DataLoader worker) must never end the parent's run
         with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
+            closing, self._closed = self._closed, True
+        if closing:
+            # a signal's default action is about to end the process while the run closes (a
+            # launcher's SIGTERM as an exception unwinds): the final heartbeat, which reads the
+            # signal when written, goes out first
+            if threading.current_thread() is not self._thread:
+                self._thread.join(self._close_timeout)
+            return
         state = self._signals.end_state(state, error)  # a signal ends it: run/signals.py
         self._exits.remove()
-        self._signals.remove()
         self._final = (state, error)
         self._wake.set()
-        self._thread.join(self._close_timeout)
+        try:
+            self._thread.join(self._close_timeout)
+        finally:
+            # only now: a signal until the final heartbeat is written is recorded in it
+            self._signals.remove()
         if self._thread.is_alive():
             log.warning(
                 "trainguard: final heartbeat for run %r rank %d not written within %.1fs "
