@@ -33,6 +33,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import pynvml
+
 ECC_SBE_VOL_TOTAL = 3
 ECC_DBE_VOL_TOTAL = 4
 RETIRED_SBE = 29
@@ -57,32 +59,8 @@ _SUCCESS = 0
 _FUNCTION_NOT_FOUND = 13
 
 
-class Value(ctypes.Union):
-    """nvmlValue_t."""
-
-    _fields_ = [
-        ("dVal", ctypes.c_double),
-        ("uiVal", ctypes.c_uint),
-        ("ulVal", ctypes.c_ulong),
-        ("ullVal", ctypes.c_ulonglong),
-        ("sllVal", ctypes.c_longlong),
-        ("siVal", ctypes.c_int),
-        ("usVal", ctypes.c_ushort),
-    ]
-
-
-class FieldValue(ctypes.Structure):
-    """nvmlFieldValue_t (pynvml's ``c_nvmlFieldValue_t``, without its per-attribute hooks)."""
-
-    _fields_ = [
-        ("fieldId", ctypes.c_uint32),
-        ("scopeId", ctypes.c_uint32),
-        ("timestamp", ctypes.c_int64),
-        ("latencyUsec", ctypes.c_int64),
-        ("valueType", ctypes.c_uint),
-        ("nvmlReturn", ctypes.c_uint),
-        ("value", Value),
-    ]
+#: nvmlFieldValue_t, as the binding declares it: the array NVML fills (read as bytes, below)
+FieldValue = pynvml.c_nvmlFieldValue_t
 
 
 #: one nvmlFieldValue_t as bytes (little-endian, as every platform NVML runs on): fieldId,
