@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import json
 import os
 import platform
@@ -48,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -232,12 +234,33 @@ SCRAPE_HEADERS = {
 }
 
 
+#: the client's open connection to each exporter (host, port)
+_CONNECTIONS: dict[tuple[str, int], http.client.HTTPConnection] = {}
+
+
 def get(url: str) -> bytes:
-    with urllib.request.urlopen(
-        urllib.request.Request(url, headers=SCRAPE_HEADERS), timeout=30
-    ) as r:
-        body = bytes(r.read())
-        return gzip.decompress(body) if r.headers["Content-Encoding"] == "gzip" else body
+    """Scrape ``url`` as Prometheus does: over one connection kept open between scrapes.
+
+    Go's transport reuses a connection the server keeps open (HTTP/1.1 keep-alive) and opens a
+    new one when the server closed it after its answer (wsgiref's HTTP/1.0 server, which
+    nvitop-exporter's prometheus_client serves with, closes every connection).
+    """
+    parts = urllib.parse.urlsplit(url)
+    key = (parts.hostname or "", parts.port or 80)
+    conn = _CONNECTIONS.get(key)
+    if conn is None:
+        conn = _CONNECTIONS[key] = http.client.HTTPConnection(*key, timeout=30)
+    try:
+        conn.request("GET", parts.path, headers=SCRAPE_HEADERS)
+        r = conn.getresponse()
+    except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+        conn.close()  # closed while idle: once more on a new connection, as Go's transport
+        conn.request("GET", parts.path, headers=SCRAPE_HEADERS)
+        r = conn.getresponse()
+    body = bytes(r.read())
+    if r.will_close:
+        conn.close()
+    return gzip.decompress(body) if r.headers["Content-Encoding"] == "gzip" else body
 
 
 _DURATION = re.compile(rb'^trainguard_collector_duration_seconds\{collector="(\w+)"\} (\S+)$', re.M)
@@ -312,6 +335,10 @@ class Running:
             raise
 
     def close(self) -> None:
+        parts = urllib.parse.urlsplit(self.url)
+        conn = _CONNECTIONS.pop((parts.hostname or "", parts.port or 80), None)
+        if conn is not None:
+            conn.close()
         self.proc.terminate()
         self.proc.wait(15)
 
