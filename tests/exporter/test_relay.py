@@ -12,8 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from trainguard.exporter.relay import Relay
-from trainguard.exporter.worker import Unfinished
+from trainguard.exporter.relay import Relay, Unfinished
 
 
 def recorder(name: str, seen: list[tuple[str, int]]) -> Callable[[int], str]:

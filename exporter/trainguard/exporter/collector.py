@@ -7,6 +7,7 @@ scrape still answers.
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import re
 import threading
@@ -21,9 +22,8 @@ from prometheus_client.registry import Collector as _PromCollector
 from prometheus_client.registry import CollectorRegistry
 
 from trainguard._version import __version__
-from trainguard.exporter.relay import Relay
+from trainguard.exporter.relay import Relay, Unfinished
 from trainguard.exporter.scrape import Scrape, SharedReads
-from trainguard.exporter.worker import Unfinished
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -127,6 +127,10 @@ class Collector(abc.ABC):
     help: str
     #: on unless ``--no-collector.NAME``
     enabled_by_default: bool = True
+    #: what it reads through ``scrape.once`` that other collectors read too (the run table's
+    #: view): made once per scrape before any collector starts, in a call of its own, so that a
+    #: read that hangs holds no collector
+    shared_reads: tuple[Callable[[Scrape], object], ...] = ()
     #: every metric this collector may publish
     metrics: tuple[MetricSpec, ...] = ()
 
@@ -160,7 +164,12 @@ class ExporterCollector(_PromCollector):
         self, collectors: Sequence[Collector], timeout: float = DEFAULT_COLLECTOR_TIMEOUT
     ) -> None:
         self._collectors = tuple(collectors)
-        self._relay = Relay([_gatherer(c) for c in collectors], "trainguard-collect")
+        reads = tuple(dict.fromkeys(r for c in collectors for r in c.shared_reads))
+        self._reads_first = bool(reads)
+        calls: list[Callable[[Scrape], Any]] = [_gatherer(c) for c in collectors]
+        if reads:
+            calls.insert(0, _reader(reads))
+        self._relay: Relay[Scrape, Any] = Relay(calls, "trainguard-collect")
         self._timeout = timeout
         self._reads = SharedReads()
         self._last_errors: dict[str, tuple[str, ...]] = {}
@@ -176,7 +185,10 @@ class ExporterCollector(_PromCollector):
         began = time.monotonic()
         deadline = began + limit
         scrape = Scrape(reads=self._reads, deadline=began + READ_SHARE * limit)
-        outcomes = self._relay.run([scrape.for_collector() for _ in self._collectors], deadline)
+        calls = len(self._collectors) + self._reads_first
+        outcomes = self._relay.run([scrape.for_collector() for _ in range(calls)], deadline)
+        if self._reads_first:  # the shared reads' own call: its failures are the collectors'
+            outcomes = outcomes[1:]
         build = BUILD_INFO.family()
         build.add_metric([__version__], 1)
         success = COLLECTOR_SUCCESS.family()
@@ -221,6 +233,17 @@ class ExporterCollector(_PromCollector):
                 len(new) - MAX_LOGGED_ERRORS,
                 len(current),
             )
+
+
+def _reader(reads: Sequence[Callable[[Scrape], object]]) -> Callable[[Scrape], None]:
+    """The call that makes a scrape's shared reads; each collector reports what failed in them."""
+
+    def read(scrape: Scrape) -> None:
+        for shared in reads:
+            with contextlib.suppress(Exception):
+                shared(scrape)
+
+    return read
 
 
 def _gatherer(collector: Collector) -> Callable[[Scrape], tuple[list[Metric], list[str]]]:

@@ -25,10 +25,24 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from trainguard.exporter.worker import UNFINISHED, Unfinished
-
 A = TypeVar("A")
 R = TypeVar("R")
+
+
+class Unfinished(Exception):
+    """A call did not return by the scrape's deadline, or is still hanging from an earlier one.
+
+    The message says which call, and is the same at every scrape while it hangs (so that it is
+    logged once).
+    """
+
+
+#: the one message for a call still running at the deadline and for one still hanging from an
+#: earlier scrape, so that the error is logged when it starts, not at every scrape
+UNFINISHED = (
+    "a call is hanging (a GPU driver, or a network filesystem that stopped answering?), and is "
+    "not started again until it returns"
+)
 
 #: a call that has run this long has the calls after it taken up by another thread
 HAND_ON_SECONDS = 0.05

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from trainguard.exporter.config import Config
 from trainguard.exporter.configured_runs import ConfiguredRuns
+from trainguard.exporter.relay import Unfinished
 from trainguard.exporter.run_rows import LogFile, RunRow, RunView, drop_superseded
 from trainguard.exporter.scrape import Scrape
 from trainguard.exporter.targets import PRIMARY, CheckpointTarget, config_targets, merge_targets
-from trainguard.exporter.worker import Unfinished
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
 from trainguard.shared.heartbeat_read import read_heartbeat

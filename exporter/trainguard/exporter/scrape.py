@@ -8,42 +8,89 @@ rather than passing an error list through every function.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainguard.exporter.worker import Unfinished, Worker
+from trainguard.exporter.relay import UNFINISHED, Unfinished
 
 T = TypeVar("T")
 
 
 class SharedReads:
-    """The shared sources' reads across scrapes, each on a :class:`Worker` of its own.
+    """The shared sources' reads across scrapes: at most one in progress per source, ever.
 
-    A read that hangs (the state directory on a network filesystem whose server went away)
-    holds one thread, not the collectors that wait for it, and is not started again while it
-    hangs.
+    A read is made by the thread that first asks for it while none is in progress (in the
+    exporter, a call of its own at the head of each scrape's relay, so that it holds no
+    collector when it hangs); one that asks meanwhile waits for it until its deadline. A read
+    given up on while it hangs (the state directory on a network filesystem whose server went
+    away) is not waited for again, nor started again, until it returns: it holds one thread,
+    not the collectors that need it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._workers: dict[object, Worker[None, Any]] = {}
+        self._reads: dict[object, _SharedRead] = {}
 
-    def worker(self, key: object, read: Callable[[], Any]) -> Worker[None, Any]:
+    def read(self, key: object, read: Callable[[], Any]) -> _SharedRead:
         with self._lock:
-            worker = self._workers.get(key)
-            if worker is None:
-                worker = self._workers[key] = Worker(lambda _: read(), "trainguard-shared-read")
-            return worker
+            shared = self._reads.get(key)
+            if shared is None:
+                shared = self._reads[key] = _SharedRead(read)
+            return shared
+
+
+class _SharedRead:
+    """One source's reads, one at a time, made by whichever thread asks while none runs."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self._read = read
+        self._cond = threading.Condition()
+        self._started = 0
+        self._finished = 0
+        self._outcome: tuple[Any, Exception | None] = (None, None)
+        self._abandoned = False  # a caller gave up waiting for the read in progress
+
+    def get(self, deadline: float | None) -> Any:
+        """A read's value: made now, or the one in progress when this was called."""
+        with self._cond:
+            if self._abandoned:
+                raise Unfinished(UNFINISHED)
+            if self._finished < self._started:  # in progress on another thread
+                ticket = self._started
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                if not self._cond.wait_for(lambda: self._finished >= ticket, timeout):
+                    self._abandoned = True  # until it returns (which clears it, under the lock)
+                    raise Unfinished(UNFINISHED)
+                value, exc = self._outcome
+                if exc is not None:
+                    raise exc
+                return value
+            self._started += 1
+            ticket = self._started
+        outcome: tuple[Any, Exception | None] = (None, RuntimeError("the read was interrupted"))
+        try:
+            outcome = (self._read(), None)
+        except Exception as exc:  # the read's outcome, for the waiters too
+            outcome = (None, exc)
+        finally:
+            with self._cond:
+                self._outcome, self._finished, self._abandoned = outcome, ticket, False
+                self._cond.notify_all()
+        value, error = outcome
+        if error is not None:
+            raise error
+        return value
 
 
 class _Read:
-    """One shared read as one scrape sees it: the call it waits for, then its value."""
+    """One shared read as one scrape sees it: the source's reads, then its value or error."""
 
-    def __init__(self, worker: Worker[None, Any], ticket: int | None) -> None:
-        self.worker = worker
-        self.ticket = ticket
+    def __init__(self, shared: _SharedRead) -> None:
+        self.shared = shared
         self.done = False
         self.value: Any = None
+        self.error: Exception | None = None
 
 
 class _Shared:
@@ -66,12 +113,14 @@ class Scrape:
     ``trainguard_collector_success 0`` and still publishes the rest.
 
     The exporter's scrapes carry ``reads`` and a ``deadline`` (``time.monotonic()``): a shared
-    read then runs on a thread of its own, and a collector waits for it until the deadline at
-    most (:class:`~trainguard.exporter.worker.Unfinished` after that), so that one that can
-    do without it (the GPU collector, without the runs its processes belong to) still answers
-    with the rest; the exporter passes a ``deadline`` for the reads somewhat before the
-    scrape's own, to leave it the time to. Without them (the terminal view, tests) the first
-    caller reads.
+    read is then made by the first thread that asks while none is in progress (the exporter
+    asks in a call of its own before the collectors', :class:`SharedReads`), and a collector
+    that asks meanwhile waits for it until the deadline at most
+    (:class:`~trainguard.exporter.relay.Unfinished` after that), so that one that can do
+    without it (the GPU collector, without the runs its processes belong to) still answers with
+    the rest; the exporter passes a ``deadline`` for the reads somewhat before the scrape's
+    own, to leave it the time to. Without them (the terminal view, tests) the first caller
+    reads.
     """
 
     def __init__(
@@ -91,7 +140,7 @@ class Scrape:
     def once(self, key: object, read: Callable[[], T], what: str = "a shared read") -> T:
         """``read()``'s result, read at the first call with this key in this scrape.
 
-        Raises :class:`~trainguard.exporter.worker.Unfinished` (saying ``what``) when the read
+        Raises :class:`~trainguard.exporter.relay.Unfinished` (saying ``what``) when the read
         has not returned by the scrape's deadline.
         """
         shared = self._shared
@@ -104,16 +153,19 @@ class Scrape:
         with shared.lock:
             entry = shared.memo.get(key)
             if entry is None:
-                worker = shared.reads.worker(key, read)
-                entry = shared.memo[key] = _Read(worker, worker.start(None))
+                entry = shared.memo[key] = _Read(shared.reads.read(key, read))
         if not entry.done:
             try:
-                value, _ = entry.worker.wait(entry.ticket, shared.deadline)
+                value, error = entry.shared.get(shared.deadline), None
             except Unfinished as exc:
                 raise Unfinished(f"{what} did not finish by the scrape's deadline: {exc}") from None
+            except Exception as exc:  # the read failed: the same error for every collector
+                value, error = None, exc
             with shared.lock:
-                if not entry.done:  # the first value wins: one snapshot per scrape
-                    entry.value, entry.done = value, True
+                if not entry.done:  # the first outcome wins: one snapshot per scrape
+                    entry.value, entry.error, entry.done = value, error, True
+        if entry.error is not None:
+            raise entry.error
         answer: T = entry.value
         return answer
 

@@ -146,9 +146,11 @@ class CheckpointsCollector(Collector):
 
     @classmethod
     def build(cls, setup: Setup) -> CheckpointsCollector:
-        return cls(
+        collector = cls(
             setup.table.checkpoint_targets, setup.config.checkpoints, state_dir=setup.state_dir
         )
+        collector.shared_reads = (setup.table.view,)
+        return collector
 
     def __init__(
         self,

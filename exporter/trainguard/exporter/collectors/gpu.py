@@ -20,8 +20,8 @@ from prometheus_client.core import Metric
 from trainguard.exporter import gpu_health
 from trainguard.exporter.collector import Collector, CollectorError, MetricSpec, Setup
 from trainguard.exporter.gpu_processes import COMPUTE, GRAPHICS, ProcessLister
+from trainguard.exporter.relay import Unfinished
 from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.worker import Unfinished
 from trainguard.exporter.xid import XidCounts, XidDevice, XidWatcher
 from trainguard.shared import procinfo
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
@@ -148,7 +148,9 @@ class GpuCollector(Collector):
 
     @classmethod
     def build(cls, setup: Setup) -> GpuCollector:
-        return cls(pid_runs=setup.table.pid_runs)
+        collector = cls(pid_runs=setup.table.pid_runs)
+        collector.shared_reads = (setup.table.view,)
+        return collector
 
     def __init__(self, pid_runs: PidRuns | None = None) -> None:
         self._pid_runs = pid_runs

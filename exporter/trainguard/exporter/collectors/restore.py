@@ -71,7 +71,9 @@ class RestoreCollector(Collector):
 
     @classmethod
     def build(cls, setup: Setup) -> RestoreCollector:
-        return cls(results_dir(setup.state_dir), setup.table.checkpoint_targets)
+        collector = cls(results_dir(setup.state_dir), setup.table.checkpoint_targets)
+        collector.shared_reads = (setup.table.view,)
+        return collector
 
     def __init__(self, results: Path, targets: Targets) -> None:
         self._state_dir = results  # <state dir>/restore

@@ -245,7 +245,9 @@ class RunsCollector(Collector):
 
     @classmethod
     def build(cls, setup: Setup) -> RunsCollector:
-        return cls(setup.table)
+        collector = cls(setup.table)
+        collector.shared_reads = (setup.table.view,)
+        return collector
 
     def __init__(self, table: RunTable) -> None:
         self._table = table
