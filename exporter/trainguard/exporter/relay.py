@@ -2,8 +2,9 @@
 
 Why not a thread per collector, all started at once: the collectors are Python, and Python
 threads take turns holding the interpreter, so starting four threads per scrape bought no
-speed, only the cost of waking each and of their contending turns (about a quarter of a scrape
-of 8 GPUs, bench/RESULTS.md, "seventh pass"). What threads are for here is a call that blocks: a
+speed, only the cost of waking each (on a 2-vCPU machine, one pass over the collectors cost 0.25
+ms more handed to another thread than made inline, of a scrape of 8 GPUs of about 3 ms;
+bench/RESULTS.md, "seventh pass"). What threads are for here is a call that blocks: a
 GPU driver that stopped answering, a network filesystem whose server went away. So the calls of
 a scrape are run in turn by one thread taken from a pool; when the call it is in has run for
 :data:`HAND_ON_SECONDS`, the calls not yet begun are taken up by another thread from the pool
@@ -52,17 +53,79 @@ _LATE = "not begun by the scrape's deadline (the calls before it were slow)"
 
 
 class Slot(Generic[A, R]):
-    """One function's calls, one at a time; the outcome of the last that returned."""
+    """One function's calls, one at a time; the outcome of the last that returned.
+
+    The relay queues a slot's calls for its pooled threads; :meth:`call_here` makes one on
+    the calling thread (the scrape's shared reads). Either way a call given up on while it
+    runs (``abandoned``) is not waited for, nor started again, until it returns.
+    """
 
     def __init__(self, fn: Callable[[A], R]) -> None:
         self.fn = fn
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()  # notified when a call returns
         self.started = 0  # calls started (begun or waiting to be)
         self.finished = 0  # number of the last call that returned
         self.pending: tuple[int, A] | None = None
         self.outcome: tuple[R | None, Exception | None] = (None, None)
         self.seconds = 0.0  # how long the last call that returned took
-        self.abandoned = False  # a scrape gave up waiting for the call in progress
+        self.abandoned = False  # a caller gave up waiting for the call in progress
+
+    def call(self, number: int, arg: A) -> tuple[R | None, Exception | None]:
+        """Make call ``number`` on this thread; its outcome, recorded for every waiter."""
+        began = time.monotonic()
+        outcome: tuple[Any, Exception | None] = (None, RuntimeError("the call was interrupted"))
+        try:
+            outcome = (self.fn(arg), None)
+        except Exception as exc:  # the call's outcome, handed to the waiters
+            outcome = (None, exc)
+        finally:
+            self.finish(number, outcome, time.monotonic() - began)
+        return outcome
+
+    def finish(self, number: int, outcome: tuple[Any, Exception | None], seconds: float) -> None:
+        """Record call ``number``'s outcome; it no longer hangs."""
+        with self.lock:
+            self.outcome, self.finished, self.seconds = outcome, number, seconds
+            self.abandoned = False
+            self.lock.notify_all()
+
+    def give_up(self, ticket: int | None) -> Unfinished | None:
+        """Why call ``ticket`` has no outcome for its waiter (None: it has). Under ``lock``."""
+        if ticket is None:  # a call given up on earlier, still hanging when this began
+            return Unfinished(UNFINISHED)
+        if self.finished < ticket:
+            self.abandoned = True  # until the call returns (which clears it, under the lock)
+            return Unfinished(UNFINISHED)
+        return None
+
+    def call_here(self, arg: A, deadline: float | None) -> R:
+        """A call's value: made now on this thread, or the one in progress, waited for.
+
+        Waits until ``deadline`` (``time.monotonic()``; None: as long as it takes) for a call
+        in progress on another thread; raises :class:`Unfinished` after that, or at once while
+        a call given up on still hangs, and what the call raised.
+        """
+        outcome: tuple[R | None, Exception | None] | None = None
+        with self.lock:
+            if self.abandoned:
+                raise Unfinished(UNFINISHED)
+            if self.finished < self.started:  # in progress on another thread
+                ticket = self.started
+                timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                self.lock.wait_for(lambda: self.finished >= ticket, timeout)
+                unfinished = self.give_up(ticket)
+                if unfinished is not None:
+                    raise unfinished
+                outcome = self.outcome
+            else:
+                self.started += 1
+                number = self.started
+        if outcome is None:
+            outcome = self.call(number, arg)
+        value, exc = outcome
+        if exc is not None:
+            raise exc
+        return value  # type: ignore[return-value]
 
 
 class _Pool:
@@ -113,18 +176,12 @@ class _Round(Generic[A, R]):
                 assert slot.pending is not None
                 number, arg = slot.pending
                 slot.pending = None
-            outcome: tuple[Any, Exception | None] = (None, Unfinished(_LATE))
             try:
                 if now < self.deadline:
-                    outcome = (None, RuntimeError("the call was interrupted"))
-                    outcome = (slot.fn(arg), None)
-            except Exception as exc:  # the call's outcome, handed to the waiters
-                outcome = (None, exc)
+                    slot.call(number, arg)
+                else:
+                    slot.finish(number, (None, Unfinished(_LATE)), 0.0)
             finally:
-                seconds = time.monotonic() - now
-                with slot.lock:
-                    slot.outcome, slot.finished, slot.seconds = outcome, number, seconds
-                    slot.abandoned = False
                 with self.cond:
                     self.cond.notify_all()
 
@@ -175,11 +232,9 @@ class Relay(Generic[A, R]):
     @staticmethod
     def _outcome(slot: Slot[A, R], ticket: int | None) -> tuple[R, float] | Exception:
         with slot.lock:
-            if ticket is None:  # a call given up on earlier, still hanging when this began
-                return Unfinished(UNFINISHED)
-            if slot.finished < ticket:
-                slot.abandoned = True  # until the call returns (which clears it, under the lock)
-                return Unfinished(UNFINISHED)
+            unfinished = slot.give_up(ticket)
+            if unfinished is not None:
+                return unfinished
             value, exc = slot.outcome
             if exc is not None:
                 return exc if isinstance(exc, Exception) else RuntimeError(str(exc))

@@ -8,11 +8,10 @@ rather than passing an error list through every function.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trainguard.exporter.relay import UNFINISHED, Unfinished
+from trainguard.exporter.relay import Slot, Unfinished
 
 T = TypeVar("T")
 
@@ -30,63 +29,21 @@ class SharedReads:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._reads: dict[object, _SharedRead] = {}
+        self._reads: dict[object, Slot[None, Any]] = {}
 
-    def read(self, key: object, read: Callable[[], Any]) -> _SharedRead:
+    def read(self, key: object, read: Callable[[], Any]) -> Slot[None, Any]:
+        """The reads of source ``key`` (made by ``read``), across scrapes."""
         with self._lock:
             shared = self._reads.get(key)
             if shared is None:
-                shared = self._reads[key] = _SharedRead(read)
+                shared = self._reads[key] = Slot(lambda _: read())
             return shared
-
-
-class _SharedRead:
-    """One source's reads, one at a time, made by whichever thread asks while none runs."""
-
-    def __init__(self, read: Callable[[], Any]) -> None:
-        self._read = read
-        self._cond = threading.Condition()
-        self._started = 0
-        self._finished = 0
-        self._outcome: tuple[Any, Exception | None] = (None, None)
-        self._abandoned = False  # a caller gave up waiting for the read in progress
-
-    def get(self, deadline: float | None) -> Any:
-        """A read's value: made now, or the one in progress when this was called."""
-        with self._cond:
-            if self._abandoned:
-                raise Unfinished(UNFINISHED)
-            if self._finished < self._started:  # in progress on another thread
-                ticket = self._started
-                timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                if not self._cond.wait_for(lambda: self._finished >= ticket, timeout):
-                    self._abandoned = True  # until it returns (which clears it, under the lock)
-                    raise Unfinished(UNFINISHED)
-                value, exc = self._outcome
-                if exc is not None:
-                    raise exc
-                return value
-            self._started += 1
-            ticket = self._started
-        outcome: tuple[Any, Exception | None] = (None, RuntimeError("the read was interrupted"))
-        try:
-            outcome = (self._read(), None)
-        except Exception as exc:  # the read's outcome, for the waiters too
-            outcome = (None, exc)
-        finally:
-            with self._cond:
-                self._outcome, self._finished, self._abandoned = outcome, ticket, False
-                self._cond.notify_all()
-        value, error = outcome
-        if error is not None:
-            raise error
-        return value
 
 
 class _Read:
     """One shared read as one scrape sees it: the source's reads, then its value or error."""
 
-    def __init__(self, shared: _SharedRead) -> None:
+    def __init__(self, shared: Slot[None, Any]) -> None:
         self.shared = shared
         self.done = False
         self.value: Any = None
@@ -156,7 +113,7 @@ class Scrape:
                 entry = shared.memo[key] = _Read(shared.reads.read(key, read))
         if not entry.done:
             try:
-                value, error = entry.shared.get(shared.deadline), None
+                value, error = entry.shared.call_here(None, shared.deadline), None
             except Unfinished as exc:
                 raise Unfinished(f"{what} did not finish by the scrape's deadline: {exc}") from None
             except Exception as exc:  # the read failed: the same error for every collector
