@@ -2,13 +2,14 @@
 
 Why not wsgiref's server (what prometheus_client serves with): it answers in HTTP/1.0 and closes
 the connection after every response, so each scrape paid a TCP handshake, a new thread and
-wsgiref's header parsing through the ``email`` package, about half of the exporter's CPU for a
-scrape of 8 GPUs. Prometheus keeps one connection per target open between scrapes (Go's
-transport), as node_exporter's server does: here a connection keeps its thread for as long as
-its client keeps it open (at most :data:`IDLE_TIMEOUT_SECONDS` between two requests), and a
-request is parsed with a few byte operations. A slow or stuck client holds only its own thread,
-TLS handshakes included (they happen on that thread, not in the accept loop), and at most
-:data:`MAX_CONNECTIONS` connections are open at once.
+wsgiref's header parsing: at 8 GPUs, accepting and setting up the connection alone was a fifth
+of the exporter's time holding the interpreter, and the whole change cut its CPU per scrape by a
+quarter (bench/RESULTS.md, "seventh pass"). Prometheus keeps one connection per target open
+between scrapes (Go's transport), as node_exporter's server does: here a connection keeps its
+thread for as long as its client keeps it open (at most :data:`IDLE_TIMEOUT_SECONDS` between two
+requests), and a request is parsed with a few byte operations. A slow or stuck client holds only
+its own thread, TLS handshakes included (they happen on that thread, not in the accept loop),
+and at most :data:`MAX_CONNECTIONS` connections are open at once.
 
 Only what the exporter's pages need is spoken: GET, HEAD and OPTIONS (a request body is read
 and discarded when its length is given), no chunked request bodies, no ``Expect`` handling,
@@ -131,7 +132,7 @@ class _Request:
             "CONTENT_TYPE": self.headers.get("content-type", ""),
             "CONTENT_LENGTH": self.headers.get("content-length", ""),
             "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "https" if server.tls else "http",
+            "wsgi.url_scheme": "http" if server.ssl_context is None else "https",
             "wsgi.input": io.BytesIO(self.body),
             "wsgi.errors": sys.stderr,
             "wsgi.multithread": True,
@@ -237,27 +238,38 @@ class _Connection(socketserver.BaseRequestHandler):
             log.exception("error answering %s %s", request.method, request.target[:200])
             sock.sendall(self._error("500 Internal Server Error", "internal error"))
             return False
-        body = b"".join(written)
         keep = request.keep_alive and not self.server.closing
+        connection = "keep-alive" if keep and request.version == "HTTP/1.0" else None
+        head, body = self._response(status, headers, b"".join(written), keep, connection)
+        sock.sendall(head if request.method == "HEAD" else head + body)
+        return keep
+
+    def _error(self, status: str, message: str) -> bytes:
+        """A response that explains ``status`` and closes the connection."""
+        body = f"{status}: {message}\n".encode()
+        head, body = self._response(
+            status, [("Content-Type", "text/plain; charset=utf-8")], body, False, None
+        )
+        return head + body
+
+    def _response(
+        self,
+        status: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        keep: bool,
+        connection: str | None,
+    ) -> tuple[bytes, bytes]:
+        """The status line and headers of a response of ``body`` (``Date``, length added)."""
         lines = [f"HTTP/1.1 {status}", f"Date: {self.server.date.now()}"]
         lines.extend(f"{name}: {value}" for name, value in headers)
         if not any(name.lower() == "content-length" for name, _ in headers):
             lines.append(f"Content-Length: {len(body)}")
         if not keep:
             lines.append("Connection: close")
-        elif request.version == "HTTP/1.0":
-            lines.append("Connection: keep-alive")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        sock.sendall(head if request.method == "HEAD" else head + body)
-        return keep
-
-    def _error(self, status: str, message: str) -> bytes:
-        body = f"{status}: {message}\n".encode()
-        return (
-            f"HTTP/1.1 {status}\r\nDate: {self.server.date.now()}\r\n"
-            "Content-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        ).encode("latin-1") + body
+        elif connection:
+            lines.append(f"Connection: {connection}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), body
 
 
 class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
@@ -282,7 +294,6 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.address_family = family
         self.app = app
         self.ssl_context = ssl_context
-        self.tls = ssl_context is not None
         self.date = _Date()
         self.closing = False
         self._open = 0
