@@ -47,7 +47,8 @@ MAX_HEAD_BYTES = 64 * 1024
 #: a request body, at most (the exporter's pages take none: it is read and dropped)
 MAX_BODY_BYTES = 64 * 1024
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+StartResponse = Callable[..., Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class _BadRequest(Exception):

@@ -11,7 +11,7 @@ import html
 import math
 import socket
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client.exposition import gzip_accepted
@@ -20,7 +20,7 @@ from trainguard._version import __version__
 from trainguard.exporter import runbook
 from trainguard.exporter.collector import ExporterRegistry
 from trainguard.exporter.exposition import TextWriter
-from trainguard.exporter.httpserver import ExporterHTTPServer
+from trainguard.exporter.httpserver import ExporterHTTPServer, StartResponse, WSGIApp
 from trainguard.exporter.webconfig import BasicAuth, WebConfig
 
 #: Prometheus asks for gzip at every scrape, and prometheus_client compresses at level 9:
@@ -32,9 +32,6 @@ TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 #: the scrape's deadline is Prometheus's scrape timeout (its X-Prometheus-Scrape-Timeout-Seconds
 #: header) less this, for the response to travel back, as blackbox_exporter's --timeout-offset
 SCRAPE_TIMEOUT_OFFSET = 0.5
-
-StartResponse = Callable[..., Any]
-WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
