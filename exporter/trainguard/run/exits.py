@@ -26,7 +26,7 @@ class ExitHooks:
     type>)`` after an uncaught exception, else ``("finished", None)``.
     """
 
-    def __init__(self, finish: Callable[[str, str | None], None]) -> None:
+    def __init__(self, finish: Callable[[str, str | None], object]) -> None:
         self._finish = finish
         self._pid = os.getpid()
         self.uncaught: str | None = None

@@ -54,7 +54,7 @@ from trainguard.run.options import (
     type_name,
 )
 from trainguard.run.scalar_health import ScalarHealth
-from trainguard.run.signals import SignalGuard
+from trainguard.run.signals import SignalGuard, SignalSafeEvent
 from trainguard.run.snapshots import Identity as SnapshotOwner
 from trainguard.run.snapshots import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
@@ -192,9 +192,11 @@ class Run:
         self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
         self._final: tuple[str, str | None] | None = None
         self._closed = False
+        self._closing_on: int | None = None  # the thread closing the run
         self._close_lock = threading.RLock()  # a signal's handler may end the run inside
-        self._wake = threading.Event()
+        self._wake = SignalSafeEvent()  # set by signal handlers too: run/signals.py
         self._ready = threading.Event()  # previous heartbeat read: history known
+        self._final_written = threading.Event()  # the writer's last act (tried, at least)
         self._warn_once = WarnOnce(log)
         self._timing = StepTiming(self._warn_once)
         self._boot_id: str | None = None
@@ -309,18 +311,31 @@ class Run:
 
     # -- ending -------------------------------------------------------------------------
 
-    def _finish(self, state: str, error: str | None) -> None:
+    def _finish(self, state: str, error: str | None) -> bool:
+        """End the run with the final heartbeat; False when this thread is already ending it.
+
+        A second call comes from a signal whose default action is about to end the process
+        while the run closes (a launcher's SIGTERM as an exception unwinds): the final heartbeat,
+        which reads the signal when written, must go out first. From another thread it is waited
+        for here, on an event of its own, not by ``join``: the closing thread may hold the
+        writer's end-of-thread lock, taken inside ``join`` just before a handler interrupted it.
+        On the closing thread itself (that handler) it cannot be waited for at all, so the signal
+        is passed on when the close is done (run/signals.py).
+        """
         if os.getpid() != self._pid:
-            return  # a forked child (DataLoader worker) must never end the parent's run
+            return True  # a forked child (DataLoader worker) must never end the parent's run
+        me = threading.get_ident()
         with self._close_lock:
-            closing, self._closed = self._closed, True
+            closing = self._closed
+            if not closing:
+                self._closing_on = me  # first: a handler that sees _closed knows who closes
+                self._closed = True
         if closing:
-            # a signal's default action is about to end the process while the run closes (a
-            # launcher's SIGTERM as an exception unwinds): the final heartbeat, which reads the
-            # signal when written, goes out first
+            if self._closing_on == me:
+                return False
             if threading.current_thread() is not self._thread:
-                self._thread.join(self._close_timeout)
-            return
+                self._final_written.wait(self._close_timeout)
+            return True
         state = self._signals.end_state(state, error)  # a signal ends it: run/signals.py
         self._exits.remove()
         self._final = (state, error)
@@ -339,6 +354,7 @@ class Run:
                 self._close_timeout,
                 self.state_dir,
             )
+        return True
 
     # -- the writer thread --------------------------------------------------------------
 
@@ -376,7 +392,10 @@ class Run:
                 written_stuck = self._stuck.version
                 written_signals, written_starting = signals, starting
             self._wake.wait(self._interval)
-        self._write(*self._final)
+        try:
+            self._write(*self._final)
+        finally:
+            self._final_written.set()
 
     def _startup(self) -> None:
         """Runs on the writer thread so that a slow or hung disk never delays the script."""

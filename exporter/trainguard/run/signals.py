@@ -22,6 +22,14 @@ torchrun's SIGTERM finds the surviving ranks). The guard therefore also listens 
 interpreter's wakeup fd from a thread of its own, which records the signal at once and, for a
 default action, ends the process the way the signal would have. A handler the script installs
 after ``trainguard.Run()`` replaces the guard's (its signal is then not recorded).
+
+A handler runs in the main thread wherever that thread was interrupted, which may be inside the
+very lock the handler is about to take: ``threading.Event.set`` (a plain lock) or
+``Thread.join`` of the heartbeat writer (its end-of-thread lock, held between the acquire and
+the release). So the writer is woken through :class:`SignalSafeEvent` (a re-entrant lock), and a
+signal that comes while the main thread is itself closing the run is not made to wait for the
+final heartbeat there: ``finish()`` answers False, and the signal is passed on by
+:meth:`SignalGuard.remove` once the close is done.
 """
 
 from __future__ import annotations
@@ -81,16 +89,48 @@ def signal_cause(when: float, end_time: float | None) -> str:
     return "signal"
 
 
+class SignalSafeEvent:
+    """An event a signal's handler may set while the main thread it interrupted was setting it.
+
+    ``threading.Event`` guards its flag with a plain lock: a handler calling ``set()`` on the
+    main thread interrupted inside ``set()`` would wait on itself for ever. This one's lock is
+    re-entrant, and ``Condition.notify_all`` bears being re-entered (gh-92530).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.RLock())
+        self._flag = False
+
+    def set(self) -> None:
+        """Set the flag and wake the waiter."""
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+
+    def clear(self) -> None:
+        """Clear the flag (the waiter, before looking at what changed)."""
+        with self._cond:
+            self._flag = False
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the flag is set, at most ``timeout`` seconds; the flag."""
+        with self._cond:
+            if not self._flag:
+                self._cond.wait(timeout)
+            return self._flag
+
+
 class SignalGuard:
     """The handlers of one ``trainguard.Run`` for :data:`WATCHED`, chained to the previous ones.
 
     ``wake()`` is called after the guard's state changed (the writer thread rewrites the
     heartbeat), ``finish()`` when a signal's default action is about to end the process (the
-    final heartbeat). :meth:`install` does nothing outside the main thread (Python's rule): the
-    guard then records nothing.
+    final heartbeat): it answers False when the thread it runs on is already closing the run,
+    which then passes the signal on in :meth:`remove`. :meth:`install` does nothing outside the
+    main thread (Python's rule): the guard then records nothing.
     """
 
-    def __init__(self, wake: Callable[[], None], finish: Callable[[], None]) -> None:
+    def __init__(self, wake: Callable[[], None], finish: Callable[[], bool]) -> None:
         self._wake = wake
         self._finish = finish
         self._pid = os.getpid()
@@ -104,6 +144,7 @@ class SignalGuard:
         self.last: tuple[str, float] | None = None
         self.version = 0  # bumped at each change, for the writer thread
         self._pipe: tuple[int, int] | None = None
+        self._deferred: int | None = None  # a signal to pass on once the run's close is done
 
     def install(self) -> None:
         """Install the handlers (and the wakeup fd's reader); nothing outside the main thread."""
@@ -190,7 +231,8 @@ class SignalGuard:
     def remove(self) -> None:
         """The run ended: restore the previous handlers (from the main thread only).
 
-        From another thread the guard's handlers stay and only pass signals on.
+        From another thread the guard's handlers stay and only pass signals on. A signal that
+        came during the close on this thread is passed on now, to the handler restored.
         """
         with self._lock:
             self._closed = True
@@ -201,6 +243,9 @@ class SignalGuard:
                 if signal.getsignal(sig) is handler:
                     signal.signal(sig, self._previous[sig])
         self._drop_wakeup()
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            os.kill(os.getpid(), deferred)  # dies of it, as without trainguard
 
     def _drop_wakeup(self) -> None:
         pipe, self._pipe = self._pipe, None
@@ -232,8 +277,9 @@ class SignalGuard:
             with self._lock:
                 if not self._closed:
                     self._record(signum)
-                    if _default_kills(previous):
-                        self._finish()
+                    if _default_kills(previous) and not self._finish():
+                        self._deferred = signum  # this thread is closing: remove() passes it on
+                        return
         _pass_on(signum, previous, frame)
 
     def _read_wakeups(self, read: int) -> None:
@@ -257,6 +303,7 @@ class SignalGuard:
             return
         with self._lock:
             if self._closed:
+                self._dropped(signum)
                 return
             self._record(signum)
             if not _default_kills(self._previous[signum]):
@@ -264,6 +311,19 @@ class SignalGuard:
             self._finish()
             if _restore_default_in_c(signum):
                 os.kill(os.getpid(), signum)  # dies of it, as without trainguard
+
+    def _dropped(self, signum: int) -> None:
+        """Pass on a signal caught before :meth:`remove` and due on the main thread after it.
+
+        Python looks a caught signal's handler up when the main thread gets to it, and drops
+        the signal when the handler is then the default: the process would go on as if it had
+        never come. Its default action is taken here instead.
+        """
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signum) == signal.SIG_DFL and _default_kills(
+                self._previous[signum]
+            ):
+                os.kill(os.getpid(), signum)
 
     def _record(self, signum: int) -> None:
         name = signal.Signals(signum).name
