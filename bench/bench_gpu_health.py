@@ -74,7 +74,7 @@ if sys.argv[2] == "no-per-call":
     sys.exit(0)
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 n = pynvml
-from trainguard.exporter.gpu_health_device import function
+from trainguard.exporter.gpu_health_functions import function
 from trainguard.exporter.gpu_health_fields import SlowFields
 slow_fields, field_values = SlowFields(), function("nvmlDeviceGetFieldValues")
 calls = {

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from helpers.exporter_proc import child_env, free_port  # noqa: E402
-from trainguard.exporter.gpu_health_device import function  # noqa: E402
 from trainguard.exporter.gpu_health_fields import SLOW_FIELDS, SlowFields  # noqa: E402
+from trainguard.exporter.gpu_health_functions import function  # noqa: E402
 
 #: the fields the real-GPU check records the answers of: the exporter's slow fields, and the
 #: two power fields (does either equal nvmlDeviceGetPowerUsage on this GPU? the exporter

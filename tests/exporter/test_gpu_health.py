@@ -305,10 +305,30 @@ for line in sys.stdin:  # one line per scrape: the clock, after the parent rewro
     families = list(collector.gather(Scrape()))
     page = writer.render(families)
     assert page == generate_latest(Families(families)), "not generate_latest's page"
-    ecc = [s.value for f in families for s in f.samples
-           if s.name == "trainguard_gpu_ecc_uncorrected_errors_total"]
-    print(json.dumps(ecc), flush=True)
+    names = sys.argv[1:] or ["trainguard_gpu_ecc_uncorrected_errors_total"]
+    values = [[s.value for f in families for s in f.samples if s.name == n] for n in names]
+    print(json.dumps(values[0] if len(names) == 1 else values), flush=True)
 """
+
+
+def slow_child(state: FakeNvmlState, path: Path, *names: str) -> Any:
+    """A GpuCollector in a child on a clock of the test's: ``scrape(at)`` gathers at ``at`` s
+    and answers the values of ``names`` (each a list, over the GPUs)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD, *names],
+        env=state.env(path, base=child_env()),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+
+    def scrape(at: float) -> Any:
+        child.stdin.write(f"{at}\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
+
+    return child, scrape
 
 
 def test_slow_reads_are_at_most_30_s_old(tmp_path: Path) -> None:
@@ -318,20 +338,7 @@ def test_slow_reads_are_at_most_30_s_old(tmp_path: Path) -> None:
     state = FakeNvmlState()
     gpu = state.add_gpu(UUIDS[0])
     path = state.write(tmp_path / "nvml.state")
-    child = subprocess.Popen(
-        [sys.executable, "-c", SLOW_CHILD],
-        env=state.env(path, base=child_env()),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert child.stdin is not None and child.stdout is not None
-
-    def scrape(at: float) -> list[float]:
-        child.stdin.write(f"{at}\n")  # type: ignore[union-attr]
-        child.stdin.flush()  # type: ignore[union-attr]
-        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
-
+    child, scrape = slow_child(state, path)
     try:
         assert scrape(1000.0) == [0]
         gpu.ecc_uncorrected = 2
@@ -345,4 +352,59 @@ def test_slow_reads_are_at_most_30_s_old(tmp_path: Path) -> None:
         assert scrape(1060.0) == [3]
     finally:
         child.stdin.close()
+        assert child.wait(timeout=60) == 0
+
+
+def test_a_read_not_supported_is_asked_again_after_ten_minutes(tmp_path: Path) -> None:
+    """Utilisation of a GPU in MIG mode is NOT_SUPPORTED: no series, and not asked again at
+    every scrape, but again after RECHECK_UNSUPPORTED_S (600 s): MIG switched off, the series
+    is back; the GPU's other reads are served all along."""
+    state = FakeNvmlState()
+    state.add_gpu(UUIDS[0], utilization=40)
+    state.fail("nvmlDeviceGetUtilizationRates", "not_supported", gpu=0)
+    path = state.write(tmp_path / "nvml.state")
+    names = ("trainguard_gpu_utilization_ratio", "trainguard_gpu_power_usage_watts")
+    child, scrape = slow_child(state, path, *names)
+    try:
+        utilisation, power = scrape(1000.0)
+        assert (utilisation, len(power)) == ([], 1)
+        state.failures.clear()  # MIG mode off
+        state.write(path)
+        assert scrape(1015.0)[0] == []
+        assert scrape(1599.0)[0] == []  # not asked again within 10 minutes
+        assert scrape(1600.0)[0] == [0.4]  # asked again: supported
+        assert scrape(1615.0)[0] == [0.4]
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        assert child.wait(timeout=60) == 0
+
+
+def test_a_gpu_lost_during_its_health_reads_loses_only_its_own_series(tmp_path: Path) -> None:
+    """GPU 1 answers GPU_IS_LOST to the power read: none of its later reads and none of its
+    slow series (served from the last read in between) are published while it is lost, GPU
+    0's all are; GPU 1's come back, with the values of its last slow read, when it does."""
+    state = FakeNvmlState()
+    for uuid in UUIDS[:2]:
+        gpu = state.add_gpu(uuid, utilization=90)
+        gpu.ecc_uncorrected = 4
+    path = state.write(tmp_path / "nvml.state")
+    names = (
+        "trainguard_gpu_ecc_uncorrected_errors_total",
+        "trainguard_gpu_pcie_link_generation_max",
+        "trainguard_gpu_utilization_ratio",
+        "trainguard_gpu_pcie_link_width",
+    )
+    child, scrape = slow_child(state, path, *names)
+    try:
+        both = [[4, 4], [5, 5], [0.9, 0.9], [16, 16]]
+        assert scrape(1000.0) == both
+        state.fail("nvmlDeviceGetPowerUsage", "gpu_is_lost", gpu=1)
+        state.write(path)
+        # read before the power: its link width; after: utilisation, and no slow series
+        assert scrape(1015.0) == [[4], [5], [0.9], [16, 16]]
+        state.failures.clear()
+        state.write(path)
+        assert scrape(1020.0) == both
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
         assert child.wait(timeout=60) == 0

@@ -25,12 +25,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from trainguard.exporter.exposition import LineFamily
-from trainguard.exporter.gpu_health_device import (
-    RECHECK_UNSUPPORTED_S,
-    SLOW_READ_S,
-    DeviceHealth,
-    Functions,
-)
+from trainguard.exporter.gpu_health_device import RECHECK_UNSUPPORTED_S, SLOW_READ_S, DeviceHealth
+from trainguard.exporter.gpu_health_functions import Functions
 from trainguard.exporter.gpu_health_lines import Out
 from trainguard.exporter.gpu_health_metrics import METRICS, REASONS, reason_labels
 from trainguard.exporter.scrape import Scrape
@@ -61,8 +57,10 @@ class GpuHealth:
     """The health series of one scrape: :meth:`begin`, :meth:`collect` per GPU, :meth:`families`.
 
     Keeps each GPU's reads and rendered lines between scrapes (:class:`DeviceHealth`), made
-    afresh when NVML started afresh (the GPU's handle changed). Not thread-safe: the GPU
-    collector calls it under its lock.
+    afresh when NVML started afresh (the GPU's handle changed). The slow reads' lines of all
+    GPUs are gathered once per slow read, not at every scrape: they change only when one GPU
+    read them again (every SLOW_READ_S), was lost, or the GPUs changed. Not thread-safe: the
+    GPU collector calls it under its lock.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -73,12 +71,16 @@ class GpuHealth:
         self._out = Out()
         self._now = 0.0
         self._templates = [spec.family() for spec in METRICS]
+        #: this scrape's GPUs in order, each with its slow reads' version (None: lost)
+        self._slow_key: list[tuple[DeviceHealth, int] | None] = []
+        self._slow_out: tuple[list[tuple[DeviceHealth, int] | None], Out] = ([], Out())
 
     def begin(self) -> None:
         """Start a scrape: no GPU read yet."""
         self._out = Out()
         self._now = self._clock()
         self._seen = {}
+        self._slow_key = []
 
     def collect(self, dev: HealthDevice, scrape: Scrape) -> None:
         """Read ``dev``'s health; a failed read is reported with ``scrape.error``."""
@@ -89,12 +91,33 @@ class GpuHealth:
             device = DeviceHealth(dev.index, dev.uuid, dev.handle, self._functions)
         self._seen[dev.uuid] = device
         device.collect(self._out, scrape, self._now)
+        self._slow_key.append(None if device.lost else (device, device.slow_version))
 
     def families(self) -> dict[str, LineFamily]:
         """This scrape's health families by name (a GPU not read in it is forgotten)."""
         self._devices = self._seen
-        out = self._out
-        return {
-            spec.name: LineFamily(template, out.lines[i], out.rows[i], spec.name)
-            for i, (spec, template) in enumerate(zip(METRICS, self._templates, strict=True))
-        }
+        out, slow = self._out, self._slow_lines()
+        families = {}
+        for i, (spec, template) in enumerate(zip(METRICS, self._templates, strict=True)):
+            lines, rows = out.lines[i], out.rows[i]
+            if slow.lines[i]:  # a series is read at every scrape or slowly, never both
+                lines, rows = lines + slow.lines[i], rows + slow.rows[i]
+            families[spec.name] = LineFamily(template, lines, rows, spec.name)
+        return families
+
+    def _slow_lines(self) -> Out:
+        """The slow reads' lines and rows of this scrape's GPUs: the last scrape's if the same.
+
+        Shared between scrapes, so never changed once made.
+        """
+        key, (last_key, slow) = self._slow_key, self._slow_out
+        if key != last_key:
+            slow = Out()
+            lines, rows = slow.lines, slow.rows
+            for entry in key:
+                if entry is not None:
+                    for i, line, row in entry[0].slow:
+                        lines[i].append(line)
+                        rows[i].append(row)
+            self._slow_out = (key, slow)
+        return slow

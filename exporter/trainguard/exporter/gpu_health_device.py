@@ -32,6 +32,7 @@ import pynvml
 from trainguard.exporter import gpu_health_fields as fi
 from trainguard.exporter import gpu_health_metrics as hm
 from trainguard.exporter.exposition import sample_prefix
+from trainguard.exporter.gpu_health_functions import Functions
 from trainguard.exporter.gpu_health_lines import Out, put, update
 from trainguard.exporter.scrape import Scrape
 
@@ -62,48 +63,17 @@ _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_
 _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
 _INDEX = {spec.name: i for i, spec in enumerate(hm.METRICS)}
+#: the reads made at every scrape, in the order they are made
+PER_SCRAPE = (
+    "clock event reasons",
+    "PCIe link generation",
+    "PCIe link width",
+    "power usage",
+    "utilisation",
+    "temperature",
+)
+_ALL_READ = (True,) * len(PER_SCRAPE)
 _SCALE = {hm.POWER_LIMIT.name: 1000.0}  # milliwatts
-
-
-def _missing(*_: Any) -> int:
-    """What a driver without the function answers."""
-    return pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
-
-
-def function(symbol: str) -> Callable[..., int]:
-    """NVML's C function ``symbol`` (through pynvml's loaded library), or :func:`_missing`."""
-    try:
-        fn: Callable[..., int] = pynvml._nvmlGetFunctionPointer(symbol)
-    except pynvml.NVMLError:
-        return _missing
-    return fn
-
-
-class Functions:
-    """NVML's health functions, looked up once; and which clock reasons call the driver has."""
-
-    def __init__(self) -> None:
-        f = function
-        self.reasons = f("nvmlDeviceGetCurrentClocksEventReasons")
-        self.throttle_reasons = f("nvmlDeviceGetCurrentClocksThrottleReasons")
-        self.new_reasons = True
-        self.pcie_gen = f("nvmlDeviceGetCurrPcieLinkGeneration")
-        self.pcie_width = f("nvmlDeviceGetCurrPcieLinkWidth")
-        self.pcie_max_gen = f("nvmlDeviceGetMaxPcieLinkGeneration")
-        self.pcie_gpu_max_gen = f("nvmlDeviceGetGpuMaxPcieLinkGeneration")
-        self.pcie_max_width = f("nvmlDeviceGetMaxPcieLinkWidth")
-        self.utilization = f("nvmlDeviceGetUtilizationRates")
-        self.power = f("nvmlDeviceGetPowerUsage")
-        self.power_limit = f("nvmlDeviceGetEnforcedPowerLimit")
-        self.temperature = f("nvmlDeviceGetTemperature")
-        self.threshold = f("nvmlDeviceGetTemperatureThreshold")
-        self.ecc = f("nvmlDeviceGetTotalEccErrors")
-        self.remapped = f("nvmlDeviceGetRemappedRows")
-        self.retired = f("nvmlDeviceGetRetiredPages")
-        self.retired_pending = f("nvmlDeviceGetRetiredPagesPendingStatus")
-        self.nvlink_state = f("nvmlDeviceGetNvLinkState")
-        self.nvlink_errors = f("nvmlDeviceGetNvLinkErrorCounter")
-        self.field_values = f("nvmlDeviceGetFieldValues")
 
 
 class DeviceHealth:
@@ -121,57 +91,121 @@ class DeviceHealth:
         self._reason_slots: dict[int, list[list[Any]]] = {}  # mask -> its reasons' slots
         self._unsupported: dict[str, float] = {}  # read -> when it was last not supported
         self._slow_due = 0.0
-        self._slow: list[tuple[int, str, tuple[dict[str, str], float]]] = []
+        #: the slow reads' samples (series' index, line, row), published until the next read
+        self.slow: list[tuple[int, str, tuple[dict[str, str], float]]] = []
+        self.slow_version = 0  # bumped whenever ``slow`` is replaced
         self._pending: list[tuple[int, str, tuple[dict[str, str], float]]] = []
         self._u = ctypes.c_uint()
         self._ull = ctypes.c_ulonglong()
         self._util = pynvml.c_nvmlUtilization_t()
         self._rows = [ctypes.c_uint() for _ in range(4)]
+        # one out-parameter per read made at every scrape: the six are made, then looked at
+        self._gen, self._width = ctypes.c_uint(), ctypes.c_uint()
+        self._power, self._temperature = ctypes.c_uint(), ctypes.c_uint()
         self._u_ref = ctypes.byref(self._u)
         self._util_ref = ctypes.byref(self._util)
-        slot = self._slot
-        #: the readings of one unsigned number at every scrape: (what, call, slot, divisor)
-        self._plain = (
-            ("PCIe link generation", fns.pcie_gen, slot(hm.PCIE_GENERATION.name), 1.0),
-            ("PCIe link width", fns.pcie_width, slot(hm.PCIE_WIDTH.name), 1.0),
-            ("power usage", fns.power, slot(hm.POWER.name), 1000.0),
+        self._ull_ref = ctypes.byref(self._ull)
+        self._refs = tuple(
+            ctypes.byref(c) for c in (self._gen, self._width, self._power, self._temperature)
         )
+        slot = self._slot
         self._mask_slot = slot(hm.CLOCK_EVENT_REASONS.name, "mask")
+        self._gen_slot = slot(hm.PCIE_GENERATION.name)
+        self._width_slot = slot(hm.PCIE_WIDTH.name)
+        self._power_slot = slot(hm.POWER.name)
         self._util_slot = slot(hm.UTILIZATION.name)
         self._temperature_slot = slot(hm.TEMPERATURE.name)
-        self._ull_ref = ctypes.byref(self._ull)
         self._fields = fi.SlowFields()
         self._lost = False
+        self._fast = True  # no read of PER_SCRAPE is skipped as not supported
         self._scrape: Scrape | None = None
         self._now = 0.0
 
+    @property
+    def lost(self) -> bool:
+        """The GPU answered GPU_IS_LOST in this scrape: its slow series are not served."""
+        return self._lost
+
     def collect(self, out: Out, scrape: Scrape, now: float) -> None:
-        """Read this GPU's health into ``out``; a failed read is reported on ``scrape``."""
+        """Read this GPU's health into ``out``; a failed read is reported on ``scrape``.
+
+        The slow reads are made here when due, and left in :attr:`slow` for the caller to
+        serve (they are the same from one scrape to the next, and so is what it makes of them).
+        """
         self._scrape, self._now, self._lost = scrape, now, False
-        fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
-        lines, rows, skip, ok = out.lines, out.rows, self._skip, self._ok
-        mask = None if skip("clock event reasons") else self._read_reasons()
-        if mask is not None:
+        if self._fast:  # all six made, then looked at: one test when all succeed
+            fns, h, (gen, width, power, temperature) = self._fns, self.handle, self._refs
+            rcs: list[int | None] = [
+                (fns.reasons if fns.new_reasons else fns.throttle_reasons)(h, self._ull_ref),
+                fns.pcie_gen(h, gen),
+                fns.pcie_width(h, width),
+                fns.power(h, power),
+                fns.utilization(h, self._util_ref),
+                fns.temperature(h, _TEMPERATURE_GPU, temperature),
+            ]
+            read = self._settle(rcs) if any(rcs) else _ALL_READ
+        else:
+            read = self._settle(self._read_each())
+        self._publish(out, read)
+        if not self._lost and now >= self._slow_due:
+            self._read_slow()
+
+    def _read_each(self) -> list[int | None]:
+        """The reads of PER_SCRAPE not skipped (None for one that is), for :meth:`_settle`."""
+        fns, h, skip, (gen, width, power, temperature) = (
+            self._fns,
+            self.handle,
+            self._skip,
+            self._refs,
+        )
+        calls: tuple[Callable[[], int], ...] = (
+            lambda: (fns.reasons if fns.new_reasons else fns.throttle_reasons)(h, self._ull_ref),
+            lambda: fns.pcie_gen(h, gen),
+            lambda: fns.pcie_width(h, width),
+            lambda: fns.power(h, power),
+            lambda: fns.utilization(h, self._util_ref),
+            lambda: fns.temperature(h, _TEMPERATURE_GPU, temperature),
+        )
+        return [
+            None if skip(what) else call() for what, call in zip(PER_SCRAPE, calls, strict=True)
+        ]
+
+    def _settle(self, rcs: list[int | None]) -> tuple[bool, ...]:
+        """Which reads of PER_SCRAPE succeeded; the others noted as unsupported or reported.
+
+        Nothing after the GPU was lost counts (and only the first error says so).
+        """
+        fns = self._fns
+        if rcs[0] == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and fns.new_reasons:
+            fns.new_reasons = False  # a driver before R535: the older name, the same bits
+            rcs[0] = fns.throttle_reasons(self.handle, self._ull_ref)
+        read = tuple(
+            rc is not None and not self._lost and self._ok(what, rc)
+            for what, rc in zip(PER_SCRAPE, rcs, strict=True)
+        )
+        unsupported = self._unsupported
+        self._fast = not any(what in unsupported for what in PER_SCRAPE)
+        return read
+
+    def _publish(self, out: Out, read: tuple[bool, ...]) -> None:
+        """The samples of the reads of PER_SCRAPE that succeeded into ``out``."""
+        lines, rows = out.lines, out.rows
+        if read[0]:
+            mask = self._ull.value
             put(lines, rows, self._mask_slot, mask, 1.0)
             slots = self._reason_slots.get(mask)
             for slot in self._reasons_of(mask) if slots is None else slots:
                 put(lines, rows, slot, 1, 1.0)
-        for what, fn, slot, scale in self._plain:
-            if not skip(what) and ok(what, fn(h, uref)):
-                put(lines, rows, slot, u.value, scale)
-        what = "utilisation"
-        if not skip(what) and ok(what, fns.utilization(h, self._util_ref)):
+        if read[1]:
+            put(lines, rows, self._gen_slot, self._gen.value, 1.0)
+        if read[2]:
+            put(lines, rows, self._width_slot, self._width.value, 1.0)
+        if read[3]:
+            put(lines, rows, self._power_slot, self._power.value, 1000.0)
+        if read[4]:
             put(lines, rows, self._util_slot, self._util.gpu, 100.0)
-        what = "temperature"
-        if not skip(what) and ok(what, fns.temperature(h, _TEMPERATURE_GPU, uref)):
-            put(lines, rows, self._temperature_slot, u.value, 1.0)
-        if self._lost:
-            return
-        if now >= self._slow_due:
-            self._read_slow()
-        for i, line, row in self._slow:
-            lines[i].append(line)
-            rows[i].append(row)
+        if read[5]:
+            put(lines, rows, self._temperature_slot, self._temperature.value, 1.0)
 
     def _reasons_of(self, mask: int) -> list[list[Any]]:
         """The slots of the reasons ``mask`` gives (kept: a GPU goes through few masks)."""
@@ -181,16 +215,6 @@ class DeviceHealth:
         slots = [self._slot(name, r, {"reason": r}) for r in hm.reason_labels(mask)]
         self._reason_slots[mask] = slots
         return slots
-
-    def _read_reasons(self) -> int | None:
-        fns, ref = self._fns, self._ull_ref
-        if fns.new_reasons:
-            rc = fns.reasons(self.handle, ref)
-            if rc != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                return self._ull.value if self._ok("clock event reasons", rc) else None
-            fns.new_reasons = False  # a driver before R535: the older name, the same bits
-        rc = fns.throttle_reasons(self.handle, ref)
-        return self._ull.value if self._ok("clock event reasons", rc) else None
 
     def _ok(self, what: str, rc: int) -> bool:
         """True when ``rc`` is success; else note the read as unsupported or report it."""
@@ -248,7 +272,7 @@ class DeviceHealth:
         return slot
 
     def _read_slow(self) -> None:
-        """Read what changes slowly or never into ``_slow``; due again in SLOW_READ_S."""
+        """Read what changes slowly or never into :attr:`slow`; due again in SLOW_READ_S."""
         fns, h, u, uref = self._fns, self.handle, self._u, self._u_ref
         self._pending = []
         errors = len(self._scrape.errors) if self._scrape else 0
@@ -296,7 +320,8 @@ class DeviceHealth:
                 self._emit(None, spec.name, None, None, count, 1.0)
         self._read_memory_retirement(fields)
         self._read_nvlinks()
-        self._slow = self._pending
+        self.slow = self._pending
+        self.slow_version += 1
         if self._scrape is None or len(self._scrape.errors) == errors:
             self._slow_due = self._now + SLOW_READ_S  # else: tried again at the next scrape
 
