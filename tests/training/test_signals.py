@@ -281,11 +281,15 @@ def test_a_launchers_sigterm_while_the_run_closes_is_in_its_final_heartbeat(
             text=True,
             env=child_env(),
         )
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == "raising\n"
-        time.sleep(attempt * 0.00015)  # a little later each time: across the closing window
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == -signal.SIGTERM, attempt  # dies of it, as without trainguard
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "raising\n"
+            time.sleep(attempt * 0.00015)  # a little later each time: across the closing window
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == -signal.SIGTERM, attempt  # dies of it, as without trainguard
+        finally:
+            proc.kill()  # a hung child must not outlive the test
+            proc.wait()
         hb = wait_heartbeat(heartbeat_path(state, "unwinding"), lambda hb: True, 10)
         assert hb.state == "failed", (attempt, hb)
         assert hb.signal == "SIGTERM" or hb.error == "RuntimeError", (attempt, hb)
