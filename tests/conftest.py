@@ -32,10 +32,16 @@ atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow end-to-end tests first: with ``-n`` (./run-tests runs one pytest worker per CPU)
-    the long ones then overlap each other and the many short ones fill in behind them, instead
-    of one long test starting last and running alone."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow end-to-end tests first, the longest of them (``slow(seconds=N)``) before the
+    rest: with ``-n`` (./run-tests runs one pytest worker per CPU) the long ones then overlap
+    each other and the many short ones fill in behind them, instead of one long test starting
+    late and running alone at the end."""
+
+    def order(item: pytest.Item) -> tuple[bool, float]:
+        slow = item.get_closest_marker("slow")
+        return slow is None, -float(slow.kwargs.get("seconds", 0)) if slow else 0.0
+
+    items.sort(key=order)
 
 
 #: what the training children import: loaded once per pytest worker by the fork server

@@ -126,7 +126,7 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in output, output
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=200)  # on 2 cores, with its own pool of a promtool per CPU
 @needs_promtool
 def test_promtool_unit_tests() -> None:
     """Every file of alerts/tests, one promtool per file, as many at a time as there are CPUs

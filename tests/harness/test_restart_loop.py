@@ -20,7 +20,7 @@ from helpers.promstack import PROMETHEUS, Prometheus
 from trainguard import checkpoint
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(seconds=130),  # mostly waiting out the loop's 2-minute window
     pytest.mark.skipif(not PROMETHEUS, reason="needs the Debian package prometheus"),
 ]
 
