@@ -32,7 +32,12 @@ import pynvml
 from trainguard.exporter import gpu_health_fields as fi
 from trainguard.exporter import gpu_health_metrics as hm
 from trainguard.exporter.exposition import sample_prefix
-from trainguard.exporter.gpu_health_functions import Functions
+from trainguard.exporter.gpu_health_functions import (
+    MAX_NVLINKS,
+    NVLINK_COUNTERS,
+    RETIREMENT_CAUSES,
+    Functions,
+)
 from trainguard.exporter.gpu_health_lines import Out, put, update
 from trainguard.exporter.scrape import Scrape
 
@@ -42,19 +47,6 @@ RECHECK_UNSUPPORTED_S = 600.0
 #: seconds between two reads of what changes slowly or never: the oldest a published ECC
 #: count, remapped-row or retired-page state or NVLink error count can be
 SLOW_READ_S = 30.0
-#: NVML_NVLINK_MAX_LINKS of nvml.h 12.8 (18 before); links are asked up to the first the GPU
-#: does not have
-MAX_NVLINKS = 36
-#: nvmlNvLinkErrorCounter_t values and the ``error`` label of each
-NVLINK_COUNTERS = (
-    (0, "replay"),
-    (1, "recovery"),
-    (2, "crc_flit"),
-    (3, "crc_data"),
-    (4, "ecc_data"),
-)
-#: nvmlPageRetirementCause_t values and the ``cause`` label of each
-RETIREMENT_CAUSES = ((0, "multiple_single_bit_ecc"), (1, "double_bit_ecc"))
 
 _SUCCESS = pynvml.NVML_SUCCESS
 _INVALID_ARGUMENT = pynvml.NVML_ERROR_INVALID_ARGUMENT

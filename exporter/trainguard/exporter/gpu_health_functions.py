@@ -1,4 +1,4 @@
-"""NVML's health functions, looked up once in the library pynvml loaded.
+"""NVML's health functions, looked up once in the library pynvml loaded, and the enums they take.
 
 Why: the health reads call NVML's C functions through ctypes with out-parameters made once per
 GPU (``gpu_health_device.py``) instead of through pynvml's wrappers, which make new ctypes
@@ -12,6 +12,20 @@ from collections.abc import Callable
 from typing import Any
 
 import pynvml
+
+#: NVML_NVLINK_MAX_LINKS of nvml.h 12.8 (18 before); links are asked up to the first the GPU
+#: does not have
+MAX_NVLINKS = 36
+#: nvmlNvLinkErrorCounter_t values and the ``error`` label of each
+NVLINK_COUNTERS = (
+    (0, "replay"),
+    (1, "recovery"),
+    (2, "crc_flit"),
+    (3, "crc_data"),
+    (4, "ecc_data"),
+)
+#: nvmlPageRetirementCause_t values and the ``cause`` label of each
+RETIREMENT_CAUSES = ((0, "multiple_single_bit_ecc"), (1, "double_bit_ecc"))
 
 
 def _missing(*_: Any) -> int:
