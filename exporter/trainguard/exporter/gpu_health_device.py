@@ -24,7 +24,7 @@ A read the GPU does not support (``NOT_SUPPORTED``) or the driver does not have
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pynvml
@@ -97,9 +97,16 @@ class DeviceHealth:
         self._u_ref = ctypes.byref(self._u)
         self._util_ref = ctypes.byref(self._util)
         self._ull_ref = ctypes.byref(self._ull)
-        self._refs = tuple(
-            ctypes.byref(c) for c in (self._gen, self._width, self._power, self._temperature)
-        )
+        ref, reasons = ctypes.byref, fns.reasons if fns.new_reasons else fns.throttle_reasons
+        #: the reads of PER_SCRAPE, each a call of NVML's with its out-parameter bound
+        self._calls = [
+            partial(reasons, handle, self._ull_ref),
+            partial(fns.pcie_gen, handle, ref(self._gen)),
+            partial(fns.pcie_width, handle, ref(self._width)),
+            partial(fns.power, handle, ref(self._power)),
+            partial(fns.utilization, handle, self._util_ref),
+            partial(fns.temperature, handle, _TEMPERATURE_GPU, ref(self._temperature)),
+        ]
         slot = self._slot
         self._mask_slot = slot(hm.CLOCK_EVENT_REASONS.name, "mask")
         self._gen_slot = slot(hm.PCIE_GENERATION.name)
@@ -126,51 +133,27 @@ class DeviceHealth:
         """
         self._scrape, self._now, self._lost = scrape, now, False
         if self._fast:  # all six made, then looked at: one test when all succeed
-            fns, h, (gen, width, power, temperature) = self._fns, self.handle, self._refs
-            rcs: list[int | None] = [
-                (fns.reasons if fns.new_reasons else fns.throttle_reasons)(h, self._ull_ref),
-                fns.pcie_gen(h, gen),
-                fns.pcie_width(h, width),
-                fns.power(h, power),
-                fns.utilization(h, self._util_ref),
-                fns.temperature(h, _TEMPERATURE_GPU, temperature),
-            ]
+            rcs: list[int | None] = [call() for call in self._calls]
             read = self._settle(rcs) if any(rcs) else _ALL_READ
         else:
-            read = self._settle(self._read_each())
+            skip = self._skip
+            reads = zip(PER_SCRAPE, self._calls, strict=True)
+            read = self._settle([None if skip(what) else call() for what, call in reads])
         self._publish(out, read)
         if not self._lost and now >= self._slow_due:
             self._read_slow()
-
-    def _read_each(self) -> list[int | None]:
-        """The reads of PER_SCRAPE not skipped (None for one that is), for :meth:`_settle`."""
-        fns, h, skip, (gen, width, power, temperature) = (
-            self._fns,
-            self.handle,
-            self._skip,
-            self._refs,
-        )
-        calls: tuple[Callable[[], int], ...] = (
-            lambda: (fns.reasons if fns.new_reasons else fns.throttle_reasons)(h, self._ull_ref),
-            lambda: fns.pcie_gen(h, gen),
-            lambda: fns.pcie_width(h, width),
-            lambda: fns.power(h, power),
-            lambda: fns.utilization(h, self._util_ref),
-            lambda: fns.temperature(h, _TEMPERATURE_GPU, temperature),
-        )
-        return [
-            None if skip(what) else call() for what, call in zip(PER_SCRAPE, calls, strict=True)
-        ]
 
     def _settle(self, rcs: list[int | None]) -> tuple[bool, ...]:
         """Which reads of PER_SCRAPE succeeded; the others noted as unsupported or reported.
 
         Nothing after the GPU was lost counts (and only the first error says so).
         """
-        fns = self._fns
-        if rcs[0] == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and fns.new_reasons:
-            fns.new_reasons = False  # a driver before R535: the older name, the same bits
-            rcs[0] = fns.throttle_reasons(self.handle, self._ull_ref)
+        fns, calls = self._fns, self._calls
+        if rcs[0] == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND and calls[0].func is fns.reasons:
+            # a driver before R535: the older name, the same bits (for the GPUs made later too)
+            fns.new_reasons = False
+            calls[0] = partial(fns.throttle_reasons, self.handle, self._ull_ref)
+            rcs[0] = calls[0]()
         read = tuple(
             rc is not None and not self._lost and self._ok(what, rc)
             for what, rc in zip(PER_SCRAPE, rcs, strict=True)
