@@ -100,8 +100,8 @@ class GpuHealth:
         families = {}
         for i, (spec, template) in enumerate(zip(METRICS, self._templates, strict=True)):
             lines, rows = out.lines[i], out.rows[i]
-            if slow.lines[i]:  # a series is read at every scrape or slowly, never both
-                lines, rows = lines + slow.lines[i], rows + slow.rows[i]
+            if not lines:  # a series is read at every scrape or slowly, never both
+                lines, rows = slow.lines[i], slow.rows[i]
             families[spec.name] = LineFamily(template, lines, rows, spec.name)
         return families
 
