@@ -23,7 +23,7 @@ import yaml
 
 from alerts import kinds, thresholds
 from alerts.thresholds import ThresholdError
-from trainguard.exporter.yamlfile import ConfigError, load_yaml
+from trainguard.exporter.config.yamlfile import ConfigError, load_yaml
 
 #: the target labels that name one exporter; a run spans several (one per node)
 EXPORTER_LABELS = ("job", "instance")

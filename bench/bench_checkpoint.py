@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
 
 from trainguard import checkpoint  # noqa: E402
-from trainguard.exporter.verifier import READ_CHUNK  # noqa: E402
+from trainguard.exporter.collectors.checkpoints.verifier import READ_CHUNK  # noqa: E402
 from trainguard.shared.fileio import sha256_file  # noqa: E402
 
 Timed = Callable[[], None]

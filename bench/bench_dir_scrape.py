@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import CheckpointSettings
-from trainguard.exporter.dirwatch import SETTLE_SECONDS
-from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.targets import CheckpointTarget
-from trainguard.exporter.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.collectors.checkpoints.dirwatch import SETTLE_SECONDS
+from trainguard.exporter.collectors.checkpoints.verifier import Verifier
+from trainguard.exporter.config.model import CheckpointSettings
+from trainguard.exporter.runs.targets import CheckpointTarget
+from trainguard.exporter.scrape.context import Scrape
 
 OLD = time.time_ns() - 3600 * 10**9
 

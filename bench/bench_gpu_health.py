@@ -1,6 +1,6 @@
-"""Cost of the GPU health reads (``trainguard/exporter/gpu_health.py``): each added NVML call per
-GPU, the NVML calls per GPU and scrape before and after, and the health reads' share of the GPU
-collector's time per scrape, at 8 and 64 GPUs.
+"""Cost of the GPU health reads (``trainguard/exporter/collectors/gpu/health/``): each added NVML
+call per GPU, the NVML calls per GPU and scrape before and after, and the health reads' share of the
+GPU collector's time per scrape, at 8 and 64 GPUs.
 
     python bench/bench_gpu_health.py [--gpus 8 64] [--procs 100 1000] [--scrapes 30]
     python bench/bench_gpu_health.py --with-without [--scrapes 300]
@@ -42,9 +42,9 @@ from helpers.nvml_fake import FakeNvmlState  # noqa: E402
 CHILD = r"""
 import json, sys, time
 import pynvml
-from trainguard.exporter import gpu_health
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.collectors.gpu.health import gpus as gpu_health
+from trainguard.exporter.collectors.gpu.collector import GpuCollector
+from trainguard.exporter.scrape.context import Scrape
 
 scrapes = int(sys.argv[1])
 collector = GpuCollector()
@@ -74,8 +74,8 @@ if sys.argv[2] == "no-per-call":
     sys.exit(0)
 h = pynvml.nvmlDeviceGetHandleByIndex(0)
 n = pynvml
-from trainguard.exporter.gpu_health_functions import function
-from trainguard.exporter.gpu_health_fields import SlowFields
+from trainguard.exporter.collectors.gpu.health.nvml import function
+from trainguard.exporter.collectors.gpu.health.fields import SlowFields
 slow_fields, field_values = SlowFields(), function("nvmlDeviceGetFieldValues")
 calls = {
     "nvmlDeviceGetCurrentClocksEventReasons": lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h),
@@ -104,10 +104,10 @@ print(json.dumps({**series, "per_call": per_call}))
 
 WITH_WITHOUT_CHILD = r"""
 import gc, gzip, json, sys, time
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.exposition import TextWriter
-from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.web import GZIP_LEVEL
+from trainguard.exporter.collectors.gpu.collector import GpuCollector
+from trainguard.exporter.scrape.exposition import TextWriter
+from trainguard.exporter.scrape.context import Scrape
+from trainguard.exporter.http.app import GZIP_LEVEL
 
 collector, writer = GpuCollector(), TextWriter()
 health = collector._health

@@ -45,8 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 from helpers.exporter_proc import child_env, free_port  # noqa: E402
-from trainguard.exporter.gpu_health_fields import SLOW_FIELDS, SlowFields  # noqa: E402
-from trainguard.exporter.gpu_health_functions import function  # noqa: E402
+from trainguard.exporter.collectors.gpu.health.fields import SLOW_FIELDS, SlowFields  # noqa: E402
+from trainguard.exporter.collectors.gpu.health.nvml import function  # noqa: E402
 
 #: the fields the real-GPU check records the answers of: the exporter's slow fields, and the
 #: two power fields (does either equal nvmlDeviceGetPowerUsage on this GPU? the exporter
@@ -126,7 +126,7 @@ def nvml_calls(n: int) -> dict[str, Any]:
     """µs per NVML call, for every call trainguard's GPU collector and Xid watcher make."""
     import pynvml
 
-    from trainguard.exporter.xid import WAIT_MS
+    from trainguard.exporter.collectors.gpu.xid import WAIT_MS
 
     pynvml.nvmlInit()
     try:
@@ -147,7 +147,7 @@ def nvml_calls(n: int) -> dict[str, Any]:
             "nvmlDeviceGetGraphicsRunningProcesses",
             lambda: pynvml.nvmlDeviceGetGraphicsRunningProcesses(h),
         )
-        # the GPU health reads (exporter/gpu_health.py): which ones this driver and GPU
+        # the GPU health reads (exporter/collectors/gpu/health/): which ones this driver and GPU
         # support is part of what only a real GPU can say
         for name, fn in (
             (

@@ -64,7 +64,7 @@ sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 from helpers.exporter_proc import child_env, free_port  # noqa: E402
 from helpers.nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
 from helpers.settled_checkpoints import write_settled_checkpoints  # noqa: E402
-from trainguard.exporter.dirwatch import SETTLE_SECONDS  # noqa: E402
+from trainguard.exporter.collectors.checkpoints.dirwatch import SETTLE_SECONDS  # noqa: E402
 from trainguard.shared import procinfo  # noqa: E402
 from trainguard.shared.heartbeat import (  # noqa: E402
     AllocatorStats,
@@ -371,8 +371,8 @@ def nvitop(python: str, env: dict[str, str]) -> Running:
 
 OURS_COLLECT = """
 import json, time
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.collectors.gpu.collector import GpuCollector
+from trainguard.exporter.scrape.context import Scrape
 c = GpuCollector()
 scrape = Scrape()
 list(c.gather(scrape))
@@ -406,8 +406,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from trainguard.shared import manifest
 from trainguard.exporter.cli import build_collectors, build_registry
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import load_config
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.config.model import load_config
 config = load_config(os.environ["BENCH_CONFIG"])
 collectors = build_collectors(config, Path(os.environ["BENCH_STATE_DIR"]))
 registry = build_registry(collectors)
@@ -450,7 +450,7 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from pyinstrument import Profiler
 from trainguard.exporter.cli import build_collectors, build_registry
-from trainguard.exporter.config import load_config
+from trainguard.exporter.config.model import load_config
 config = load_config(os.environ["BENCH_CONFIG"])
 registry = build_registry(build_collectors(config, Path(os.environ["BENCH_STATE_DIR"])))
 for _ in range(5):

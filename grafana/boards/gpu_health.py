@@ -2,7 +2,7 @@
 
 Per GPU: why it holds its clocks down, its PCIe link against what it could be, utilisation,
 power, temperature, ECC errors, row remapping or page retirement, and NVLink errors (the series
-of ``trainguard/exporter/gpu_health.py``); GPUHardwareSlowdown, GPUPcieLinkDegraded,
+of ``trainguard/exporter/collectors/gpu/health/``); GPUHardwareSlowdown, GPUPcieLinkDegraded,
 GPUNvLinkErrors and the memory alerts judge the same.
 """
 

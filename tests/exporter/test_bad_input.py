@@ -25,7 +25,7 @@ from helpers.exporter_proc import Exporter, Samples, select, value
 from helpers.paths import DATA
 from helpers.run_child import own_heartbeat, put
 from trainguard.checkpoint import save
-from trainguard.exporter.collector import printable
+from trainguard.exporter.scrape.collector import printable
 from trainguard.shared.heartbeat import heartbeat_filename
 from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 

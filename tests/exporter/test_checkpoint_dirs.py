@@ -21,17 +21,17 @@ import pytest
 
 from helpers.exporter_proc import Samples, value
 from trainguard.checkpoint import latest, prune
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import CheckpointSettings, ConfigError, parse_config
-from trainguard.exporter.dirwatch import (
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.collectors.checkpoints.dirwatch import (
     REVALIDATE_SECONDS,
     SETTLE_SECONDS,
     CheckpointDirectory,
     RecordCache,
 )
-from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.targets import CheckpointTarget, config_targets
-from trainguard.exporter.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints.verifier import Verifier
+from trainguard.exporter.config.model import CheckpointSettings, ConfigError, parse_config
+from trainguard.exporter.runs.targets import CheckpointTarget, config_targets
+from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.pattern import CheckpointPattern
 
 RUN = "r"

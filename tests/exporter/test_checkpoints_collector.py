@@ -15,11 +15,11 @@ import pytest
 from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from helpers.wait import wait_for
 from trainguard.checkpoint import mirror, save
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import CheckpointSettings
-from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.targets import CheckpointTarget
-from trainguard.exporter.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.collectors.checkpoints.verifier import Verifier
+from trainguard.exporter.config.model import CheckpointSettings
+from trainguard.exporter.runs.targets import CheckpointTarget
+from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 
 RUN = "r"

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers import paths
-from trainguard.exporter.config import ConfigError, load_config, parse_config
-from trainguard.exporter.yamlfile import MAX_BYTES, parse_yaml
+from trainguard.exporter.config.model import ConfigError, load_config, parse_config
+from trainguard.exporter.config.yamlfile import MAX_BYTES, parse_yaml
 
 DATA = paths.DATA / "configs"
 BAD = sorted((DATA / "bad").glob("*.yml"))

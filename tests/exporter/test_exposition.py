@@ -19,9 +19,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.process_collector import ProcessCollector
 
-from trainguard.exporter.collector import ExporterRegistry
-from trainguard.exporter.exposition import LineFamily, TextWriter, sample_prefix, value_text
-from trainguard.exporter.web import metrics_app
+from trainguard.exporter.http.app import metrics_app
+from trainguard.exporter.scrape.collector import ExporterRegistry
+from trainguard.exporter.scrape.exposition import LineFamily, TextWriter, sample_prefix, value_text
 
 
 class Families:

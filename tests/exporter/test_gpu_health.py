@@ -212,7 +212,7 @@ def test_reason_bits_are_nvml_h_as_pynvml_names_them() -> None:
     installed pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason* constants."""
     import pynvml
 
-    from trainguard.exporter.gpu_health import REASONS, reason_labels
+    from trainguard.exporter.collectors.gpu.health.gpus import REASONS, reason_labels
 
     for bit, name in REASONS:
         camel = "".join(word.capitalize() for word in name.split("_"))
@@ -286,9 +286,9 @@ def test_a_failing_nvlink_counter_is_a_failure_and_read_again(tmp_path: Path) ->
 SLOW_CHILD = r"""
 import json, sys
 from prometheus_client import generate_latest
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.exposition import TextWriter
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.collectors.gpu.collector import GpuCollector
+from trainguard.exporter.scrape.exposition import TextWriter
+from trainguard.exporter.scrape.context import Scrape
 
 class Families:
     def __init__(self, families):

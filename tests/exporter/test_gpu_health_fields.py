@@ -24,8 +24,8 @@ SLOW_SYMBOLS = (
 #: gathers once per stdin line (the clock), prints the health samples and the scrape's errors
 CHILD = r"""
 import json, sys
-from trainguard.exporter.collectors.gpu import GpuCollector
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.collectors.gpu.collector import GpuCollector
+from trainguard.exporter.scrape.context import Scrape
 
 now = [1000.0]
 collector = GpuCollector()

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from helpers.wait import wait_for
-from trainguard.exporter import httpserver
-from trainguard.exporter.web import make_http_server
+from trainguard.exporter.http import server as httpserver
+from trainguard.exporter.http.app import make_http_server
 
 
 def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:

@@ -25,7 +25,7 @@ from helpers.exporter_proc import Exporter, Samples, parse_samples, poll, select
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
 from trainguard.exporter.collectors import COLLECTORS
-from trainguard.exporter.web import client_timeout
+from trainguard.exporter.http.app import client_timeout
 
 HANGFS = paths.HELPERS / "hangfs.py"
 UUID = "GPU-aaaaaaaa-0000-0000-0000-000000000000"

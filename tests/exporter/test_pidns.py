@@ -24,8 +24,8 @@ from helpers.run_child import (
     unshare_problem,
     wait_heartbeat,
 )
-from trainguard.exporter.config import parse_config
-from trainguard.exporter.runtable import RunTable
+from trainguard.exporter.config.model import parse_config
+from trainguard.exporter.runs.table import RunTable
 from trainguard.run.reporter import Run
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat_read import read_heartbeat

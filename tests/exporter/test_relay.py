@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from trainguard.exporter.relay import Relay, Unfinished
+from trainguard.exporter.scrape.relay import Relay, Unfinished
 
 
 def recorder(name: str, seen: list[tuple[str, int]]) -> Callable[[int], str]:

@@ -20,7 +20,7 @@ import torch
 
 from helpers.exporter_proc import EXPORTER_SRC, Exporter, child_env, poll, value
 from trainguard import checkpoint
-from trainguard.exporter.restore_result import SUFFIX, read_result
+from trainguard.exporter.collectors.restore.result import SUFFIX, read_result
 
 CMD = [sys.executable, "-m", "trainguard.exporter.terminal", "verify", "--restore"]
 #: a drill of a small checkpoint takes seconds (importing torch); a hang would take this long

@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
-from trainguard.exporter.restore_result import Result, ResultError, read_result, write_result
+from trainguard.exporter.collectors.restore.result import (
+    Result,
+    ResultError,
+    read_result,
+    write_result,
+)
 
 GOOD = Result(
     path="/data/ckpt",

@@ -14,10 +14,10 @@ import psutil
 
 from helpers.run_child import own_heartbeat, put
 from helpers.wait import wait_for
-from trainguard.exporter.config import parse_config
-from trainguard.exporter.death_events import last_death
-from trainguard.exporter.runtable import RunTable
-from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.config.model import parse_config
+from trainguard.exporter.runs.deaths import last_death
+from trainguard.exporter.runs.table import RunTable
+from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.shared.heartbeat import Death
 
 
@@ -74,7 +74,7 @@ def test_checkpoint_targets_config_first_then_heartbeats(tmp_path: Path) -> None
 
 
 def test_unchanged_files_are_not_read_again(tmp_path: Path, monkeypatch: Any) -> None:
-    from trainguard.exporter import runtable
+    from trainguard.exporter.runs import table as runtable
 
     reads: list[str] = []
     real = runtable.read_heartbeat
@@ -138,7 +138,7 @@ def test_one_scrape_reads_the_state_dir_once(tmp_path: Path, monkeypatch: Any) -
     from prometheus_client import generate_latest
 
     from trainguard.exporter.cli import build_collectors, build_registry
-    from trainguard.exporter.config import Config
+    from trainguard.exporter.config.model import Config
 
     state = tmp_path / "state"
     state.mkdir()
@@ -166,7 +166,7 @@ def test_over_the_file_cap_the_newest_heartbeats_are_read(tmp_path: Path) -> Non
     """A state dir holding more heartbeat files than the cap (a long sweep's leftovers, or
     junk): the live runs, whose reporters rewrite their files every few seconds, are the ones
     read, whatever the directory order."""
-    from trainguard.exporter.config import Config
+    from trainguard.exporter.config.model import Config
 
     state = tmp_path / "state"
     state.mkdir()

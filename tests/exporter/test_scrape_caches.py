@@ -19,17 +19,17 @@ from hypothesis import strategies as st
 from helpers.exporter_proc import Samples
 from test_checkpoints_collector import samples_of
 from trainguard.checkpoint import mirror, save
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import CheckpointSettings
-from trainguard.exporter.dirwatch import (
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.collectors.checkpoints.dirwatch import (
     REVALIDATE_SECONDS,
     SETTLE_SECONDS,
     CheckpointDirectory,
     DirectoryWatch,
     RecordCache,
 )
-from trainguard.exporter.targets import CheckpointTarget
-from trainguard.exporter.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints.verifier import Verifier
+from trainguard.exporter.config.model import CheckpointSettings
+from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.shared import manifest
 from trainguard.shared.manifest import Record, record_path, write_record
 from trainguard.shared.pattern import CheckpointPattern

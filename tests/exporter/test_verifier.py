@@ -13,8 +13,8 @@ import pytest
 
 from helpers.exporter_proc import child_env
 from helpers.wait import wait_for
-from trainguard.exporter import verifier
-from trainguard.exporter.verifier import Status, TokenBucket, Verifier
+from trainguard.exporter.collectors.checkpoints import verifier
+from trainguard.exporter.collectors.checkpoints.verifier import Status, TokenBucket, Verifier
 
 
 class FakeClock:
@@ -149,7 +149,7 @@ def test_the_worker_never_keeps_the_process_alive(tmp_path: Path) -> None:
     f.write_bytes(os.urandom(4 * 1024 * 1024))
     code = (
         "import os, sys; from pathlib import Path\n"
-        "from trainguard.exporter.verifier import Verifier\n"
+        "from trainguard.exporter.collectors.checkpoints.verifier import Verifier\n"
         f"p = Path({str(f)!r}); v = Verifier(1024)\n"  # 1 KiB/s: hours for this file
         "v.status(p, os.stat(p), '0' * 64)\n"
         "print('leaving', flush=True)\n"

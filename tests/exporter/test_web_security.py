@@ -15,7 +15,7 @@ import bcrypt
 import pytest
 
 from helpers.exporter_proc import Exporter, child_env
-from trainguard.exporter.webconfig import WebConfigError, load_web_config
+from trainguard.exporter.http.webconfig import WebConfigError, load_web_config
 
 
 def openssl(*args: str | Path) -> None:

@@ -44,7 +44,7 @@ METRICS_WITHOUT_RUN = {
     "trainguard_gpu_xid_errors_total",
     "trainguard_gpu_memory_unattributed_bytes",
     "trainguard_process_count",
-    # GPU health (exporter/gpu_health.py)
+    # GPU health (exporter/collectors/gpu/health/)
     "trainguard_gpu_clock_event_reason",
     "trainguard_gpu_pcie_link_generation",
     "trainguard_gpu_pcie_link_generation_max",

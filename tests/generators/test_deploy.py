@@ -566,7 +566,7 @@ def _drill_job() -> dict[str, Any]:
 
 def test_restore_drill_cronjob_invariants() -> None:
     from trainguard.exporter.terminal import build_parser
-    from trainguard.exporter.terminal.restore import memory_limit
+    from trainguard.exporter.terminal.restore.command import memory_limit
 
     cron = _drill_job()
     daemon = _k8s_docs()["DaemonSet/trainguard-exporter"]["spec"]["template"]["spec"]

@@ -1,25 +1,20 @@
 """docs/metrics.md and the code must list the same metrics, with the same types and labels."""
 
-import importlib
-import pkgutil
 import re
 
-import trainguard.exporter.collectors
 from helpers.exporter_proc import REPO
-from trainguard.exporter.collector import FRAMEWORK_METRICS, Collector, MetricSpec
+from trainguard.exporter.collectors import COLLECTORS
+from trainguard.exporter.scrape.collector import FRAMEWORK_METRICS, MetricSpec
 
 ROW = re.compile(r"^\|\s*`(trainguard_[a-z0-9_]+)`\s*\|\s*(\w+)\s*\|([^|]*)\|")
 
 
 def code_metrics() -> dict[str, MetricSpec]:
     specs = {m.name: m for m in FRAMEWORK_METRICS}
-    for mod in pkgutil.iter_modules(trainguard.exporter.collectors.__path__):
-        module = importlib.import_module(f"trainguard.exporter.collectors.{mod.name}")
-        for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, Collector) and obj is not Collector:
-                for spec in obj.metrics:
-                    assert specs.get(spec.name, spec) == spec, f"{spec.name} defined twice"
-                    specs[spec.name] = spec
+    for collector in COLLECTORS:
+        for spec in collector.metrics:
+            assert specs.get(spec.name, spec) == spec, f"{spec.name} defined twice"
+            specs[spec.name] = spec
     return specs
 
 

@@ -17,7 +17,7 @@ import pytest
 from helpers.exporter_proc import REPO, Exporter, poll, select
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
-from trainguard.exporter.restore_result import Result, write_result
+from trainguard.exporter.collectors.restore.result import Result, write_result
 from trainguard.shared.heartbeat import AllocatorStats, Death, Stuck
 
 RUNBOOK = REPO / "alerts" / "runbook.md"

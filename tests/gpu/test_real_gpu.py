@@ -465,7 +465,7 @@ def test_real_oom_writes_a_snapshot_and_moves_the_counters(
     assert html.stat().st_size > 1000
 
 
-#: the GPU health series recorded per GPU while busy (exporter/gpu_health.py)
+#: the GPU health series recorded per GPU while busy (exporter/collectors/gpu/health/)
 HEALTH_GAUGES = (
     "trainguard_gpu_clock_event_reasons",
     "trainguard_gpu_pcie_link_generation",

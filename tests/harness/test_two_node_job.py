@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import trainguard.exporter.collectors.runs as runs_collector
+import trainguard.exporter.collectors.runs.collector as runs_collector
 from helpers.promstack import ALERTMANAGER, PROMETHEUS, Webhook
 from helpers.two_nodes import TwoNodes
 from helpers.wait import wait_for

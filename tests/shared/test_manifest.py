@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.exporter.dirwatch import RecordCache
+from trainguard.exporter.collectors.checkpoints.dirwatch import RecordCache
 from trainguard.shared import manifest
 from trainguard.shared.listing import list_directory, read_listing
 from trainguard.shared.manifest import (

@@ -11,7 +11,7 @@ import pytest
 
 from alerts import build, site, thresholds
 from trainguard.exporter import cli, terminal
-from trainguard.exporter.config import ConfigError, load_config
+from trainguard.exporter.config.model import ConfigError, load_config
 from trainguard.shared.units import format_duration, format_size, parse_duration, parse_size
 
 DURATIONS = [

@@ -20,12 +20,12 @@ from helpers.paths import HELPERS
 from helpers.wait import wait_for
 from helpers.zygote import Forked, Zygote
 from trainguard.checkpoint import CheckpointError, latest, mirror, prune, save_dir
-from trainguard.exporter.collectors.checkpoints import CheckpointsCollector
-from trainguard.exporter.config import CheckpointSettings
-from trainguard.exporter.dirwatch import REVALIDATE_SECONDS
-from trainguard.exporter.scrape import Scrape
-from trainguard.exporter.targets import CheckpointTarget
-from trainguard.exporter.verifier import Verifier
+from trainguard.exporter.collectors.checkpoints.collector import CheckpointsCollector
+from trainguard.exporter.collectors.checkpoints.dirwatch import REVALIDATE_SECONDS
+from trainguard.exporter.collectors.checkpoints.verifier import Verifier
+from trainguard.exporter.config.model import CheckpointSettings
+from trainguard.exporter.runs.targets import CheckpointTarget
+from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.listing import read_listing
 from trainguard.shared.manifest import read_record
 from trainguard.shared.pattern import CheckpointPattern

@@ -36,7 +36,7 @@ from helpers.wait import wait_for
 from helpers.zygote import Forked, Zygote
 from test_checkpoint_writers import RUN, Scraper, ck, committed_steps
 from trainguard.checkpoint import latest
-from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.runs.targets import CheckpointTarget
 
 CHILD = HELPERS / "deepspeed_child.py"
 PATTERN = "global_step{step}"

@@ -30,7 +30,7 @@ from helpers.exporter_proc import child_env
 from helpers.paths import HELPERS
 from test_checkpoint_writers import RUN, Scraper, ck, committed_steps
 from trainguard.checkpoint import latest
-from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.runs.targets import CheckpointTarget
 
 CHILD = HELPERS / "orbax_child.py"
 TMP = ".orbax-checkpoint-tmp"

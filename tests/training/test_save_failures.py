@@ -26,8 +26,8 @@ from helpers.tmpfs import tmpfs
 from helpers.wait import wait_for
 from helpers.zygote import Zygote
 from trainguard.checkpoint import outcomes, save
-from trainguard.exporter.save_outcomes import read_status
-from trainguard.exporter.targets import CheckpointTarget
+from trainguard.exporter.collectors.checkpoints.saves import read_status
+from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.shared.save_status import SaveStatus, SaveStatusError, parse_status, status_path
 
 CHILD = HELPERS / "save_fail_child.py"

@@ -20,18 +20,18 @@ from typing import Any
 from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
-from trainguard.exporter.collector import (
+from trainguard.exporter.collectors import COLLECTORS
+from trainguard.exporter.config.model import Config, ConfigError, load_config
+from trainguard.exporter.http.app import SCRAPE_TIMEOUT_OFFSET, make_app, make_http_server
+from trainguard.exporter.http.webconfig import WebConfigError, load_web_config
+from trainguard.exporter.runs.table import RunTable
+from trainguard.exporter.scrape.collector import (
     DEFAULT_COLLECTOR_TIMEOUT,
     Collector,
     ExporterCollector,
     ExporterRegistry,
     Setup,
 )
-from trainguard.exporter.collectors import COLLECTORS
-from trainguard.exporter.config import Config, ConfigError, load_config
-from trainguard.exporter.runtable import RunTable
-from trainguard.exporter.web import SCRAPE_TIMEOUT_OFFSET, make_app, make_http_server
-from trainguard.exporter.webconfig import WebConfigError, load_web_config
 from trainguard.shared.statedir import STATE_DIR_ENV, default_state_dir
 from trainguard.shared.units import parse_duration
 
@@ -149,7 +149,7 @@ def build_collectors(
 ) -> list[Collector]:
     """Build the enabled collectors (None: those on by default).
 
-    Each is wired to what they share (see :class:`~trainguard.exporter.collector.Setup`).
+    Each is wired to what they share (see :class:`~trainguard.exporter.scrape.collector.Setup`).
     """
     on = default_collectors() if enabled is None else enabled
     setup = Setup(config, state_dir, RunTable(config, state_dir))

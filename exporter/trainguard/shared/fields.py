@@ -2,7 +2,7 @@
 
 Two kinds of document are read field by field: a heartbeat (JSON that anyone may write,
 :mod:`trainguard.shared.heartbeat_fields`) and trainguard's YAML files (hand-written: the
-exporter's :mod:`trainguard.exporter.schema`). What must never be wrong is written here once,
+exporter's :mod:`trainguard.exporter.config.schema`). What must never be wrong is written here once,
 for both: a boolean is never an integer; an integer too large for a float is refused, not
 raised on; a number is finite and in its range; a text is bounded and free of control
 characters; a mapping or list is bounded; a null counts as not given; a field's path is written

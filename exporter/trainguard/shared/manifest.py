@@ -1,8 +1,8 @@
 """Manifest records as they lie on disk, shared by the library and the exporter.
 
 This is the one definition that the library writing them (:mod:`trainguard.checkpoint`) and the
-exporter judging them (:mod:`trainguard.exporter.collectors.checkpoints`) share, so the two
-never disagree on what a checkpoint should hold.
+exporter judging them (:mod:`trainguard.exporter.collectors.checkpoints.collector`) share, so the
+two never disagree on what a checkpoint should hold.
 
 Layout: next to the checkpoints, a ``.trainguard/`` directory holds one small JSON record per
 checkpoint, ``.trainguard/<checkpoint name>.json``. One file per record makes every commit a

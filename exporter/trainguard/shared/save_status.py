@@ -11,8 +11,9 @@ directory is usually elsewhere (and if it is full too, the run's heartbeats stop
 on its own).
 
 This is the one definition the writer (:mod:`trainguard.checkpoint.outcomes`) and the reader
-(:mod:`trainguard.exporter.save_outcomes`) share. The file is untrusted input for the exporter:
-read with a size cap, exact keys and types, and the directory it names must be the location's.
+(:mod:`trainguard.exporter.collectors.checkpoints.saves`) share. The file is untrusted input for the
+exporter: read with a size cap, exact keys and types, and the directory it names must be the
+location's.
 """
 
 from __future__ import annotations

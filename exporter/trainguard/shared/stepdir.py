@@ -80,8 +80,8 @@ class InFlight(NamedTuple):
 class TreeMemo(Protocol):
     """What a caller remembers of the directories of step trees between walks.
 
-    The exporter's is ``trainguard.exporter.dirwatch.StepTreeMemo``. An unchanged directory is
-    not listed again: its files are only stat'ed.
+    The exporter's is ``trainguard.exporter.collectors.checkpoints.dirwatch.StepTreeMemo``. An
+    unchanged directory is not listed again: its files are only stat'ed.
     """
 
     def known(self, rel: str, st: os.stat_result) -> tuple[list[str], list[str]] | None: ...

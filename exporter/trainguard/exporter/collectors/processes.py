@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 import psutil
 from prometheus_client.core import Metric
 
-from trainguard.exporter.collector import Collector, MetricSpec, Setup
-from trainguard.exporter.config import ProcessCount
-from trainguard.exporter.scrape import Scrape
+from trainguard.exporter.config.model import ProcessCount
+from trainguard.exporter.scrape.collector import Collector, MetricSpec, Setup
+from trainguard.exporter.scrape.context import Scrape
 
 PROCESS_COUNT = MetricSpec(
     "trainguard_process_count",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainguard._version import __version__
-from trainguard.exporter.config import ConfigError, load_config
+from trainguard.exporter.config.model import ConfigError, load_config
 from trainguard.shared.units import parse_duration
 
 EPILOG_VERIFY = (
@@ -172,13 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _restore() -> Any:
-    from trainguard.exporter.terminal import restore
+    from trainguard.exporter.terminal.restore import command as restore
 
     return restore
 
 
 def _status_doc() -> str:
-    from trainguard.exporter.terminal import status
+    from trainguard.exporter.terminal.status import command as status
 
     return (status.__doc__ or "").split("\n\n", 1)[1]
 
@@ -215,8 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     from trainguard.exporter.cli import resolve_state_dir
-    from trainguard.exporter.terminal import status as st
-    from trainguard.exporter.terminal import status_checkpoints as sc
+    from trainguard.exporter.terminal.status import checkpoints as sc
+    from trainguard.exporter.terminal.status import command as st
 
     try:
         config = load_config(args.config_file)

@@ -1,0 +1,7 @@
+"""The exporter's HTTP side: the server, the app it serves, and what guards it.
+
+Modules: ``server`` (the HTTP/1.1 server: persistent connections, WSGI apps), ``app`` (landing
+page, health endpoint, ``/metrics``, ``/runbook``), ``webconfig`` (TLS and basic auth from the
+web configuration file Prometheus exporters share), ``runbook`` (the runbook shipped in the
+package, served as HTML).
+"""
