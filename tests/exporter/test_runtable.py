@@ -15,7 +15,7 @@ import psutil
 from helpers.run_child import own_heartbeat, put
 from helpers.wait import wait_for
 from trainguard.exporter.config.model import parse_config
-from trainguard.exporter.runs.deaths import last_death
+from trainguard.exporter.runs.rows import last_death
 from trainguard.exporter.runs.table import RunTable
 from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.shared.heartbeat import Death

@@ -1,7 +1,10 @@
-"""The rows of the run table: one run and rank each, with the log files they announce.
+"""The rows of the run table, and what a row means: starting, ended, stuck, dead.
 
 Kept apart from :mod:`trainguard.exporter.runs.table`, which builds them at each scrape, because
-every collector and the terminal command read rows while only the table writes them.
+every collector and the terminal command read rows while only the table writes them; and what a
+row means is said once here, so that the runs collector's series and ``trainguard status`` never
+disagree on whether a rank is starting, how its process ended, where it is stuck, or which of a
+run's deaths was the last.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.shared.heartbeat import Heartbeat
+from trainguard.shared.heartbeat import Death, Heartbeat, Stuck
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,91 @@ def drop_superseded(rows: list[RunRow]) -> list[RunRow]:
             continue
         out.append(row)
     return out
+
+
+def starting(row: RunRow) -> bool:
+    """Whether the row's process is alive (or not known gone) and has not begun training.
+
+    A framework callback reports from the framework's set-up, before a checkpoint is loaded, so
+    that a relaunch that dies loading it is a process the exporter sees and, once gone without
+    finishing, a death. An evaluation-only script builds the same trainer and never trains:
+    while such a process is starting (heartbeat ``starting``, docs/heartbeat.md#starting) no
+    rule may judge it as a run that should step. A relaunch after a death is never starting
+    (the reporter judges it at once), nor is a process that has ended.
+    """
+    hb = row.heartbeat
+    return hb is not None and hb.starting and hb.state == "running" and row.up is not False
+
+
+def exit_of(row: RunRow) -> tuple[str, str] | None:
+    """(cause, signal) of a rank whose process is gone without finishing, else None.
+
+    From its last heartbeat: the signal it caught (``signal``, or ``time_limit`` when that came
+    at the job's end time; also when it was killed while that signal's handler ran), an
+    exception it recorded, else ``unknown`` (SIGKILL, the OOM killer, a lost node: the next
+    process of the rank tells ``oom_killer`` and ``gpu_xid`` apart from the kernel log). It is
+    told per rank as soon as the process is gone, so that the rules can page a run stopped by
+    its scheduler as what it is and not as a crash.
+    """
+    hb = row.heartbeat
+    if hb is None or row.up is not False or row.finished is not False:
+        return None
+    if hb.signal is not None:
+        return hb.exit_cause or "signal", hb.signal
+    if hb.state == "failed":
+        return "exception", ""
+    return "unknown", ""
+
+
+def stuck_at(row: RunRow) -> Stuck | None:
+    """Where a rank whose step is overdue is stuck, while it still runs; else None.
+
+    The reporter (``trainguard.run.stack``) samples the main thread of a rank whose step is
+    overdue and writes it into its heartbeat. A killed rank's last heartbeat may still say
+    where it was, but it is stuck nowhere now.
+    """
+    hb = row.heartbeat
+    if hb is None or hb.stuck is None or hb.state != "running" or row.up is False:
+        return None
+    return hb.stuck
+
+
+#: which of several ranks' records of one death event names it: the most specific cause (a
+#: GPU error before an exception: the other ranks' collectives fail because one rank's GPU
+#: did). A signal comes last: torchrun's agent stops the surviving ranks with SIGTERM after one
+#: rank died of something else, which names the event.
+_CAUSE_ORDER = {
+    "reboot": 0,
+    "oom_killer": 1,
+    "gpu_xid": 2,
+    "exception": 3,
+    "unknown": 4,
+    "time_limit": 5,
+    "signal": 6,
+}
+#: restarts of different ranks noticed within this many seconds are one death event
+_SAME_EVENT_SECONDS = 60.0
+
+
+def age(now: float, then: float) -> float:
+    """Seconds from ``then`` to ``now``, both of this host's clock.
+
+    A timestamp a little ahead (a heartbeat written while the scrape ran, a clock stepped back)
+    is an age of 0.
+    """
+    return max(0.0, now - then)
+
+
+def last_death(records: list[Death]) -> Death | None:
+    """The run's last death from all its ranks' records.
+
+    The records of the latest restart (noticed within a minute of each other) are one event;
+    the most specific cause among them names it (the rank the OOM killer chose says
+    ``oom_killer``, the ranks torchrun then stopped say ``signal``), and its earliest
+    last-heartbeat is when it died.
+    """
+    if not records:
+        return None
+    latest = max(d.detected for d in records)
+    event = [d for d in records if d.detected >= latest - _SAME_EVENT_SECONDS]
+    return min(event, key=lambda d: (_CAUSE_ORDER.get(d.cause, 9), d.time))

@@ -14,234 +14,63 @@ from typing import Any
 
 from prometheus_client.core import Metric
 
-from trainguard.exporter.collectors.runs.exit_rows import EXIT_INFO, add_exit
-from trainguard.exporter.collectors.runs.job_rows import JOB_METRICS, add_job_rows
-from trainguard.exporter.collectors.runs.nonfinite_series import METRICS as NONFINITE_METRICS
-from trainguard.exporter.collectors.runs.nonfinite_series import add_nonfinite
-from trainguard.exporter.collectors.runs.run_timing import METRICS as TIMING
-from trainguard.exporter.collectors.runs.run_timing import add_timing
-from trainguard.exporter.collectors.runs.snapshot_rows import SNAPSHOT_METRICS, add_snapshots
-from trainguard.exporter.collectors.runs.starting_rows import STARTING, add_starting
-from trainguard.exporter.collectors.runs.stuck_rows import STUCK_INFO, add_stuck
-from trainguard.exporter.runs.deaths import age, last_death
+from trainguard.exporter.collectors.runs.metrics import (
+    ALLOC_RETRIES,
+    ALLOCATED,
+    COMPUTE,
+    DATA_WAIT,
+    DEATHS,
+    DEVICE_INFO,
+    DEVICE_TOTAL,
+    EXIT_INFO,
+    FINISHED,
+    HEARTBEAT_AGE,
+    HEARTBEAT_FILE_ERRORS,
+    HEARTBEAT_FILES,
+    HEARTBEAT_TIMESTAMP,
+    INACTIVE_SPLIT,
+    JOB_INFO,
+    LAST_DEATH_AGE,
+    LAST_DEATH_INFO,
+    LAST_DEATH_STEP,
+    LAST_DEATH_TIMESTAMP,
+    LAST_DEATH_XID,
+    LOG_MODIFIED,
+    LOSS_STREAK,
+    MAX_ALLOCATED,
+    METRICS,
+    NONFINITE,
+    OOMS,
+    PROCESS_UP,
+    RESERVED,
+    RUN_INFO,
+    SCALAR,
+    SNAPSHOT_DUMPS,
+    SNAPSHOT_FAILURES,
+    SNAPSHOT_HISTORY,
+    SNAPSHOT_RECENT,
+    SNAPSHOTS,
+    START_AGE,
+    START_TIMESTAMP,
+    STARTING,
+    STEP,
+    STEP_AGE,
+    STEP_TIMESTAMP,
+    STUCK_INFO,
+    TIMED_STEPS,
+)
+from trainguard.exporter.runs.rows import age, exit_of, last_death, starting, stuck_at
 from trainguard.exporter.runs.table import RunRow, RunTable, RunView
 from trainguard.exporter.runs.targets import ownership_problem
-from trainguard.exporter.scrape.collector import Collector, MetricSpec, Setup
+from trainguard.exporter.scrape.collector import Collector, Setup
 from trainguard.exporter.scrape.context import Scrape
-from trainguard.shared.heartbeat import Heartbeat
-
-RR = ("run", "rank")
-RUN_INFO = MetricSpec(
-    "trainguard_run_info",
-    "gauge",
-    ("run", "rank", "host", "pid"),
-    "Always 1 for each run and rank the exporter knows; host and pid of its (last) process.",
-)
-PROCESS_UP = MetricSpec(
-    "trainguard_run_process_up",
-    "gauge",
-    RR,
-    "1 if the run's process is alive (pid exists with the recorded start), 0 if gone.",
-)
-FINISHED = MetricSpec(
-    "trainguard_run_finished",
-    "gauge",
-    RR,
-    "1 if the run ended cleanly, 0 otherwise (running, failed, or died).",
-)
-STEP = MetricSpec("trainguard_run_step", "gauge", RR, "Last step the run reported.")
-STEP_TIMESTAMP = MetricSpec(
-    "trainguard_run_step_timestamp_seconds",
-    "gauge",
-    RR,
-    "When the run last reported a step.",
-)
-HEARTBEAT_TIMESTAMP = MetricSpec(
-    "trainguard_run_heartbeat_timestamp_seconds",
-    "gauge",
-    RR,
-    "When the run's reporter last wrote its heartbeat.",
-)
-START_TIMESTAMP = MetricSpec(
-    "trainguard_run_start_timestamp_seconds",
-    "gauge",
-    RR,
-    "When the run's current (or last) process started reporting.",
-)
-# Ages, computed at scrape time against the exporter's clock. The exporter runs on the trainer's
-# host, so both clocks are one: unlike time() - *_timestamp_seconds in PromQL, an age is not
-# thrown off by skew between that host and Prometheus (WSL2 after sleep, an unsynced node).
-STEP_AGE = MetricSpec(
-    "trainguard_run_step_age_seconds",
-    "gauge",
-    RR,
-    "Seconds since the run last reported a step, by this host's clock.",
-)
-HEARTBEAT_AGE = MetricSpec(
-    "trainguard_run_heartbeat_age_seconds",
-    "gauge",
-    RR,
-    "Seconds since the run's reporter last wrote its heartbeat, by this host's clock.",
-)
-START_AGE = MetricSpec(
-    "trainguard_run_start_age_seconds",
-    "gauge",
-    RR,
-    "Seconds since the run's current (or last) process started reporting, by this host's clock.",
-)
-LOG_MODIFIED = MetricSpec(
-    "trainguard_run_log_modified_timestamp_seconds",
-    "gauge",
-    ("run",),
-    "Modification time of the run's log file; absent when unknown.",
-)
-SCALAR = MetricSpec(
-    "trainguard_run_scalar",
-    "gauge",
-    ("run", "rank", "name"),
-    "Last value of a numeric scalar the run reported with step() (loss, tokens/s...).",
-)
-RRD = ("run", "rank", "device")
-ALLOCATED = MetricSpec(
-    "trainguard_run_allocator_allocated_bytes",
-    "gauge",
-    RRD,
-    "Bytes the process's CUDA caching allocator has handed to tensors.",
-)
-RESERVED = MetricSpec(
-    "trainguard_run_allocator_reserved_bytes",
-    "gauge",
-    RRD,
-    "Bytes the process's CUDA caching allocator holds from the driver.",
-)
-MAX_ALLOCATED = MetricSpec(
-    "trainguard_run_allocator_max_allocated_bytes",
-    "gauge",
-    RRD,
-    "Peak of allocated bytes since the process started (or its peak stats were reset).",
-)
-INACTIVE_SPLIT = MetricSpec(
-    "trainguard_run_allocator_inactive_split_bytes",
-    "gauge",
-    RRD,
-    "Bytes in inactive, split blocks: reserved memory fragmentation keeps from large requests.",
-)
-ALLOC_RETRIES = MetricSpec(
-    "trainguard_run_allocator_alloc_retries_total",
-    "counter",
-    RRD,
-    "cudaMalloc calls that failed and were retried after freeing cached blocks.",
-)
-OOMS = MetricSpec(
-    "trainguard_run_allocator_ooms_total",
-    "counter",
-    RRD,
-    "Out-of-memory errors the allocator raised.",
-)
-DEVICE_TOTAL = MetricSpec(
-    "trainguard_run_allocator_device_total_bytes",
-    "gauge",
-    RRD,
-    "Total memory of the CUDA device as the process sees it (torch's total_memory).",
-)
-DEVICE_INFO = MetricSpec(
-    "trainguard_run_allocator_device_info",
-    "gauge",
-    ("run", "rank", "device", "uuid"),
-    "Always 1 for each allocator device whose GPU is known; uuid is the GPU's (as in "
-    "trainguard_gpu_info), to join the allocator's bytes to the driver's view of that GPU.",
-)
-DEATHS = MetricSpec(
-    "trainguard_run_deaths_total",
-    "counter",
-    ("run",),
-    "Times a process of the run went away without finishing, as recorded when it restarted.",
-)
-LAST_DEATH_STEP = MetricSpec(
-    "trainguard_run_last_death_step",
-    "gauge",
-    ("run",),
-    "Step the run had reached when it last died.",
-)
-LAST_DEATH_TIMESTAMP = MetricSpec(
-    "trainguard_run_last_death_timestamp_seconds",
-    "gauge",
-    ("run",),
-    "Last heartbeat of the process that died last: the latest it is known to have been alive.",
-)
-LAST_DEATH_AGE = MetricSpec(
-    "trainguard_run_last_death_age_seconds",
-    "gauge",
-    ("run",),
-    "Seconds since the last heartbeat of the process that died last, by this host's clock.",
-)
-LAST_DEATH_INFO = MetricSpec(
-    "trainguard_run_last_death_info",
-    "gauge",
-    ("run", "cause"),
-    "Always 1; cause of the run's last death: reboot, oom_killer, gpu_xid, exception, signal, "
-    "time_limit or unknown.",
-)
-LAST_DEATH_XID = MetricSpec(
-    "trainguard_run_last_death_xid",
-    "gauge",
-    ("run",),
-    "NVIDIA Xid code of the GPU error the kernel logged around the run's last death.",
-)
-HEARTBEAT_FILES = MetricSpec(
-    "trainguard_heartbeat_files",
-    "gauge",
-    (),
-    "Heartbeat files in the state directory that were read and valid in this scrape.",
-)
-HEARTBEAT_FILE_ERRORS = MetricSpec(
-    "trainguard_heartbeat_file_errors",
-    "gauge",
-    (),
-    "Heartbeat files in the state directory that could not be used in this scrape.",
-)
+from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Heartbeat
 
 
 class RunsCollector(Collector):
     name = "runs"
     help = "training runs, from heartbeat files and the config file"
-    metrics = (
-        RUN_INFO,
-        PROCESS_UP,
-        FINISHED,
-        EXIT_INFO,
-        STEP,
-        STEP_TIMESTAMP,
-        HEARTBEAT_TIMESTAMP,
-        START_TIMESTAMP,
-        STEP_AGE,
-        HEARTBEAT_AGE,
-        START_AGE,
-        LOG_MODIFIED,
-        SCALAR,
-        *NONFINITE_METRICS,
-        *TIMING,
-        ALLOCATED,
-        RESERVED,
-        MAX_ALLOCATED,
-        INACTIVE_SPLIT,
-        ALLOC_RETRIES,
-        OOMS,
-        DEVICE_TOTAL,
-        DEVICE_INFO,
-        *SNAPSHOT_METRICS,
-        DEATHS,
-        LAST_DEATH_STEP,
-        LAST_DEATH_TIMESTAMP,
-        LAST_DEATH_AGE,
-        LAST_DEATH_INFO,
-        LAST_DEATH_XID,
-        HEARTBEAT_FILES,
-        HEARTBEAT_FILE_ERRORS,
-        STUCK_INFO,
-        *JOB_METRICS,
-        STARTING,
-    )
+    metrics = METRICS
 
     @classmethod
     def build(cls, setup: Setup) -> RunsCollector:
@@ -270,13 +99,13 @@ class RunsCollector(Collector):
         labels = [row.run, row.rank]
         pid = "" if row.pid is None else str(row.pid)
         fam[RUN_INFO.name].add_metric([row.run, row.rank, row.host, pid], 1)
-        starting = add_starting(fam, row)  # alive, not training yet: not judged on progress
+        starting = _add_starting(fam, row)  # alive, not training yet: not judged on progress
         if row.up is not None and not starting:
             fam[PROCESS_UP.name].add_metric(labels, 1 if row.up else 0)
         if row.finished is not None and not starting:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
-        add_exit(fam, row)  # how its process ended, if it ended without finishing
-        add_job_rows(fam, row)
+        _add_exit(fam, row)  # how its process ended, if it ended without finishing
+        _add_job(fam, row)
         hb = row.heartbeat
         if hb is None:
             return  # a configured run that does not report: liveness is all we know
@@ -296,8 +125,8 @@ class RunsCollector(Collector):
                 fam[spec.name].add_metric(labels, age(now, then))
         for name, value in sorted(hb.scalars.items()):
             fam[SCALAR.name].add_metric([*labels, name], value)
-        add_nonfinite(fam, labels, hb)
-        add_timing(fam, labels, hb)
+        _add_nonfinite(fam, labels, hb)
+        _add_timing(fam, labels, hb)
         for a in hb.allocator:
             dev = [*labels, str(a.device)]
             fam[ALLOCATED.name].add_metric(dev, a.allocated_bytes)
@@ -310,8 +139,8 @@ class RunsCollector(Collector):
                 fam[DEVICE_TOTAL.name].add_metric(dev, a.total_bytes)
             if a.uuid is not None:
                 fam[DEVICE_INFO.name].add_metric([*dev, a.uuid], 1)
-        add_stuck(fam, row)
-        add_snapshots(fam, labels, hb)
+        _add_stuck(fam, row)
+        _add_snapshots(fam, labels, hb)
 
     def _deaths(self, fam: dict[str, Any], view: RunView, now: float) -> None:
         by_run: dict[str, list[Heartbeat]] = {}
@@ -359,3 +188,94 @@ class RunsCollector(Collector):
                     )
                 continue
             fam[LOG_MODIFIED.name].add_metric([log.run], mtime_ns / 1e9)
+
+
+def _add_starting(fam: dict[str, Any], row: RunRow) -> bool:
+    """Add the row's ``trainguard_run_starting`` series when it is starting; whether it is.
+
+    While a rank is starting its ``process_up``, ``finished`` and start time are left out, so
+    that no rule judges it on progress (no first step, stalled, log or checkpoint stale,
+    goodput); this series says it is there.
+    """
+    if not starting(row):
+        return False
+    fam[STARTING.name].add_metric([row.run, row.rank], 1)
+    return True
+
+
+def _add_exit(fam: dict[str, Any], row: RunRow) -> None:
+    """Add the row's ``trainguard_run_exit_info`` series, when its process ended unfinished."""
+    ended = exit_of(row)
+    if ended is not None:
+        fam[EXIT_INFO.name].add_metric([row.run, row.rank, *ended], 1)
+
+
+def _add_job(fam: dict[str, Any], row: RunRow) -> None:
+    r"""The row's job series, when its heartbeat names a job.
+
+    One exporter runs per node, so a job of many nodes is many Prometheus ``instance``\ s; this
+    series carries what joins them (the job's id, the same on every node) and where the rank
+    sits in it. The restart count stays out of the labels: a label that changes at every
+    restart would make a new series each time.
+    """
+    hb = row.heartbeat
+    job = None if hb is None else hb.job
+    if job is None:
+        return
+    node = "" if job.node_rank is None else str(job.node_rank)
+    local = "" if job.local_rank is None else str(job.local_rank)
+    fam[JOB_INFO.name].add_metric([row.run, row.rank, job.id, node, local, job.launcher], 1)
+
+
+def _add_stuck(fam: dict[str, Any], row: RunRow) -> None:
+    """Add the row's stuck location, if its heartbeat has one and it still runs."""
+    stuck = stuck_at(row)
+    if stuck is not None:
+        fam[STUCK_INFO.name].add_metric([row.run, row.rank, stuck.where, stuck.collective or ""], 1)
+
+
+def _add_nonfinite(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:
+    """Add one rank's non-finite counts and loss streak.
+
+    Absent for heartbeats of reporters older than the record. What "observed" means (one step
+    per reporter wake-up) is in :mod:`trainguard.run.scalar_health` and docs/metrics.md.
+    """
+    record = hb.nonfinite
+    if record is None:
+        return
+    for name, count in sorted(record.counts.items()):
+        fam[NONFINITE.name].add_metric([*labels, name], count)
+    fam[LOSS_STREAK.name].add_metric(labels, record.loss_streak)
+
+
+def _add_timing(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:
+    """Add the rank's data-wait and compute counters, when its heartbeat carries any.
+
+    Counters that restart at 0 with each process of the rank, which ``rate()`` takes as a
+    reset; how the rules use them to tell which rank is slow: docs/metrics.md#who-is-slow.
+    """
+    timing = hb.timing
+    if timing is None:
+        return
+    fam[DATA_WAIT.name].add_metric(labels, timing.data_seconds)
+    fam[COMPUTE.name].add_metric(labels, timing.compute_seconds)
+    fam[TIMED_STEPS.name].add_metric(labels, timing.steps)
+
+
+def _add_snapshots(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:
+    """Add the heartbeat's snapshot counters, history flag and newest files (docs/snapshots.md).
+
+    The reporter carries the counts across the run's restarts.
+    """
+    fam[SNAPSHOTS.name].add_metric(labels, hb.memory_snapshots)
+    snaps = hb.snapshots
+    if snaps is None:
+        return
+    for reason in SNAPSHOT_REASONS:
+        fam[SNAPSHOT_DUMPS.name].add_metric([*labels, reason], snaps.counts.get(reason, 0))
+        fam[SNAPSHOT_FAILURES.name].add_metric([*labels, reason], snaps.failures.get(reason, 0))
+    if snaps.history is not None:
+        fam[SNAPSHOT_HISTORY.name].add_metric(labels, 1 if snaps.history else 0)
+    for rec in snaps.recent:
+        step = "" if rec.step is None else str(rec.step)
+        fam[SNAPSHOT_RECENT.name].add_metric([*labels, rec.reason, rec.file, step], rec.time)

@@ -1,5 +1,5 @@
 """``trainguard status``: the runs this host knows, as a table, plain text or JSON.
 
-Modules: ``command`` (the table and its rows), ``checkpoints`` (the checkpoint column),
-``stuck`` (where each stuck rank is, one line per rank under the table).
+Modules: ``command`` (the snapshot of the runs and its three views: table, plain text, JSON),
+``checkpoints`` (the checkpoint column, judged once while the rate's sample is waited for).
 """

@@ -9,6 +9,9 @@ Prometheus' history); with no history this uses the fixed threshold: a run stepp
 checkpoint, evaluating), never stalled. Steps per second: from two reads of the heartbeats
 ``--sample`` seconds apart (or two ``--watch`` refreshes), the steps between them over the time
 between their ``step_time``s; empty when the run reported no new step in between.
+
+Longer than 400 lines because it is one view: the snapshot of the runs, its rows' cells and
+the lines under the table (stuck ranks, GPUs) are drawn from one model, in three formats.
 """
 
 from __future__ import annotations
@@ -22,14 +25,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trainguard.exporter.collectors.gpu.collector import GpuCollector
-from trainguard.exporter.collectors.runs.starting_rows import starting
 from trainguard.exporter.config.model import Config
-from trainguard.exporter.runs.deaths import last_death
+from trainguard.exporter.runs.rows import last_death, starting, stuck_at
 from trainguard.exporter.runs.table import RunRow, RunTable
 from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.exporter.terminal.status.checkpoints import Found, judge_all
-from trainguard.exporter.terminal.status.stuck import stuck_lines, stuck_text
 
 #: (run, rank) -> gpu index -> driver-view bytes
 RunMem = dict[tuple[str, str], dict[str, int | None]]
@@ -316,6 +317,20 @@ def gpu_lines(snap: Snapshot) -> list[str]:
             f"ghost {ghost}"
         )
     return out or ["GPUs: none"]
+
+
+def stuck_text(row: RunRow) -> str | None:
+    """``in all_reduce: all_reduce <- train.py:40 step`` for a stuck rank, else None."""
+    stuck = stuck_at(row)
+    if stuck is None:
+        return None
+    where = stuck.where or "?"
+    return f"in {stuck.collective}: {where}" if stuck.collective else f"at {where}"
+
+
+def stuck_lines(runs: list[RunStatus]) -> list[str]:
+    """``stuck: run llama rank 3 at train.py:88 load_batch <- ...``, one per stuck rank."""
+    return [f"stuck: run {r.run} rank {r.rank} {r.stuck}" for r in runs if r.stuck]
 
 
 def plain(snap: Snapshot) -> str:
