@@ -212,7 +212,7 @@ def test_reason_bits_are_nvml_h_as_pynvml_names_them() -> None:
     installed pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason* constants."""
     import pynvml
 
-    from trainguard.exporter.collectors.gpu.health.gpus import REASONS, reason_labels
+    from trainguard.exporter.collectors.gpu.metrics import REASONS, reason_labels
 
     for bit, name in REASONS:
         camel = "".join(word.capitalize() for word in name.split("_"))

@@ -18,9 +18,24 @@ import pynvml
 from prometheus_client.core import Metric
 
 from trainguard.exporter.collectors.gpu.health import gpus as gpu_health
+from trainguard.exporter.collectors.gpu.metrics import (
+    GPU_INFO,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    METRICS,
+    NVML_AVAILABLE,
+    OWN,
+    PROCESS_MEMORY,
+    PROCESSES,
+    PROCESSES_UNKNOWN,
+    RUN_MEMORY,
+    UNATTRIBUTED,
+    XID_ERRORS,
+    XID_SUPPORTED,
+)
 from trainguard.exporter.collectors.gpu.processes import COMPUTE, GRAPHICS, ProcessLister
 from trainguard.exporter.collectors.gpu.xid import XidCounts, XidDevice, XidWatcher
-from trainguard.exporter.scrape.collector import Collector, CollectorError, MetricSpec, Setup
+from trainguard.exporter.scrape.collector import Collector, CollectorError, Setup
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.exporter.scrape.relay import Unfinished
 from trainguard.shared import procinfo
@@ -30,94 +45,6 @@ log = logging.getLogger(__name__)
 
 #: pid -> (run, rank) for the processes of runs that are alive now
 PidRuns = Callable[[Scrape], Mapping[int, tuple[str, str]]]
-
-NVML_AVAILABLE = MetricSpec(
-    "trainguard_gpu_nvml_available",
-    "gauge",
-    (),
-    "1 if NVML started, 0 if no NVIDIA driver is installed (no NVML library: no GPU series, "
-    "and not a failure); absent while an installed driver fails.",
-)
-GPU_INFO = MetricSpec(
-    "trainguard_gpu_info",
-    "gauge",
-    ("gpu", "uuid", "name", "driver_version"),
-    "Always 1 for each GPU NVML reports; labels identify it.",
-)
-MEMORY_TOTAL = MetricSpec(
-    "trainguard_gpu_memory_total_bytes",
-    "gauge",
-    ("gpu", "uuid"),
-    "Total device memory as reported by the driver.",
-)
-MEMORY_USED = MetricSpec(
-    "trainguard_gpu_memory_used_bytes",
-    "gauge",
-    ("gpu", "uuid"),
-    "Device memory in use as reported by the driver (includes the driver's own reservation).",
-)
-PROCESS_MEMORY = MetricSpec(
-    "trainguard_gpu_process_memory_used_bytes",
-    "gauge",
-    ("gpu", "uuid", "pid", "run"),
-    "Device memory the driver attributes to a process; run is empty when the pid belongs to "
-    "no known run.",
-)
-PROCESSES = MetricSpec(
-    "trainguard_gpu_processes",
-    "gauge",
-    ("gpu", "uuid"),
-    "Processes NVML lists on the GPU (compute and graphics, each once), whether or not their "
-    "memory is known; 0 under WSL, which lists none.",
-)
-PROCESSES_UNKNOWN = MetricSpec(
-    "trainguard_gpu_processes_memory_unknown",
-    "gauge",
-    ("gpu", "uuid"),
-    "Processes on the GPU whose memory the driver reports as not available (WDDM/WSL).",
-)
-UNATTRIBUTED = MetricSpec(
-    "trainguard_gpu_memory_unattributed_bytes",
-    "gauge",
-    ("gpu", "uuid"),
-    "Device memory used minus what live processes account for; absent when any process's "
-    "memory is unknown.",
-)
-XID_ERRORS = MetricSpec(
-    "trainguard_gpu_xid_errors_total",
-    "counter",
-    ("gpu", "uuid", "xid"),
-    "Critical Xid errors the driver reported for the GPU since the exporter started, per Xid code.",
-)
-XID_SUPPORTED = MetricSpec(
-    "trainguard_gpu_xid_events_supported",
-    "gauge",
-    ("gpu", "uuid"),
-    "1 if the exporter receives the GPU's critical Xid events, 0 if the driver offers none "
-    "(then Xid errors are unknown, not zero).",
-)
-RUN_MEMORY = MetricSpec(
-    "trainguard_run_gpu_memory_used_bytes",
-    "gauge",
-    ("run", "rank", "gpu"),
-    "Driver-view device memory summed over the run's live processes on this GPU.",
-)
-
-
-#: this module's own series (the health series come rendered from gpu_health.py, after these)
-_OWN = (
-    NVML_AVAILABLE,
-    GPU_INFO,
-    MEMORY_TOTAL,
-    MEMORY_USED,
-    PROCESS_MEMORY,
-    PROCESSES,
-    PROCESSES_UNKNOWN,
-    UNATTRIBUTED,
-    RUN_MEMORY,
-    XID_ERRORS,
-    XID_SUPPORTED,
-)
 
 
 @dataclass(frozen=True)
@@ -141,10 +68,7 @@ class GpuCollector(Collector):
 
     name = "gpu"
     help = "GPU memory through NVML, the driver's view per device and process"
-    metrics = (
-        *_OWN,
-        *gpu_health.METRICS,  # clock event reasons, PCIe link, power, ECC...: gpu_health.py
-    )
+    metrics = METRICS
 
     @classmethod
     def build(cls, setup: Setup) -> GpuCollector:
@@ -224,7 +148,7 @@ class GpuCollector(Collector):
             pynvml.nvmlShutdown()
 
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
-        families: dict[str, Any] = {spec.name: spec.family() for spec in _OWN}
+        families: dict[str, Any] = {spec.name: spec.family() for spec in OWN}
         run_memory: dict[tuple[str, str, str], int | None] = {}
         with self._lock:
             self._health.begin()

@@ -29,7 +29,7 @@ from typing import Any
 
 import pynvml
 
-from trainguard.exporter.collectors.gpu import health_metrics as hm
+from trainguard.exporter.collectors.gpu import metrics as hm
 from trainguard.exporter.collectors.gpu.health import fields as fi
 from trainguard.exporter.collectors.gpu.health.lines import Out, put, update
 from trainguard.exporter.collectors.gpu.health.nvml import (
@@ -54,7 +54,7 @@ _INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
 _UNSUPPORTED = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
 _LOST = pynvml.NVML_ERROR_GPU_IS_LOST
 _TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-_INDEX = {spec.name: i for i, spec in enumerate(hm.METRICS)}
+_INDEX = {spec.name: i for i, spec in enumerate(hm.HEALTH)}
 #: the reads made at every scrape, in the order they are made
 PER_SCRAPE = (
     "clock event reasons",

@@ -14,8 +14,8 @@ before Ampere, retired pages since, utilisation of a MIG-enabled GPU, NVLink on 
 the driver does not have (``FUNCTION_NOT_FOUND``) gives no series, which is not a failure. Any
 other error is reported on the scrape (the collector's success goes to 0) and that reading alone
 is left out. How each GPU is read and rendered cheaply, and what is read only every
-:data:`~trainguard.exporter.collectors.gpu.health.device.SLOW_READ_S`: ``gpu_health_device.py``; the
-series: ``gpu_health_metrics.py``.
+:data:`~trainguard.exporter.collectors.gpu.health.device.SLOW_READ_S`: ``device.py``; the
+series: ``metrics.py``.
 """
 
 from __future__ import annotations
@@ -31,18 +31,15 @@ from trainguard.exporter.collectors.gpu.health.device import (
 )
 from trainguard.exporter.collectors.gpu.health.lines import Out
 from trainguard.exporter.collectors.gpu.health.nvml import Functions
-from trainguard.exporter.collectors.gpu.health_metrics import METRICS, REASONS, reason_labels
+from trainguard.exporter.collectors.gpu.metrics import HEALTH
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.exporter.scrape.exposition import LineFamily
 
 __all__ = [
-    "METRICS",
-    "REASONS",
     "RECHECK_UNSUPPORTED_S",
     "SLOW_READ_S",
     "GpuHealth",
     "HealthDevice",
-    "reason_labels",
 ]
 
 
@@ -74,7 +71,7 @@ class GpuHealth:
         self._functions: Functions | None = None
         self._out = Out()
         self._now = 0.0
-        self._templates = [spec.family() for spec in METRICS]
+        self._templates = [spec.family() for spec in HEALTH]
         #: this scrape's GPUs in order, each with its slow reads' version (None: lost)
         self._slow_key: list[tuple[DeviceHealth, int] | None] = []
         self._slow_out: tuple[list[tuple[DeviceHealth, int] | None], Out] = ([], Out())
@@ -102,7 +99,7 @@ class GpuHealth:
         self._devices = self._seen
         out, slow = self._out, self._slow_lines()
         families = {}
-        for i, (spec, template) in enumerate(zip(METRICS, self._templates, strict=True)):
+        for i, (spec, template) in enumerate(zip(HEALTH, self._templates, strict=True)):
             lines, rows = out.lines[i], out.rows[i]
             if not lines:  # a series is read at every scrape or slowly, never both
                 lines, rows = slow.lines[i], slow.rows[i]

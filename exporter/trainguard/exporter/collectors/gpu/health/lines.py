@@ -5,23 +5,23 @@ kept to a comparison and two appends (``put``): a series' line is made again onl
 value changed (``update``), and its row (labels, value) for readers other than the text writer
 is kept with it rather than made per scrape. The reads themselves: ``gpu_health_device.py``.
 
-A slot is a list ``[prefix, labels, raw, line, (labels, value), series' index in METRICS]``.
+A slot is a list ``[prefix, labels, raw, line, (labels, value), series' index in HEALTH]``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from trainguard.exporter.collectors.gpu import health_metrics as hm
+from trainguard.exporter.collectors.gpu import metrics as hm
 from trainguard.exporter.scrape.exposition import value_text
 
 
 class Out:
-    """One scrape's health lines and rows (labels, value), per metric in ``METRICS`` order."""
+    """One scrape's health lines and rows (labels, value), per metric in ``HEALTH`` order."""
 
     def __init__(self) -> None:
-        self.lines: list[list[str]] = [[] for _ in hm.METRICS]
-        self.rows: list[list[tuple[dict[str, str], float]]] = [[] for _ in hm.METRICS]
+        self.lines: list[list[str]] = [[] for _ in hm.HEALTH]
+        self.rows: list[list[tuple[dict[str, str], float]]] = [[] for _ in hm.HEALTH]
 
 
 def update(slot: list[Any], raw: int, scale: float) -> None:

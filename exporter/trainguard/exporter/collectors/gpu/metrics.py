@@ -1,13 +1,100 @@
-"""The GPU health series: names, labels and help (the contract), and the clock reasons' bits.
+"""The GPU collector's series (memory, processes, Xid errors, health) and the clock reasons' bits.
 
-Why a module of their own: the GPU collector lists them, docs/metrics.md is checked against
-them, and the code that reads and renders them (``gpu_health.py``, ``gpu_health_device.py``)
-names them without either having to import the other.
+The one place a GPU metric is defined, in docs/metrics.md's order: docs/metrics.md is checked
+against these, and the collector and the health reads (``health/``) name them without either
+having to import the other.
 """
 
 from __future__ import annotations
 
 from trainguard.exporter.scrape.collector import MetricSpec
+
+NVML_AVAILABLE = MetricSpec(
+    "trainguard_gpu_nvml_available",
+    "gauge",
+    (),
+    "1 if NVML started, 0 if no NVIDIA driver is installed (no NVML library: no GPU series, "
+    "and not a failure); absent while an installed driver fails.",
+)
+GPU_INFO = MetricSpec(
+    "trainguard_gpu_info",
+    "gauge",
+    ("gpu", "uuid", "name", "driver_version"),
+    "Always 1 for each GPU NVML reports; labels identify it.",
+)
+MEMORY_TOTAL = MetricSpec(
+    "trainguard_gpu_memory_total_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Total device memory as reported by the driver.",
+)
+MEMORY_USED = MetricSpec(
+    "trainguard_gpu_memory_used_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Device memory in use as reported by the driver (includes the driver's own reservation).",
+)
+PROCESS_MEMORY = MetricSpec(
+    "trainguard_gpu_process_memory_used_bytes",
+    "gauge",
+    ("gpu", "uuid", "pid", "run"),
+    "Device memory the driver attributes to a process; run is empty when the pid belongs to "
+    "no known run.",
+)
+PROCESSES = MetricSpec(
+    "trainguard_gpu_processes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Processes NVML lists on the GPU (compute and graphics, each once), whether or not their "
+    "memory is known; 0 under WSL, which lists none.",
+)
+PROCESSES_UNKNOWN = MetricSpec(
+    "trainguard_gpu_processes_memory_unknown",
+    "gauge",
+    ("gpu", "uuid"),
+    "Processes on the GPU whose memory the driver reports as not available (WDDM/WSL).",
+)
+UNATTRIBUTED = MetricSpec(
+    "trainguard_gpu_memory_unattributed_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Device memory used minus what live processes account for; absent when any process's "
+    "memory is unknown.",
+)
+XID_ERRORS = MetricSpec(
+    "trainguard_gpu_xid_errors_total",
+    "counter",
+    ("gpu", "uuid", "xid"),
+    "Critical Xid errors the driver reported for the GPU since the exporter started, per Xid code.",
+)
+XID_SUPPORTED = MetricSpec(
+    "trainguard_gpu_xid_events_supported",
+    "gauge",
+    ("gpu", "uuid"),
+    "1 if the exporter receives the GPU's critical Xid events, 0 if the driver offers none "
+    "(then Xid errors are unknown, not zero).",
+)
+RUN_MEMORY = MetricSpec(
+    "trainguard_run_gpu_memory_used_bytes",
+    "gauge",
+    ("run", "rank", "gpu"),
+    "Driver-view device memory summed over the run's live processes on this GPU.",
+)
+#: the collector's own series; the health series (:data:`HEALTH`) come rendered from
+#: ``health/``, after these
+OWN = (
+    NVML_AVAILABLE,
+    GPU_INFO,
+    MEMORY_TOTAL,
+    MEMORY_USED,
+    PROCESS_MEMORY,
+    PROCESSES,
+    PROCESSES_UNKNOWN,
+    UNATTRIBUTED,
+    RUN_MEMORY,
+    XID_ERRORS,
+    XID_SUPPORTED,
+)
 
 #: nvmlClocksEventReason* bits (nvml.h; the older nvmlClocksThrottleReason* have the same
 #: values) and the ``reason`` label each is published as. Literals, not pynvml's constants:
@@ -145,7 +232,7 @@ NVLINK_ERRORS = MetricSpec(
     "replay, recovery, crc_flit, crc_data, ecc_data; a kind the GPU does not count is absent).",
 )
 
-METRICS: tuple[MetricSpec, ...] = (
+HEALTH: tuple[MetricSpec, ...] = (
     CLOCK_EVENT_REASON,
     CLOCK_EVENT_REASONS,
     PCIE_GENERATION,
@@ -175,3 +262,6 @@ def reason_labels(mask: int) -> list[str]:
     unknown = mask & ~_KNOWN_BITS
     names += [f"bit_{1 << i:#x}" for i in range(unknown.bit_length()) if unknown >> i & 1]
     return names
+
+
+METRICS = (*OWN, *HEALTH)
