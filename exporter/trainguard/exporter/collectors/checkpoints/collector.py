@@ -25,9 +25,17 @@ from trainguard.exporter.collectors.checkpoints.dirwatch import (
     NotMounted,
     RecordCache,
 )
+from trainguard.exporter.collectors.checkpoints.metrics import (
+    AVAIL,
+    LOCATION_INFO,
+    LOCATION_UP,
+    METRICS,
+    PARTIAL,
+    PARTIAL_AGE,
+    UNKNOWN_MTIME,
+)
 from trainguard.exporter.collectors.checkpoints.verdict_cache import VerdictCache
 from trainguard.exporter.collectors.checkpoints.verdicts import (
-    JUDGED,
     VERDICT_MAX_AGE,
     Families,
     Inputs,
@@ -35,7 +43,6 @@ from trainguard.exporter.collectors.checkpoints.verdicts import (
     Signature,
     Verdict,
     signature,
-    spec,
 )
 from trainguard.exporter.collectors.checkpoints.verifier import Verifier
 from trainguard.exporter.config.model import CheckpointSettings
@@ -48,33 +55,6 @@ from trainguard.shared.manifest import ManifestError
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.steps import layout_problem
 from trainguard.shared.verdict import StepCache
-
-LOCATION_UP = spec(
-    "location_up",
-    "1 if the location's directory and manifest could be read in this scrape, 0 if not (the "
-    "location's other series are then absent and the reason is logged).",
-)
-LOCATION_INFO = spec(
-    "location_info",
-    "Always 1, one series per watched location: trust_unrecorded says whether the config "
-    "counts settled files without records as complete (rules alert on unrecorded files only "
-    "where it is false).",
-    ("run", "location", "trust_unrecorded"),
-)
-UNKNOWN_MTIME = spec(
-    "unknown_mtime_files",
-    "Files and .part files whose modification time is unknown (0): never old, never complete.",
-)
-PARTIAL = spec(
-    "partial_files", ".part files: checkpoints being written, or left by a writer that died."
-)
-PARTIAL_AGE = spec(
-    "oldest_partial_age_seconds",
-    "Time since the oldest .part file was last written to (absent when there is none).",
-)
-AVAIL = spec(
-    "filesystem_avail_bytes", "Space available to unprivileged users on the location's filesystem."
-)
 
 #: the locations to read in a scrape
 Targets = Callable[[Scrape], Iterable[CheckpointTarget]]
@@ -137,16 +117,7 @@ class CheckpointsCollector(Collector):
 
     name = "checkpoints"
     help = "checkpoint locations: newest complete step, truncation, free space"
-    metrics = (
-        LOCATION_UP,
-        LOCATION_INFO,
-        *JUDGED,
-        UNKNOWN_MTIME,
-        PARTIAL,
-        PARTIAL_AGE,
-        AVAIL,
-        *save_outcomes.METRICS,
-    )
+    metrics = METRICS
 
     @classmethod
     def build(cls, setup: Setup) -> CheckpointsCollector:

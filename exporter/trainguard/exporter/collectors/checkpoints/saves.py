@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainguard.exporter.collectors.checkpoints.metrics import (
+    LAST_FAILURE,
+    LAST_SUCCESS,
+    SAVE_FAILURES,
+)
 from trainguard.exporter.collectors.checkpoints.verdicts import Families
 from trainguard.exporter.runs.targets import CheckpointTarget, ownership_problem
-from trainguard.exporter.scrape.collector import MetricSpec
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.fileio import UntrustedFileError, read_untrusted
 from trainguard.shared.save_status import (
@@ -24,30 +28,6 @@ from trainguard.shared.save_status import (
     parse_status,
     status_path,
 )
-
-SAVE_FAILURES = MetricSpec(
-    "trainguard_checkpoint_save_failures_total",
-    "counter",
-    ("run", "location", "reason"),
-    "Saves into the location that failed, by reason (enospc, edquot, eio, erofs, other), "
-    "counted by trainguard.checkpoint and the framework integrations, also when the script "
-    "caught the error and trained on.",
-)
-LAST_SUCCESS = MetricSpec(
-    "trainguard_checkpoint_last_save_success_timestamp_seconds",
-    "gauge",
-    ("run", "location"),
-    "When the last save into the location completed (the training host's clock); absent "
-    "before the first.",
-)
-LAST_FAILURE = MetricSpec(
-    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
-    "gauge",
-    ("run", "location"),
-    "When the last save into the location failed (the training host's clock); absent before "
-    "the first.",
-)
-METRICS = (SAVE_FAILURES, LAST_SUCCESS, LAST_FAILURE)
 
 
 def read_status(state_dir: Path, t: CheckpointTarget) -> SaveStatus | None:

@@ -17,82 +17,27 @@ from typing import NamedTuple
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.samples import Sample
 
+from trainguard.exporter.collectors.checkpoints.metrics import (
+    BYTES,
+    DAMAGED_STEP,
+    EXPECTED_SIZE,
+    FILES,
+    HASH_MISMATCH,
+    HASH_PENDING,
+    JUDGED,
+    LAST_STEP,
+    LAST_TIMESTAMP,
+    OVERSIZED,
+    SIZE,
+    TRUNCATED,
+    UNRECORDED,
+)
 from trainguard.exporter.collectors.checkpoints.verifier import Verifier
 from trainguard.exporter.scrape.collector import MetricSpec
 from trainguard.shared.listing import Listing
 from trainguard.shared.manifest import Record
 from trainguard.shared.verdict import Judged, StepCache, StepVerdict, judge, judge_dirs
 
-#: the labels of a location's series
-LOCATION = ("run", "location")
-
-
-def spec(name: str, help: str, labels: tuple[str, ...] = LOCATION) -> MetricSpec:
-    """A checkpoint metric: ``trainguard_checkpoint_`` + ``name``, a gauge."""
-    return MetricSpec(f"trainguard_checkpoint_{name}", "gauge", labels, help)
-
-
-LAST_STEP = spec("last_step", "Step of the newest complete checkpoint.")
-LAST_TIMESTAMP = spec(
-    "last_timestamp_seconds", "Modification time of the newest complete checkpoint."
-)
-FILES = spec("files", "Checkpoint files (names matching the pattern, .part not included).")
-BYTES = spec("bytes", "Total size of the checkpoint files.")
-SIZE = spec(
-    "size_bytes",
-    "Size of the checkpoint files of a step (newest steps only).",
-    ("run", "location", "step"),
-)
-EXPECTED_SIZE = spec(
-    "expected_size_bytes",
-    "Size recorded when the step's checkpoint was written (newest steps only).",
-    ("run", "location", "step"),
-)
-TRUNCATED = spec(
-    "truncated_files",
-    "Files smaller than their recorded size and untouched for the grace period.",
-)
-DAMAGED_STEP = spec(
-    "newest_damaged_step",
-    "Step of the newest checkpoint file at the location that is damaged (damage: truncated, "
-    "hash_mismatch); absent when none is. The rules compare it with the newest complete step "
-    "of every location of the run: damage to a step held intact elsewhere (or older than an "
-    "intact one) warns, damage with nothing as new intact pages.",
-    ("run", "location", "damage"),
-)
-OVERSIZED = spec(
-    "oversized_files",
-    "Files larger than their recorded size and untouched for the grace period.",
-)
-HASH_MISMATCH = spec(
-    "hash_mismatch_files",
-    "Files of the recorded size whose content does not hash to the recorded SHA-256.",
-)
-HASH_PENDING = spec(
-    "hash_pending_files",
-    "Files with a recorded SHA-256 and the expected size not verified yet (in the grace period, "
-    "queued, or unreadable).",
-)
-UNRECORDED = spec(
-    "unrecorded_files",
-    "Files with no recorded size to judge them by (no manifest record, and for a mirror none on "
-    "the primary either): complete only where the config trusts unrecorded files.",
-)
-#: the series judged from a location's files (the rest are read afresh at every scrape)
-JUDGED = (
-    LAST_STEP,
-    LAST_TIMESTAMP,
-    FILES,
-    BYTES,
-    SIZE,
-    EXPECTED_SIZE,
-    TRUNCATED,
-    DAMAGED_STEP,
-    OVERSIZED,
-    HASH_MISMATCH,
-    HASH_PENDING,
-    UNRECORDED,
-)
 #: a verdict with no unsettled file holds until this (or its maximum age)
 FOREVER = 2**63 - 1
 Families = GaugeMetricFamily | CounterMetricFamily

@@ -18,6 +18,13 @@ from pathlib import Path
 
 from prometheus_client.core import Metric
 
+from trainguard.exporter.collectors.restore.metrics import (
+    LAST_SUCCESS,
+    LAST_TIME,
+    METRICS,
+    VERIFIED_STEP,
+    VERIFIED_TIME,
+)
 from trainguard.exporter.collectors.restore.result import (
     SUFFIX,
     Result,
@@ -26,35 +33,9 @@ from trainguard.exporter.collectors.restore.result import (
     results_dir,
 )
 from trainguard.exporter.runs.targets import PRIMARY, CheckpointTarget
-from trainguard.exporter.scrape.collector import Collector, MetricSpec, Setup
+from trainguard.exporter.scrape.collector import Collector, Setup
 from trainguard.exporter.scrape.context import Scrape
 
-LABELS = ("run", "location")
-VERIFIED_STEP = MetricSpec(
-    "trainguard_checkpoint_restore_verified_step",
-    "gauge",
-    LABELS,
-    "Step of the newest checkpoint a restore drill (trainguard verify --restore) loaded; absent "
-    "until one succeeded.",
-)
-VERIFIED_TIME = MetricSpec(
-    "trainguard_checkpoint_restore_verified_timestamp_seconds",
-    "gauge",
-    LABELS,
-    "When the drill that loaded it finished.",
-)
-LAST_SUCCESS = MetricSpec(
-    "trainguard_checkpoint_restore_last_check_success",
-    "gauge",
-    LABELS,
-    "1 if the last restore drill loaded the checkpoint, 0 if it failed or could not check.",
-)
-LAST_TIME = MetricSpec(
-    "trainguard_checkpoint_restore_last_check_timestamp_seconds",
-    "gauge",
-    LABELS,
-    "When the last restore drill finished, whatever its outcome.",
-)
 #: result files read per scrape, the most recently written first
 MAX_RESULTS = 1000
 
@@ -67,7 +48,7 @@ class RestoreCollector(Collector):
 
     name = "restore"
     help = "restore drill results (trainguard verify --restore) in the state directory"
-    metrics = (VERIFIED_STEP, VERIFIED_TIME, LAST_SUCCESS, LAST_TIME)
+    metrics = METRICS
 
     @classmethod
     def build(cls, setup: Setup) -> RestoreCollector:
