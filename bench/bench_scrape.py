@@ -15,7 +15,7 @@ What is real and what is not: NVML is the test library (tests/fakenvml), which s
 state file at every call and re-parses it only when it changed (it does not change during a
 run), so a call costs a few µs, about what a driver's does, for both exporters.
 Everything else is real: heartbeat files written with
-``trainguard.shared.heartbeat.write_heartbeat`` carrying the pid and create time of live
+``trainguard.shared.heartbeat.record.write_heartbeat`` carrying the pid and create time of live
 ``sleep`` processes (and, for every fifth run, of a pid that no longer exists), checkpoint files
 with manifest records written with ``trainguard.shared.manifest`` (a primary and a ``backup``
 mirror per run, aged past the grace period with ``os.utime``, one orphaned ``.part`` per primary
@@ -66,7 +66,7 @@ from helpers.nvml_fake import FakeNvmlState, build_fake_nvml  # noqa: E402
 from helpers.settled_checkpoints import write_settled_checkpoints  # noqa: E402
 from trainguard.exporter.collectors.checkpoints.dirwatch import SETTLE_SECONDS  # noqa: E402
 from trainguard.shared import procinfo  # noqa: E402
-from trainguard.shared.heartbeat import (  # noqa: E402
+from trainguard.shared.heartbeat.record import (  # noqa: E402
     AllocatorStats,
     Heartbeat,
     heartbeat_filename,

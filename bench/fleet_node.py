@@ -37,7 +37,7 @@ from helpers.exporter_proc import Exporter, poll  # noqa: E402
 from helpers.nvml_fake import FakeNvmlState  # noqa: E402
 from helpers.settled_checkpoints import write_settled_checkpoints  # noqa: E402
 from trainguard.shared import procinfo  # noqa: E402
-from trainguard.shared.heartbeat import (  # noqa: E402
+from trainguard.shared.heartbeat.record import (  # noqa: E402
     AllocatorStats,
     Heartbeat,
     heartbeat_filename,

@@ -79,8 +79,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_snapshot_check: no CUDA on this machine: nothing checked", file=sys.stderr)
         return 77
-    from trainguard.shared.heartbeat import heartbeat_filename
-    from trainguard.shared.heartbeat_read import read_heartbeat
+    from trainguard.shared.heartbeat.read import read_heartbeat
+    from trainguard.shared.heartbeat.record import heartbeat_filename
 
     report: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
     checks: dict[str, bool] = {}

@@ -26,7 +26,7 @@ from helpers.paths import DATA
 from helpers.run_child import own_heartbeat, put
 from trainguard.checkpoint import save
 from trainguard.exporter.scrape.collector import printable
-from trainguard.shared.heartbeat import heartbeat_filename
+from trainguard.shared.heartbeat.record import heartbeat_filename
 from trainguard.shared.manifest import MANIFEST_DIR, Record, record_path
 
 HEARTBEATS = DATA / "heartbeats"

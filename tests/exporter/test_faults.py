@@ -25,7 +25,7 @@ from helpers.tmpfs import tmpfs, unmount
 from helpers.wait import wait_for
 from trainguard import Run
 from trainguard.checkpoint import save
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
 
 
 def stop(proc: subprocess.Popen[str]) -> None:

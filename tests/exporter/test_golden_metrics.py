@@ -35,7 +35,7 @@ from helpers.exporter_proc import Exporter, poll, value
 from helpers.nvml_fake import FakeNvmlState
 from helpers.settled_checkpoints import write_settled_checkpoints
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.record import (
     AllocatorStats,
     Heartbeat,
     Timing,

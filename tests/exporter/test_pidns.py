@@ -28,7 +28,7 @@ from trainguard.exporter.config.model import parse_config
 from trainguard.exporter.runs.table import RunTable
 from trainguard.run.reporter import Run
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux namespaces")
 

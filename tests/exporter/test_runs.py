@@ -29,7 +29,7 @@ from helpers.run_child import (
 )
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import Death
+from trainguard.shared.heartbeat.record import Death
 
 
 def sample(samples: Samples, metric: str, **labels: str) -> float | None:

@@ -18,7 +18,7 @@ from trainguard.exporter.config.model import parse_config
 from trainguard.exporter.runs.rows import last_death
 from trainguard.exporter.runs.table import RunTable
 from trainguard.exporter.runs.targets import CheckpointTarget
-from trainguard.shared.heartbeat import Death
+from trainguard.shared.heartbeat.record import Death
 
 
 def test_pid_runs_lists_only_live_processes(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from helpers.exporter_proc import Exporter, select, value
 from helpers.run_child import own_heartbeat, put
 from helpers.wait import wait_for
 from trainguard.checkpoint import save
-from trainguard.shared.heartbeat import heartbeat_filename, write_heartbeat
+from trainguard.shared.heartbeat.record import heartbeat_filename, write_heartbeat
 
 SECRET = "hunter2-AKIA5ECRETT0KEN"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from helpers.exporter_proc import Exporter, child_env, select
 from helpers.run_child import own_heartbeat, put
-from trainguard.shared.heartbeat import Stuck
+from trainguard.shared.heartbeat.record import Stuck
 
 WHERE = "_BaseDataLoaderIter.__next__ <- train.py:88 load_batch"
 

@@ -22,7 +22,7 @@ from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import heartbeat_path, start_child, wait_heartbeat
 from helpers.wait import wait_for
 from trainguard import checkpoint
-from trainguard.shared.heartbeat import Heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat
 
 CMD = [sys.executable, "-m", "trainguard.exporter.terminal"]
 DEADLINE = 60.0

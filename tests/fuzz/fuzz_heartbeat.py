@@ -14,12 +14,12 @@ import _common  # noqa: F401  (sys.path for this checkout)
 import atheris
 
 with atheris.instrument_imports():
-    from trainguard.shared.heartbeat import HeartbeatError
-    from trainguard.shared.heartbeat_read import (
+    from trainguard.shared.heartbeat.read import (
         parse_heartbeat,
         parse_heartbeat_bytes,
         read_heartbeat,
     )
+    from trainguard.shared.heartbeat.record import HeartbeatError
 
 _TMP = tempfile.mkdtemp(prefix="tg-fuzz-")
 _FILE = os.path.join(_TMP, "fuzz.heartbeat.json")

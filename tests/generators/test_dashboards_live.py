@@ -24,7 +24,7 @@ from helpers.tmpfs import try_mount, unmount
 from helpers.wait import wait_for
 from trainguard import checkpoint
 from trainguard.run.allocator import allocator_stats
-from trainguard.shared.heartbeat import SnapshotRecord, SnapshotState, Stuck
+from trainguard.shared.heartbeat.record import SnapshotRecord, SnapshotState, Stuck
 
 pytestmark = [
     pytest.mark.slow,

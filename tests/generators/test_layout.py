@@ -180,3 +180,132 @@ def test_the_package_has_no_import_cycle() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---------------------------------------------------------------- one way down between the rooms
+
+#: the rooms of the package, highest first; a room is a package (or a module), and the rooms of
+#: one rank are siblings. A module may import its own room and the rooms of lower ranks only:
+#: never a higher rank, never a sibling (two siblings that need each other are one concern, or
+#: one holds what belongs lower down).
+RANKS: tuple[tuple[str, ...], ...] = (
+    ("trainguard.__main__",),  # ``python -m trainguard``: the exporter's command
+    ("trainguard.exporter.cli", "trainguard.exporter.terminal"),  # the two commands
+    ("trainguard.exporter.http",),
+    ("trainguard.exporter.collectors",),  # the list of collectors the exporter builds
+    (
+        "trainguard.exporter.collectors.runs",
+        "trainguard.exporter.collectors.gpu",
+        "trainguard.exporter.collectors.checkpoints",
+        "trainguard.exporter.collectors.restore",
+        "trainguard.exporter.collectors.processes",
+    ),
+    ("trainguard.exporter.runs",),
+    ("trainguard.exporter.scrape",),
+    ("trainguard.exporter.config",),
+    ("trainguard.exporter",),  # the side's package docstring
+    ("trainguard", "trainguard.integrations"),  # what a training script imports
+    ("trainguard.run",),
+    ("trainguard.checkpoint",),
+    ("trainguard.shared",),
+    ("trainguard._version",),
+)
+
+
+def _room(module: str) -> tuple[int, str]:
+    """The rank and the room of ``module``: the longest room name it is, or is inside of."""
+    best: tuple[int, str] | None = None
+    for rank, rooms in enumerate(RANKS):
+        for room in rooms:
+            inside = module == room or module.startswith(room + ".")
+            if inside and (best is None or len(room) > len(best[1])):
+                best = (rank, room)
+    assert best is not None, f"{module} is in no room of RANKS: give it one"
+    return best
+
+
+def _edges_against_the_ranks(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, imported in sorted(graph.items()):
+        rank, room = _room(module)
+        for target in sorted(imported):
+            t_rank, t_room = _room(target)
+            if t_room == room or t_rank > rank:
+                continue
+            why = "a sibling" if t_rank == rank else "a higher rank"
+            bad.append(f"{module} -> {target} ({why}: {room} -> {t_room})")
+    return bad
+
+
+def test_imports_go_one_way_down() -> None:
+    """Entry points > http > the collectors > the run table > the scrape > config > the training
+    side > the shared formats: a newcomer finds a concern by its room, and a change to a lower
+    room never needs a higher one."""
+    graph = _import_graph()
+    assert "trainguard.exporter.scrape.collector" in graph["trainguard.exporter.cli"]  # real graph
+    assert _edges_against_the_ranks(graph) == []
+
+
+def test_the_rank_check_finds_an_edge_up_and_one_across() -> None:
+    graph = {
+        "trainguard.exporter.scrape.context": {"trainguard.exporter.runs.table"},
+        "trainguard.exporter.collectors.gpu.collector": {"trainguard.exporter.collectors.runs"},
+        "trainguard.exporter.collectors.gpu.metrics": {"trainguard.exporter.scrape.collector"},
+    }
+    assert _edges_against_the_ranks(graph) == [
+        "trainguard.exporter.collectors.gpu.collector -> trainguard.exporter.collectors.runs "
+        "(a sibling: trainguard.exporter.collectors.gpu -> trainguard.exporter.collectors.runs)",
+        "trainguard.exporter.scrape.context -> trainguard.exporter.runs.table "
+        "(a higher rank: trainguard.exporter.scrape -> trainguard.exporter.runs)",
+    ]
+
+
+#: the most modules the exporter side's own folder may hold at its top level
+MAX_EXPORTER_TOP_MODULES = 8
+
+
+def test_the_exporter_side_top_level_is_its_rooms() -> None:
+    top = sorted(p.name for p in (PACKAGE / "exporter").glob("*.py"))
+    assert len(top) <= MAX_EXPORTER_TOP_MODULES, top
+
+
+def _name_families(names: list[str]) -> dict[str, list[str]]:
+    """Groups of 3+ sibling module names that share a first or last ``_``-word (``gpu_health``,
+    ``gpu_health_device``, ``gpu_health_fields``; ``exit_rows``, ``job_rows``, ``stuck_rows``):
+    pieces of one concern split to stay short, which belong in a package of their own. A plural
+    counts as its singular (``snapshots``, ``snapshot_files``)."""
+
+    def word(w: str) -> str:
+        return w[:-1] if w.endswith("s") and len(w) > 3 else w
+
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        words = name.split("_")
+        for key in {f"{word(words[0])}_*", f"*_{word(words[-1])}"}:
+            groups.setdefault(key, []).append(name)
+    return {k: sorted(v) for k, v in groups.items() if len(v) >= 3}
+
+
+def test_no_family_of_sibling_modules_named_by_one_prefix_or_suffix() -> None:
+    """One folder per concern: three or more modules of one folder named ``thing_a``,
+    ``thing_b``, ``thing_c`` are one concern split by size, not by concept."""
+    found = {}
+    for folder in sorted({p.parent for p in PACKAGE.rglob("*.py")} | {PACKAGE}):
+        names = [p.stem for p in folder.glob("*.py") if not p.stem.startswith("__")]
+        families = _name_families(names)
+        if families:
+            found[str(folder.relative_to(PACKAGE.parent))] = families
+    assert found == {}
+
+
+def test_the_family_check_finds_prefixes_suffixes_and_plurals() -> None:
+    assert _name_families(["gpu_health", "gpu_health_device", "gpu_health_fields", "xid"]) == {
+        "gpu_*": ["gpu_health", "gpu_health_device", "gpu_health_fields"]
+    }
+    assert _name_families(["exit_rows", "job_rows", "run_rows", "rows"]) == {
+        "*_row": ["exit_rows", "job_rows", "rows", "run_rows"]
+    }
+    assert _name_families(["snapshots", "snapshot_files", "snapshot_requests"]) == {
+        "snapshot_*": ["snapshot_files", "snapshot_requests", "snapshots"]
+    }
+    assert _name_families(["stepdir", "steps", "verdict"]) == {}

@@ -19,7 +19,7 @@ import yaml
 from helpers.exporter_proc import REPO, Exporter
 from helpers.promstack import PROMETHEUS, Prometheus
 from helpers.run_child import own_heartbeat, put
-from trainguard.shared.heartbeat import AllocatorStats
+from trainguard.shared.heartbeat.record import AllocatorStats
 
 pytestmark = [
     pytest.mark.slow,

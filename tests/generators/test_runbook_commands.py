@@ -18,7 +18,7 @@ from helpers.exporter_proc import REPO, Exporter, poll, select
 from helpers.nvml_fake import GIB, FakeNvmlState
 from helpers.run_child import own_heartbeat, put
 from trainguard.exporter.collectors.restore.result import Result, write_result
-from trainguard.shared.heartbeat import AllocatorStats, Death, Stuck
+from trainguard.shared.heartbeat.record import AllocatorStats, Death, Stuck
 
 RUNBOOK = REPO / "alerts" / "runbook.md"
 UUID = "GPU-7b000000-0000-0000-0000-000000000000"

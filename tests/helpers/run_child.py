@@ -18,13 +18,13 @@ import psutil
 from helpers.exporter_proc import child_env
 from helpers.wait import wait_for
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import (
     Heartbeat,
     HeartbeatError,
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.shared.heartbeat_read import read_heartbeat
 
 CHILD = r"""
 import os, sys, time

@@ -15,8 +15,8 @@ import yaml
 
 from helpers.exporter_proc import REPO, Exporter, child_env, free_port
 from helpers.promstack import Alertmanager, Prometheus, Webhook
-from trainguard.shared.heartbeat import HeartbeatError
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import HeartbeatError
 
 
 def alertmanager_config(url: str) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 from helpers.paths import DATA, TESTS
-from trainguard.shared.heartbeat import HeartbeatError
-from trainguard.shared.heartbeat_read import parse_heartbeat_bytes
+from trainguard.shared.heartbeat.read import parse_heartbeat_bytes
+from trainguard.shared.heartbeat.record import HeartbeatError
 from trainguard.shared.manifest import ManifestError, parse_record
 
 FUZZ = TESTS / "fuzz"

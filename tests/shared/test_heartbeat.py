@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.read import parse_heartbeat, read_heartbeat
+from trainguard.shared.heartbeat.record import (
     CAUSES,
     MAX_BYTES,
     AllocatorStats,
@@ -26,7 +27,6 @@ from trainguard.shared.heartbeat import (
     heartbeat_filename,
     write_heartbeat,
 )
-from trainguard.shared.heartbeat_read import parse_heartbeat, read_heartbeat
 
 SAFE_FILE = re.compile(r"^[A-Za-z0-9_-]{1,48}-[0-9a-f]{8}\.rank\d+\.heartbeat\.json$")
 

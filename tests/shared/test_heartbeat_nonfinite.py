@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from trainguard.run.scalar_health import ScalarHealth
-from trainguard.shared.heartbeat import Heartbeat, HeartbeatError, write_heartbeat
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat, HeartbeatError, write_heartbeat
 from trainguard.shared.nonfinite import MAX_NONFINITE_NAMES, NonFinite
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.shared.heartbeat import Death, Heartbeat, HeartbeatError, write_heartbeat
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import Death, Heartbeat, HeartbeatError, write_heartbeat
 
 #: the causes format-1 readers before signals accept
 OLD_CAUSES = ("reboot", "oom_killer", "exception", "unknown")

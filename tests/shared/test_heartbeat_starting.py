@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from trainguard.shared.heartbeat import Heartbeat, HeartbeatError
-from trainguard.shared.heartbeat_read import parse_heartbeat
+from trainguard.shared.heartbeat.read import parse_heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat, HeartbeatError
 
 BASE = Heartbeat(run="r", rank=0, pid=42, create_time=1.0, host="h", started=2.0, time=3.0)
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from trainguard.shared.heartbeat import Heartbeat, HeartbeatError, Stuck
-from trainguard.shared.heartbeat_read import parse_heartbeat
+from trainguard.shared.heartbeat.read import parse_heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat, HeartbeatError, Stuck
 
 
 def heartbeat(stuck: Stuck | None) -> Heartbeat:

@@ -9,8 +9,8 @@ import pytest
 from helpers.exporter_proc import REPO, child_env
 from helpers.zygote import Zygote
 from trainguard import checkpoint
-from trainguard.shared.heartbeat import heartbeat_filename
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import heartbeat_filename
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.exporter_proc import child_env
 from trainguard.integrations._common import RunLife, as_float, run_name, scalars_from
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
 
 FRAMEWORKS = (
     "transformers",

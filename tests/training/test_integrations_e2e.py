@@ -25,7 +25,7 @@ from helpers.run_child import sigkill
 from helpers.wait import WaitTimeout, wait_for
 from helpers.zygote import Forked, Zygote
 from trainguard import checkpoint
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
 from trainguard.shared.manifest import read_all_records
 from trainguard.shared.pattern import CheckpointPattern
 

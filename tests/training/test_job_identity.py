@@ -12,8 +12,8 @@ import pytest
 
 from trainguard import Run
 from trainguard.run.job import global_rank, resolve_job, world_size
-from trainguard.shared.heartbeat import HeartbeatError
-from trainguard.shared.heartbeat_read import parse_heartbeat, read_heartbeat
+from trainguard.shared.heartbeat.read import parse_heartbeat, read_heartbeat
+from trainguard.shared.heartbeat.record import HeartbeatError
 from trainguard.shared.jobinfo import JobInfo
 
 #: what torchrun's agent gives worker 3 of `--nnodes=2 --nproc-per-node=2`, on the second node

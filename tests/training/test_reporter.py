@@ -29,8 +29,8 @@ from trainguard.run import reporter
 from trainguard.run.allocator import allocator_stats
 from trainguard.run.reporter import Run
 from trainguard.shared import kernlog, procinfo
-from trainguard.shared.heartbeat import Death, Heartbeat, write_heartbeat
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import Death, Heartbeat, write_heartbeat
 
 # key names exactly as torch.cuda.memory_stats() returns them (see its docstring)
 REAL_STATS = {

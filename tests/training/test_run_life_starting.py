@@ -16,8 +16,8 @@ from pathlib import Path
 from helpers.exporter_proc import child_env
 from helpers.wait import wait_for
 from trainguard.integrations._common import RunLife
-from trainguard.shared.heartbeat import heartbeat_filename
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import heartbeat_filename
 
 PREPARE = (
     "import sys\n"

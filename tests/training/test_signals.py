@@ -23,7 +23,7 @@ from helpers.run_child import heartbeat_path, wait_heartbeat
 from helpers.wait import wait_for
 from trainguard import Run
 from trainguard.run.signals import END_TIME_VARIABLES
-from trainguard.shared.heartbeat import Heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat
 
 CHILD = r"""
 import ctypes, signal, sys, time

@@ -28,16 +28,16 @@ from helpers.paths import REPO
 from helpers.run_child import own_heartbeat, put, wait_heartbeat
 from helpers.wait import wait_for
 from trainguard.exporter.terminal.snapshot import SnapshotError, request_snapshot
-from trainguard.run import snapshot_requests
-from trainguard.run import snapshots as snap
 from trainguard.run.reporter import Run
-from trainguard.shared.heartbeat import (
+from trainguard.run.snapshots import capture as snap
+from trainguard.run.snapshots import requests as snapshot_requests
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import (
     Heartbeat,
     SnapshotRecord,
     SnapshotState,
     heartbeat_filename,
 )
-from trainguard.shared.heartbeat_read import read_heartbeat
 from trainguard.shared.snapshots import (
     REPLY_SUFFIX,
     REQUEST_SUFFIX,

@@ -19,7 +19,7 @@ from helpers.exporter_proc import Exporter, Samples, child_env, free_port, poll,
 from helpers.paths import HELPERS
 from helpers.run_child import heartbeat_path, wait_heartbeat
 from helpers.zygote import Zygote
-from trainguard.shared.heartbeat import Heartbeat
+from trainguard.shared.heartbeat.record import Heartbeat
 
 #: overdue after 1 s without a step (the default, 30 s, would make a slow test)
 ENV = {"TRAINGUARD_STUCK_AFTER": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}

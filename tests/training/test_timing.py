@@ -18,8 +18,8 @@ import pytest
 
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from trainguard.run.reporter import Run
-from trainguard.shared.heartbeat import HeartbeatError, Timing, heartbeat_filename
-from trainguard.shared.heartbeat_read import parse_heartbeat, read_heartbeat
+from trainguard.shared.heartbeat.read import parse_heartbeat, read_heartbeat
+from trainguard.shared.heartbeat.record import HeartbeatError, Timing, heartbeat_filename
 
 CHILD = r"""
 import sys

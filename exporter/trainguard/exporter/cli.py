@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
@@ -21,18 +20,17 @@ from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
 from trainguard.exporter.collectors import COLLECTORS
-from trainguard.exporter.config.model import Config, ConfigError, load_config
+from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
 from trainguard.exporter.http.app import SCRAPE_TIMEOUT_OFFSET, make_app, make_http_server
 from trainguard.exporter.http.webconfig import WebConfigError, load_web_config
-from trainguard.exporter.runs.table import RunTable
+from trainguard.exporter.runs.table import RunTable, Setup
 from trainguard.exporter.scrape.collector import (
     DEFAULT_COLLECTOR_TIMEOUT,
     Collector,
     ExporterCollector,
     ExporterRegistry,
-    Setup,
 )
-from trainguard.shared.statedir import STATE_DIR_ENV, default_state_dir
+from trainguard.shared.statedir import STATE_DIR_ENV
 from trainguard.shared.units import parse_duration
 
 log = logging.getLogger("trainguard")
@@ -130,15 +128,6 @@ def _timeout(value: str) -> float:
     return seconds
 
 
-def resolve_state_dir(flag: str | None, config: Config) -> Path:
-    """The flag, then ``$TRAINGUARD_STATE_DIR``, then the config file, then the per-user default."""
-    if flag:
-        return Path(flag).expanduser()
-    if os.environ.get(STATE_DIR_ENV) or config.state_dir is None:
-        return default_state_dir()
-    return config.state_dir
-
-
 def default_collectors() -> list[str]:
     """The names of the collectors on unless switched off."""
     return [c.name for c in COLLECTORS if c.enabled_by_default]
@@ -149,7 +138,7 @@ def build_collectors(
 ) -> list[Collector]:
     """Build the enabled collectors (None: those on by default).
 
-    Each is wired to what they share (see :class:`~trainguard.exporter.scrape.collector.Setup`).
+    Each is wired to what they share (see :class:`~trainguard.exporter.runs.table.Setup`).
     """
     on = default_collectors() if enabled is None else enabled
     setup = Setup(config, state_dir, RunTable(config, state_dir))

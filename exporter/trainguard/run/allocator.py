@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
-from trainguard.shared.heartbeat import MAX_DEVICES, MAX_INT, AllocatorStats
+from trainguard.shared.heartbeat.record import MAX_DEVICES, MAX_INT, AllocatorStats
 
 
 class DeviceFacts(NamedTuple):

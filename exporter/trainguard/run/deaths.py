@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from trainguard.shared import kernlog, procinfo
-from trainguard.shared.heartbeat import MAX_DEATH_HISTORY, Death, Heartbeat, HeartbeatError
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import MAX_DEATH_HISTORY, Death, Heartbeat, HeartbeatError
 
 log = logging.getLogger("trainguard.reporter")
 

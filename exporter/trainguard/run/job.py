@@ -29,7 +29,7 @@ import os
 from collections.abc import Mapping
 
 from trainguard.run.options import RANK_VARS, WORLD_VARS, env_int
-from trainguard.shared.heartbeat import MAX_RANK, text_problem
+from trainguard.shared.heartbeat.record import MAX_RANK, text_problem
 from trainguard.shared.jobinfo import MAX_JOB_ID, MAX_JOB_INT, JobInfo
 
 log = logging.getLogger("trainguard.reporter")

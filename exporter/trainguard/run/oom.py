@@ -1,8 +1,8 @@
 """``Run.capture_oom()``'s context manager: snapshot the allocator at a CUDA OOM, then re-raise.
 
-It hands a CUDA out-of-memory error to the reporter's snapshots (``trainguard.run.snapshots``),
-which dump the allocator's state and recent history, what explains an OOM with "free" VRAM,
-and re-raises it.
+It hands a CUDA out-of-memory error to the reporter's snapshots
+(``trainguard.run.snapshots.capture``), which dump the allocator's state and recent history, what
+explains an OOM with "free" VRAM, and re-raises it.
 """
 
 from __future__ import annotations

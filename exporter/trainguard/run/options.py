@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.record import (
     MAX_INT,
     MAX_MIRRORS,
     MAX_RANK,

@@ -16,7 +16,7 @@ nothing was recorded): docs/heartbeat.md, "How a run ends".
 This module is longer than 400 lines because ``Run`` is the one public class of the training
 side: its constructor wires every part and its docstring is the user's reference. The parts
 themselves live in modules of their own (``run/signals.py``, ``run/stack.py``,
-``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots.py``, ``run/deaths.py``,
+``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots/``, ``run/deaths.py``,
 ``run/job.py``); what stays here is the wiring, the writer thread's loop and the heartbeat it
 assembles.
 """
@@ -55,14 +55,19 @@ from trainguard.run.options import (
 )
 from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.signals import SignalGuard, SignalSafeEvent
-from trainguard.run.snapshots import Identity as SnapshotOwner
-from trainguard.run.snapshots import MemorySnapshots
+from trainguard.run.snapshots.capture import Identity as SnapshotOwner
+from trainguard.run.snapshots.capture import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import procinfo
 from trainguard.shared.fileio import remove_orphan_temps
-from trainguard.shared.heartbeat import SUFFIX, Heartbeat, heartbeat_filename, write_heartbeat
+from trainguard.shared.heartbeat.record import (
+    SUFFIX,
+    Heartbeat,
+    heartbeat_filename,
+    write_heartbeat,
+)
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from trainguard.shared.heartbeat import MAX_TIME
+from trainguard.shared.heartbeat.record import MAX_TIME
 
 #: the signals watched, where the platform has them
 WATCHED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")

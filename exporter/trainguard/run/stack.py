@@ -31,7 +31,7 @@ from collections import deque
 from types import FrameType
 from typing import Any
 
-from trainguard.shared.heartbeat import Stuck
+from trainguard.shared.heartbeat.record import Stuck
 
 #: overdue: a step later than this many times the run's median interval between steps...
 PACE_FACTOR = 3.0

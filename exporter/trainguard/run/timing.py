@@ -19,7 +19,7 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from trainguard.shared.heartbeat import Timing
+from trainguard.shared.heartbeat.record import Timing
 
 
 class StepTiming:

@@ -1,7 +1,7 @@
 """The one field validator: a document's values read by path, each checked, each error naming it.
 
 Two kinds of document are read field by field: a heartbeat (JSON that anyone may write,
-:mod:`trainguard.shared.heartbeat_fields`) and trainguard's YAML files (hand-written: the
+:mod:`trainguard.shared.heartbeat.fields`) and trainguard's YAML files (hand-written: the
 exporter's :mod:`trainguard.exporter.config.schema`). What must never be wrong is written here once,
 for both: a boolean is never an integer; an integer too large for a float is refused, not
 raised on; a number is finite and in its range; a text is bounded and free of control

@@ -4,7 +4,7 @@ The training side fills it from the launcher's environment (:mod:`trainguard.run
 exporter publishes it (``trainguard_run_job_info``) so that rules can judge a job's ranks
 together across the nodes (one exporter, one Prometheus ``instance`` each). An optional field of
 heartbeat format 1: older readers ignore it, and a heartbeat without it is a rank of no known job.
-Read and checked by :meth:`trainguard.shared.heartbeat_fields.Fields.job`.
+Read and checked by :meth:`trainguard.shared.heartbeat.fields.Fields.job`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Reading the heartbeat's ``nonfinite`` object, every field checked and named in errors.
 
-Kept apart from :mod:`trainguard.shared.heartbeat_fields` so that the record and its checks
+Kept apart from :mod:`trainguard.shared.heartbeat.fields` so that the record and its checks
 (:mod:`trainguard.shared.nonfinite`) stay one concern.
 """
 
 from __future__ import annotations
 
 from trainguard.shared.fields import integer
-from trainguard.shared.heartbeat import MAX_INT, SCALAR_NAME_RE
-from trainguard.shared.heartbeat_fields import Fields
+from trainguard.shared.heartbeat.fields import Fields
+from trainguard.shared.heartbeat.record import MAX_INT, SCALAR_NAME_RE
 from trainguard.shared.nonfinite import MAX_NONFINITE_NAMES, NonFinite
 
 

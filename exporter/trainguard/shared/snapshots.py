@@ -1,6 +1,6 @@
 """CUDA memory snapshot files and requests for one: the names and formats both sides agree on.
 
-The request asks a live run for a snapshot. The training side (``trainguard.run.snapshots``)
+The request asks a live run for a snapshot. The training side (``trainguard.run.snapshots.capture``)
 writes snapshots, their metadata and replies; the ``trainguard snapshot`` command writes a
 request and waits for the reply. Stdlib only, like the rest of ``trainguard.shared``.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainguard.shared.fileio import UntrustedFileError, read_untrusted, replace_file
-from trainguard.shared.heartbeat import SNAPSHOT_REASONS, SUFFIX, heartbeat_filename
+from trainguard.shared.heartbeat.record import SNAPSHOT_REASONS, SUFFIX, heartbeat_filename
 
 REASONS = SNAPSHOT_REASONS
 #: reasons whose files rotate (the newest ``keep`` are kept); OOM snapshots are bounded per

@@ -12,7 +12,8 @@ import psutil
 from prometheus_client.core import Metric
 
 from trainguard.exporter.config.model import ProcessCount
-from trainguard.exporter.scrape.collector import Collector, MetricSpec, Setup
+from trainguard.exporter.runs.table import Setup
+from trainguard.exporter.scrape.collector import Collector, MetricSpec
 from trainguard.exporter.scrape.context import Scrape
 
 PROCESS_COUNT = MetricSpec(

@@ -23,6 +23,7 @@ from trainguard.exporter.config import schema
 from trainguard.exporter.config.schema import FieldError, key
 from trainguard.exporter.config.yamlfile import ConfigError, load_yaml
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, checkpoint_pattern_problem
+from trainguard.shared.statedir import STATE_DIR_ENV, default_state_dir
 from trainguard.shared.steps import DEFAULT_LAYOUT, layout_problem
 
 __all__ = [
@@ -257,3 +258,12 @@ def load_config(path: str | Path | None) -> Config:
     if path is None:
         return Config()
     return parse_config(load_yaml(path, "config file"), str(path))
+
+
+def resolve_state_dir(flag: str | None, config: Config) -> Path:
+    """The flag, then ``$TRAINGUARD_STATE_DIR``, then the config file, then the per-user default."""
+    if flag:
+        return Path(flag).expanduser()
+    if os.environ.get(STATE_DIR_ENV) or config.state_dir is None:
+        return default_state_dir()
+    return config.state_dir

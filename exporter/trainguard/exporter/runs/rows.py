@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainguard.shared.heartbeat import Death, Heartbeat, Stuck
+from trainguard.shared.heartbeat.record import Death, Heartbeat, Stuck
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.exporter.config.model import Config
@@ -34,8 +35,8 @@ from trainguard.exporter.runs.targets import (
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.exporter.scrape.relay import Unfinished
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import SUFFIX, Heartbeat, HeartbeatError
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import SUFFIX, Heartbeat, HeartbeatError
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN
 from trainguard.shared.steps import DEFAULT_LAYOUT
 
@@ -354,3 +355,17 @@ def _mtime_ns(entry: os.DirEntry[str]) -> int:
         return entry.stat(follow_symlinks=False).st_mtime_ns
     except OSError:
         return -1  # gone or unreadable: last
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the exporter's collectors are built from, shared between them.
+
+    One run table (heartbeats and configured runs) feeds the runs collector, the GPU collector
+    (pids of live runs) and the checkpoint collector (checkpoint locations); it lives beside
+    the table because the table is the lowest room that every collector's set-up needs.
+    """
+
+    config: Config
+    state_dir: Path
+    table: RunTable

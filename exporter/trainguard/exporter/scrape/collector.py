@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, ClassVar, Literal
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector as _PromCollector
@@ -24,12 +24,6 @@ from prometheus_client.registry import CollectorRegistry
 from trainguard._version import __version__
 from trainguard.exporter.scrape.context import Scrape, SharedReads
 from trainguard.exporter.scrape.relay import Relay, Unfinished
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from trainguard.exporter.config.model import Config
-    from trainguard.exporter.runs.table import RunTable
 
 log = logging.getLogger(__name__)
 
@@ -102,43 +96,25 @@ DEFAULT_COLLECTOR_TIMEOUT = 5.0
 READ_SHARE = 0.8
 
 
-@dataclass(frozen=True)
-class Setup:
-    """What the exporter's collectors are built from, shared between them.
-
-    One run table (heartbeats and configured runs) feeds the runs collector, the GPU collector
-    (pids of live runs) and the checkpoint collector (checkpoint locations).
-    """
-
-    config: Config
-    state_dir: Path
-    table: RunTable
-
-
 class CollectorError(Exception):
     """A failure a collector explains itself; logged without a traceback."""
 
 
 class Collector(abc.ABC):
-    """One concern of the exporter (one file under ``trainguard/exporter/collectors``)."""
+    """One concern of the exporter (one package under ``trainguard/exporter/collectors``)."""
 
     #: value of the ``collector`` label and of its ``--[no-]collector.NAME`` flag
-    name: str
+    name: ClassVar[str]
     #: what it watches, in a few words: the flag's help
-    help: str
+    help: ClassVar[str]
     #: on unless ``--no-collector.NAME``
-    enabled_by_default: bool = True
+    enabled_by_default: ClassVar[bool] = True
     #: what it reads through ``scrape.once`` that other collectors read too (the run table's
     #: view): made once per scrape before any collector starts, in a call of its own, so that a
     #: read that hangs holds no collector
     shared_reads: tuple[Callable[[Scrape], object], ...] = ()
     #: every metric this collector may publish
-    metrics: tuple[MetricSpec, ...] = ()
-
-    @classmethod
-    @abc.abstractmethod
-    def build(cls, setup: Setup) -> Collector:
-        """The collector the exporter runs, wired to what it shares with the others."""
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
 
     @abc.abstractmethod
     def gather(self, scrape: Scrape) -> Iterable[Metric]:

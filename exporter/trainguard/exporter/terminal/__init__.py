@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from trainguard.exporter.cli import resolve_state_dir
+    from trainguard.exporter.config.model import resolve_state_dir
     from trainguard.exporter.terminal.status import checkpoints as sc
     from trainguard.exporter.terminal.status import command as st
 
@@ -324,9 +324,9 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from trainguard.exporter.cli import resolve_state_dir
+    from trainguard.exporter.config.model import resolve_state_dir
     from trainguard.exporter.terminal import snapshot as sn
-    from trainguard.shared.heartbeat import MAX_RANK, check_run_name
+    from trainguard.shared.heartbeat.record import MAX_RANK, check_run_name
 
     problem = check_run_name(args.run)
     if problem:

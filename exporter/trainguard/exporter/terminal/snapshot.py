@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.shared import procinfo
-from trainguard.shared.heartbeat import HeartbeatError, heartbeat_filename
-from trainguard.shared.heartbeat_read import read_heartbeat
+from trainguard.shared.heartbeat.read import read_heartbeat
+from trainguard.shared.heartbeat.record import HeartbeatError, heartbeat_filename
 from trainguard.shared.snapshots import (
     REPLY_SUFFIX,
     REQUEST_SUFFIX,

@@ -46,8 +46,9 @@ from trainguard.exporter.collectors.checkpoints.verdicts import (
 )
 from trainguard.exporter.collectors.checkpoints.verifier import Verifier
 from trainguard.exporter.config.model import CheckpointSettings
+from trainguard.exporter.runs.table import Setup
 from trainguard.exporter.runs.targets import PRIMARY, CheckpointTarget, ownership_problem
-from trainguard.exporter.scrape.collector import Collector, Setup
+from trainguard.exporter.scrape.collector import Collector
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.fileio import touched_ns
 from trainguard.shared.listing import Listing

@@ -35,7 +35,8 @@ from trainguard.exporter.collectors.gpu.metrics import (
 )
 from trainguard.exporter.collectors.gpu.processes import COMPUTE, GRAPHICS, ProcessLister
 from trainguard.exporter.collectors.gpu.xid import XidCounts, XidDevice, XidWatcher
-from trainguard.exporter.scrape.collector import Collector, CollectorError, Setup
+from trainguard.exporter.runs.table import Setup
+from trainguard.exporter.scrape.collector import Collector, CollectorError
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.exporter.scrape.relay import Unfinished
 from trainguard.shared import procinfo

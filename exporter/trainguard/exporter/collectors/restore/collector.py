@@ -32,8 +32,9 @@ from trainguard.exporter.collectors.restore.result import (
     read_result,
     results_dir,
 )
+from trainguard.exporter.runs.table import Setup
 from trainguard.exporter.runs.targets import PRIMARY, CheckpointTarget
-from trainguard.exporter.scrape.collector import Collector, Setup
+from trainguard.exporter.scrape.collector import Collector
 from trainguard.exporter.scrape.context import Scrape
 
 #: result files read per scrape, the most recently written first

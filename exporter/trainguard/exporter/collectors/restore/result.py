@@ -20,7 +20,7 @@ from typing import Any
 
 from trainguard.shared import fields
 from trainguard.shared.fileio import read_untrusted, replace_file
-from trainguard.shared.heartbeat import MAX_PATH, MAX_TIME, check_run_name, kind_of
+from trainguard.shared.heartbeat.record import MAX_PATH, MAX_TIME, check_run_name, kind_of
 
 FORMAT = 1
 SUFFIX = ".restore.json"

@@ -60,11 +60,11 @@ from trainguard.exporter.collectors.runs.metrics import (
     TIMED_STEPS,
 )
 from trainguard.exporter.runs.rows import age, exit_of, last_death, starting, stuck_at
-from trainguard.exporter.runs.table import RunRow, RunTable, RunView
+from trainguard.exporter.runs.table import RunRow, RunTable, RunView, Setup
 from trainguard.exporter.runs.targets import ownership_problem
-from trainguard.exporter.scrape.collector import Collector, Setup
+from trainguard.exporter.scrape.collector import Collector
 from trainguard.exporter.scrape.context import Scrape
-from trainguard.shared.heartbeat import SNAPSHOT_REASONS, Heartbeat
+from trainguard.shared.heartbeat.record import SNAPSHOT_REASONS, Heartbeat
 
 
 class RunsCollector(Collector):

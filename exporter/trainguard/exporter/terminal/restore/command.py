@@ -34,7 +34,7 @@ from trainguard.exporter.collectors.restore.result import (
     results_dir,
     write_result,
 )
-from trainguard.shared.heartbeat import check_run_name
+from trainguard.shared.heartbeat.record import check_run_name
 from trainguard.shared.pattern import CheckpointPattern
 from trainguard.shared.statedir import default_state_dir
 from trainguard.shared.units import format_duration, parse_size

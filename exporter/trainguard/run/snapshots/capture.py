@@ -34,9 +34,9 @@ from typing import Any
 
 from trainguard._version import __version__
 from trainguard.run.options import Schedule
-from trainguard.run.snapshot_files import SnapshotFiles
-from trainguard.run.snapshot_requests import Requests
-from trainguard.shared.heartbeat import (
+from trainguard.run.snapshots.files import SnapshotFiles
+from trainguard.run.snapshots.requests import Requests
+from trainguard.shared.heartbeat.record import (
     MAX_RECENT_SNAPSHOTS,
     Heartbeat,
     SnapshotRecord,

@@ -1,10 +1,10 @@
 """A run and rank's memory snapshot files in the state directory.
 
-The pickle is written as ``torch.cuda.memory._dump_snapshot`` writes it (to a temp file renamed
-into place, so a reader never sees half a snapshot), the rolling set trimmed to its newest
-files, the snapshot from before a death or an OOM kept out of that rotation, and the temp files
-of dumps whose process was killed removed. What is taken, when, and what the heartbeat says of
-it is :mod:`trainguard.run.snapshots`'s concern; names are :mod:`trainguard.shared.snapshots`'s.
+The pickle is written as ``torch.cuda.memory._dump_snapshot`` writes it (to a temp file renamed into
+place, so a reader never sees half a snapshot), the rolling set trimmed to its newest files, the
+snapshot from before a death or an OOM kept out of that rotation, and the temp files of dumps whose
+process was killed removed. What is taken, when, and what the heartbeat says of it is
+:mod:`trainguard.run.snapshots.capture`'s concern; names are :mod:`trainguard.shared.snapshots`'s.
 """
 
 from __future__ import annotations

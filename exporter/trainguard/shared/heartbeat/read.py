@@ -1,9 +1,9 @@
 """Reading a heartbeat file that anyone may have written.
 
-This is the exporter's side of the format in :mod:`trainguard.shared.heartbeat`; the reporter
+This is the exporter's side of the format in :mod:`trainguard.shared.heartbeat.record`; the reporter
 reads its predecessor's the same way: no symlinks, regular files only, at most 1 MiB, every
 field's type, range and length checked, and every failure a
-:class:`~trainguard.shared.heartbeat.HeartbeatError` naming the file and the field. Error
+:class:`~trainguard.shared.heartbeat.record.HeartbeatError` naming the file and the field. Error
 messages never quote string values from the file (a hard link to a private file must not leak
 its contents into the exporter's log).
 """
@@ -15,7 +15,8 @@ import os
 from typing import Any
 
 from trainguard.shared.fileio import UntrustedFileError, read_untrusted
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.fields import Fields, one_of
+from trainguard.shared.heartbeat.record import (
     FORMAT,
     MAX_BYTES,
     MAX_INT,
@@ -28,7 +29,6 @@ from trainguard.shared.heartbeat import (
     heartbeat_filename,
     kind_of,
 )
-from trainguard.shared.heartbeat_fields import Fields, one_of
 from trainguard.shared.nonfinite_read import read_nonfinite
 
 

@@ -2,7 +2,7 @@
 
 They check every field's type, range and length, with the field's path
 (``snapshots.recent[2].reason``) in every error. Used by
-:func:`trainguard.shared.heartbeat_read.parse_heartbeat`; like it, an error never quotes a string
+:func:`trainguard.shared.heartbeat.read.parse_heartbeat`; like it, an error never quotes a string
 value from the file. The checks themselves are the one field validator's
 (:mod:`trainguard.shared.fields`, which the config schema and restore results use too); this
 module says which field of a heartbeat gets which.
@@ -15,7 +15,7 @@ from typing import Any
 
 from trainguard.shared import fields
 from trainguard.shared.gpu_uuid import normalize_gpu_uuid
-from trainguard.shared.heartbeat import (
+from trainguard.shared.heartbeat.record import (
     CAUSES,
     MAX_DEATH_HISTORY,
     MAX_DEVICES,
