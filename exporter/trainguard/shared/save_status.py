@@ -18,14 +18,14 @@ location's.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainguard.shared.statedir import state_file_stem
 
 #: the subdirectory of the state directory holding the status files
 SAVES_DIR = "saves"
@@ -37,7 +37,6 @@ REASONS = ("enospc", "edquot", "eio", "erofs", "other")
 MAX_COUNT = 2**63 - 1
 MAX_TIME = 1e11
 _KEYS = frozenset({"format", "directory", "failures", "last_success", "last_failure"})
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class SaveStatusError(ValueError):
@@ -76,9 +75,8 @@ def status_path(state_dir: str | os.PathLike[str], directory: str | os.PathLike[
     hint, the hash keeps directories of the same last name apart.
     """
     key = location_key(directory)
-    safe = _UNSAFE.sub("_", os.path.basename(key))[:48].strip("_") or "root"
-    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return Path(state_dir) / SAVES_DIR / f"{safe}-{digest}.json"
+    stem = state_file_stem(os.path.basename(key), key, fallback="root", digits=16)
+    return Path(state_dir) / SAVES_DIR / f"{stem}.json"
 
 
 def _time(doc: dict[str, Any], key: str) -> float | None:

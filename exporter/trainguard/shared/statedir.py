@@ -6,13 +6,17 @@ configuration.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
 STATE_DIR_ENV = "TRAINGUARD_STATE_DIR"
 #: the run's name, as ``trainguard launch --name`` passes it to the training command
 RUN_ENV = "TRAINGUARD_RUN"
+#: what a state file's readable hint keeps of a name; the rest becomes "_"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 def default_state_dir() -> Path:
@@ -32,3 +36,17 @@ def default_state_dir() -> Path:
     if xdg and Path(xdg).is_absolute():
         return Path(xdg) / "trainguard"
     return Path.home() / ".local" / "state" / "trainguard"
+
+
+def state_file_stem(hint: str, key: str, *, fallback: str, digits: int = 8) -> str:
+    """``<hint>-<hex>``: the name of a state file that belongs to ``key``, before its suffix.
+
+    The readable part is only a hint (run names and paths may hold '/', '..' or anything else):
+    sanitised to ``[A-Za-z0-9_-]``, at most 48 characters, ``fallback`` when nothing is left.
+    The first ``digits`` hex digits of the SHA-256 of the real key keep apart what sanitises
+    alike. Every state file named after a run or a directory (heartbeats, save status, restore
+    results) is named this way, so that the name of one never depends on who wrote it.
+    """
+    safe = _UNSAFE.sub("_", hint)[:48].strip("_") or fallback
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:digits]
+    return f"{safe}-{digest}"

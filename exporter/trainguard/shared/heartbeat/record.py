@@ -16,7 +16,6 @@ know, and an incompatible change bumps ``format`` (which an older reader then re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from trainguard.shared.fields import UNTRUSTED, text_problem
 from trainguard.shared.fileio import replace_file
 from trainguard.shared.jobinfo import JobInfo
 from trainguard.shared.nonfinite import NonFinite
+from trainguard.shared.statedir import state_file_stem
 
 FORMAT = 1
 SUFFIX = ".heartbeat.json"
@@ -61,7 +61,6 @@ MAX_STUCK_WHERE = 256
 SCALAR_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # same rule as mirror names in the config file
 MIRROR_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-_UNSAFE_FILE_CHARS = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class HeartbeatError(ValueError):
@@ -344,9 +343,7 @@ def heartbeat_filename(run: str, rank: int) -> str:
     The readable part is only a hint (run names may hold '/', '..' or anything else); the hash of
     the real name keeps names that sanitize alike apart. The real name is stored inside the file.
     """
-    safe = _UNSAFE_FILE_CHARS.sub("_", run)[:48].strip("_") or "run"
-    digest = hashlib.sha256(run.encode("utf-8")).hexdigest()[:8]
-    return f"{safe}-{digest}.rank{rank}{SUFFIX}"
+    return f"{state_file_stem(run, run, fallback='run')}.rank{rank}{SUFFIX}"
 
 
 def write_heartbeat(path: str | os.PathLike[str], data: Heartbeat | Mapping[str, Any]) -> None:

@@ -9,7 +9,6 @@ read, every field checked by type and range, the field named in errors.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -21,6 +20,7 @@ from typing import Any
 from trainguard.shared import fields
 from trainguard.shared.fileio import read_untrusted, replace_file
 from trainguard.shared.heartbeat.record import MAX_PATH, MAX_TIME, check_run_name, kind_of
+from trainguard.shared.statedir import state_file_stem
 
 FORMAT = 1
 SUFFIX = ".restore.json"
@@ -41,7 +41,6 @@ MAX_STEP = 2**63 - 1
 MAX_NAME = 512
 #: the same rule as mirror names in the config file
 LOCATION_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class ResultError(ValueError):
@@ -75,9 +74,8 @@ def result_filename(path: str, run: str | None, location: str | None) -> str:
     sanitizes alike.
     """
     key = json.dumps([path, run, location])
-    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
-    hint = _UNSAFE.sub("_", run or os.path.basename(path.rstrip("/")))[:48].strip("_") or "run"
-    return f"{hint}-{digest}{SUFFIX}"
+    hint = run or os.path.basename(path.rstrip("/"))
+    return f"{state_file_stem(hint, key, fallback='run')}{SUFFIX}"
 
 
 def write_result(state_dir: Path, result: Result) -> Path:
