@@ -30,6 +30,43 @@ class Judged(NamedTuple):
     oversized: bool  # larger than expected and settled
 
 
+def judged(
+    entry: Entry,
+    size: int | None,
+    sha: str | None,
+    now_ns: int,
+    grace_ns: int,
+    trust_unrecorded: bool,
+    vouched: bool = False,
+) -> Judged:
+    """One file judged against its expected ``size`` (None: nothing says what it should be).
+
+    The one rule for a single checkpoint file and for a file of a step directory alike: with a
+    size, complete when it has that size; without one, complete only when its directory was
+    committed by its framework and has settled (``vouched``), or with ``trust_unrecorded`` once
+    it has settled and is not empty (an empty file is what a crash between create and write
+    leaves). A file whose mtime is unknown (0) is never complete, never settled.
+    """
+    st = entry.stat
+    mtime = st.st_mtime_ns
+    known = mtime > 0
+    is_settled = known and now_ns - mtime >= grace_ns
+    actual = st.st_size
+    if size is None:
+        complete = known and (vouched or (trust_unrecorded and is_settled and actual > 0))
+        return Judged(entry, None, sha, known, is_settled, complete, False, False)
+    return Judged(
+        entry,
+        size,
+        sha,
+        known,
+        is_settled,
+        known and actual == size,
+        is_settled and actual < size,
+        is_settled and actual > size,
+    )
+
+
 def judge(
     listing: Listing,
     *,
@@ -76,28 +113,7 @@ def judge(
                 pfile = by_name.get(entry.name)
                 if pfile is not None and settled(pfile.stat, now_ns, grace_ns):
                     size = pfile.stat.st_size
-        st = entry.stat
-        mtime = st.st_mtime_ns
-        known = mtime > 0  # touched_ns() and settled(), inlined: this runs per file per scrape
-        is_settled = known and now_ns - mtime >= grace_ns
-        actual = st.st_size
-        out.append(
-            Judged(
-                entry,
-                size,
-                sha,
-                known,
-                is_settled,
-                known
-                and (
-                    actual == size
-                    if size is not None
-                    else trust_unrecorded and is_settled and actual > 0
-                ),
-                is_settled and size is not None and actual < size,
-                is_settled and size is not None and actual > size,
-            )
-        )
+        out.append(judged(entry, size, sha, now_ns, grace_ns, trust_unrecorded))
     return out
 
 
@@ -182,49 +198,28 @@ def judge_dirs(
         own = ref is None and d.commit == "marker"
         self_checked = own
         cut = len(d.name) + 1
-        judged: list[Judged] = []
+        judged_files: list[Judged] = []
         present: set[str] = set()
         for e in d.files:
             rel = e.name[cut:]
             present.add(rel)
             expected = ref.get(rel) if ref is not None else None
             size, sha = expected if expected is not None else (None, None)
-            st = e.stat
             if own:
-                size = expected_size(listing.directory / e.name, st)
+                size = expected_size(listing.directory / e.name, e.stat)
                 self_checked = self_checked and size is not None
-            mtime = st.st_mtime_ns
-            f_known = mtime > 0
-            f_settled = f_known and now_ns - mtime >= grace_ns
-            actual = st.st_size
-            judged.append(
-                Judged(
-                    e,
-                    size,
-                    sha,
-                    f_known,
-                    f_settled,
-                    f_known
-                    and (
-                        actual == size
-                        if size is not None
-                        else (vouched or (trust_unrecorded and f_settled))
-                    ),
-                    f_settled and size is not None and actual < size,
-                    f_settled and size is not None and actual > size,
-                )
-            )
+            judged_files.append(judged(e, size, sha, now_ns, grace_ns, trust_unrecorded, vouched))
         missing = [(rel, exp[0]) for rel, exp in (ref or {}).items() if rel not in present]
         complete = (
             known
-            and bool(judged)
+            and bool(judged_files)
             and not missing
-            and all(j.complete for j in judged)
+            and all(j.complete for j in judged_files)
             and (d.commit == "record" or is_settled or self_checked)
         )
         verdict = StepVerdict(
             d,
-            judged,
+            judged_files,
             len(missing) if is_settled or d.commit == "record" else 0,
             sum(size for _, size in missing),
             is_settled,
