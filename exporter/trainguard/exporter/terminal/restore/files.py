@@ -23,12 +23,9 @@ from trainguard.shared.fileio import FILE_FLAGS, O_CLOEXEC
 from trainguard.shared.selfcheck import expected_size
 
 EXIT_OK, EXIT_FAILED, EXIT_UNCHECKED = 0, 1, 3
-#: files loaded with torch.load; a file of any other unknown name is too (it is how training
-#: reads what it wrote), but a known non-torch one is only read
-TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".tar", ".pkl", ".pickle")
+#: known non-torch files, only read; a file of any other name is loaded with torch.load (it is
+#: how training reads what it wrote)
 READ_ONLY_SUFFIXES = (".txt", ".md", ".yaml", ".yml", ".model", ".vocab", ".distcp", ".log")
-HF_MARKER = "trainer_state.json"
-DCP_MARKER = ".metadata"
 MAX_JSON = 64 * 1024 * 1024
 MAX_FILES = 100_000
 _CHUNK = 8 * 1024 * 1024

@@ -26,11 +26,9 @@ import warnings
 from pathlib import Path
 
 from trainguard.exporter.terminal.restore.files import (
-    DCP_MARKER,
     EXIT_FAILED,
     EXIT_OK,
     EXIT_UNCHECKED,
-    HF_MARKER,
     MAX_FILES,
     LoadFailed,
     Tally,
@@ -39,6 +37,7 @@ from trainguard.exporter.terminal.restore.files import (
     loading,
     torch_or_none,
 )
+from trainguard.shared.steps import DCP_MARKER, HF_MARKER
 
 
 def load_dcp(directory: Path, prefix: str, tally: Tally) -> None:
