@@ -51,6 +51,14 @@ _CacheKey = tuple[int, int, int, int, int, int]
 
 
 class RunTable:
+    """Every run the exporter knows at a scrape, and whether its process is alive.
+
+    Built once per scrape from the heartbeat files and the config file's runs, and read by
+    every collector and ``trainguard status`` alike (:meth:`view`), so that none of them
+    disagrees with another on which runs exist or which died. Heartbeat files are re-read only
+    when they change.
+    """
+
     def __init__(self, config: Config, state_dir: Path, *, max_files: int = MAX_FILES) -> None:
         self.config = config
         self.state_dir = Path(state_dir)

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
+from trainguard.exporter.terminal.restore import command as restore
 from trainguard.shared.units import parse_duration
 
 EPILOG_VERIFY = (
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="checkpoint verdicts of a location or one checkpoint file",
         description="Each checkpoint of a location (or one checkpoint file) with its verdict, "
         "and which one trainguard.checkpoint.latest() would resume from.",
-        epilog=EPILOG_VERIFY + " " + _restore().EPILOG,
+        epilog=EPILOG_VERIFY + " " + restore.EPILOG,
     )
     v.add_argument("path", type=Path, metavar="PATH")
     v.add_argument(
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--hash", action="store_true", help="verify content against the SHA-256")
     v.add_argument("--json", action="store_true", help="JSON for scripts")
-    _restore().add_arguments(v, _duration)
+    restore.add_arguments(v, _duration)
 
     la = sub.add_parser(
         "launch",
@@ -171,12 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _restore() -> Any:
-    from trainguard.exporter.terminal.restore import command as restore
-
-    return restore
-
-
 def _status_doc() -> str:
     from trainguard.exporter.terminal.status import command as status
 
@@ -200,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             return _status(args)
         if args.command == "verify":
-            return _restore().main_restore(args) if args.restore else _verify(args)
+            return restore.main_restore(args) if args.restore else _verify(args)
         if args.command == "snapshot":
             return _snapshot(args)
         from trainguard.exporter.terminal.launch import main_launch

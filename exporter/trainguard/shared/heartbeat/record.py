@@ -209,6 +209,14 @@ class Timing:
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """One run and rank as its reporter last wrote it: identity, progress, health and history.
+
+    The process writes it; the exporter, which outlives the process, reads it. So it carries
+    what a dead process cannot tell any more: its pid and start time (to tell a death from a
+    clean exit and from pid reuse), the death history its earlier processes left, and how it
+    ended. Field by field: docs/heartbeat.md.
+    """
+
     run: str
     rank: int
     pid: int

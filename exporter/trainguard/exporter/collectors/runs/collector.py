@@ -68,6 +68,12 @@ from trainguard.shared.heartbeat.record import SNAPSHOT_REASONS, Heartbeat
 
 
 class RunsCollector(Collector):
+    """Publishes every row of the run table: its process, progress, memory, health and deaths.
+
+    It judges nothing itself: what a row means (starting, ended, stuck, a run's last death) is
+    :mod:`trainguard.exporter.runs.rows`'s, shared with ``trainguard status``.
+    """
+
     name = "runs"
     help = "training runs, from heartbeat files and the config file"
     metrics = METRICS
