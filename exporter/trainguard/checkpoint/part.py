@@ -86,7 +86,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
     On Linux, POSIX_FADV_DONTNEED on dirty pages starts asynchronous writeback and leaves them
     cached, so the disk works while the rest is written. Where the platform has no fadvise this
-    is a no-op, and the fsync does all the work, as before.
+    is a no-op, and the fsync does all the work.
     """
     if _FADVISE is not None:
         with contextlib.suppress(OSError):

@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Everything alive now (modules, config, collectors) lives as long as the process: move it
     # out of the cyclic garbage collector's sight, so that a full collection, which a scrape's
     # allocations trigger every few dozen scrapes, walks the caches rather than every object
-    # of every imported module (~10 ms at the target load, the bulk of the p99 scrape latency).
+    # of every imported module (the bulk of the p99 scrape latency at the target load).
     gc.collect()
     gc.freeze()
     host, port = server.server_address[:2]

@@ -50,8 +50,8 @@ class MetricSpec:
         """A new, empty family of this metric, for one scrape.
 
         Copied from one made (and its name checked by prometheus_client) at the first call:
-        making every scrape's families afresh was nearly a tenth of a scrape of 8 GPUs (py-spy),
-        most of it in that check.
+        making every scrape's families afresh costs a visible share of a small scrape, most of
+        it in that check.
         """
         cls, attributes = self._prototype
         family = cls.__new__(cls)

@@ -1,10 +1,9 @@
 """A scrape's calls run one after another on one thread, handed on to another when one stalls.
 
 Why not a thread per collector, all started at once: the collectors are Python, and Python
-threads take turns holding the interpreter, so starting four threads per scrape bought no
-speed, only the cost of waking each (on a 2-vCPU machine, one pass over the collectors cost 0.25
-ms more handed to another thread than made inline, of a scrape of 8 GPUs of about 3 ms;
-bench/RESULTS.md, "seventh pass"). What threads are for here is a call that blocks: a
+threads take turns holding the interpreter, so starting four threads per scrape buys no speed,
+only the cost of waking each (measured in bench/RESULTS.md). What threads are for here is a
+call that blocks: a
 GPU driver that stopped answering, a network filesystem whose server went away. So the calls of
 a scrape are run in turn by one thread taken from a pool; when the call it is in has run for
 :data:`HAND_ON_SECONDS`, the calls not yet begun are taken up by another thread from the pool

@@ -179,5 +179,5 @@ class _Fields(fields.Node):
         return None if value is None else self._checked(name, fields.integer(value, 0, MAX_STEP))
 
 
-#: the least time a result may hold: after 0, as before
+#: the least time a result may hold: later than 0, which is an unknown time
 _EPOCH = math.ulp(0.0)

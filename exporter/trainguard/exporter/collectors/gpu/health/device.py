@@ -1,8 +1,7 @@
 """One GPU's health reads and their sample lines, at a fraction of pynvml's and add_metric's cost.
 
-Why: the health series (about 20 a GPU) had made the GPU collector's scrape 76% dearer at 64
-GPUs, and the NVML calls were the least of it (bench/RESULTS.md, "fourth pass"). What costs
-is Python per series, so per series this does as little as it can:
+Why: with about 20 health series a GPU, what costs in a scrape is Python per series, not the NVML
+calls (bench/RESULTS.md measures it), so per series this does as little as it can:
 
 - NVML's functions are called through ctypes with out-parameters made once per GPU (pynvml's
   wrappers make new ctypes objects, look the function up under a lock and raise per call);
@@ -14,7 +13,7 @@ is Python per series, so per series this does as little as it can:
   :data:`SLOW_READ_S` at most, and published from the last read in between, so no value is
   older than that (a read that failed is tried again at the next scrape); ECC counts, remapped
   rows and retired pages in one ``nvmlDeviceGetFieldValues`` call, each value the driver does
-  not answer there by its own call as before (``gpu_health_fields.py``).
+  not answer there by its own call (``fields.py``).
 
 A read the GPU does not support (``NOT_SUPPORTED``) or the driver does not have
 (``FUNCTION_NOT_FOUND``) gives no series (unknown, never zero) and is not tried again for

@@ -22,8 +22,8 @@ stop at link 11 and the scoped ``NVLINK_ERROR_DL_*`` ids do not tell flit from d
 
 A field that does not answer ``SUCCESS`` (a driver before the field answers ``NOT_SUPPORTED``
 for it; before the function, the whole call ``FUNCTION_NOT_FOUND``), and every field when the
-call fails, is read by the single call as before, whose answer decides: a value, not supported
-(no series) or an error on the scrape, in the same words as before.
+call fails, is read by its own function call, whose answer decides: a value, not supported
+(no series) or an error on the scrape, in the words that function's reads use.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class SlowFields:
         if rc != _SUCCESS:
             self.missing = rc == _FUNCTION_NOT_FOUND
             return {}
-        # one pass over the array's bytes: a ctypes object per entry and member costs ~1 µs
+        # one pass over the array's bytes, not a ctypes object per entry and member
         return {
             field: decode(value_type, raw)
             for field, _, _, _, value_type, status, raw in _ENTRY.iter_unpack(self._values)
