@@ -30,7 +30,7 @@ import pynvml
 
 from trainguard.exporter.collectors.gpu import metrics as hm
 from trainguard.exporter.collectors.gpu.health import fields as fi
-from trainguard.exporter.collectors.gpu.health.lines import Out, put, update
+from trainguard.exporter.collectors.gpu.health.lines import Out, Slot, put, update
 from trainguard.exporter.collectors.gpu.health.nvml import (
     MAX_NVLINKS,
     NVLINK_COUNTERS,
@@ -77,9 +77,9 @@ class DeviceHealth:
         self.index, self.uuid, self.handle = index, uuid, handle
         self._fns = fns
         self._labels = {"gpu": index, "uuid": uuid}
-        #: (series, key) -> [prefix, labels, raw, line, (labels, value), series' index]
-        self._slots: dict[object, list[Any]] = {}
-        self._reason_slots: dict[int, list[list[Any]]] = {}  # mask -> its reasons' slots
+        #: (series, key) -> its slot
+        self._slots: dict[object, Slot] = {}
+        self._reason_slots: dict[int, list[Slot]] = {}  # mask -> its reasons' slots
         self._unsupported: dict[str, float] = {}  # read -> when it was last not supported
         self._slow_due = 0.0
         #: the slow reads' samples (series' index, line, row), published until the next read
@@ -181,7 +181,7 @@ class DeviceHealth:
         if read[5]:
             put(lines, rows, self._temperature_slot, self._temperature.value, 1.0)
 
-    def _reasons_of(self, mask: int) -> list[list[Any]]:
+    def _reasons_of(self, mask: int) -> list[Slot]:
         """The slots of the reasons ``mask`` gives (kept: a GPU goes through few masks)."""
         if len(self._reason_slots) >= 64:
             self._reason_slots.clear()
@@ -234,15 +234,15 @@ class DeviceHealth:
             put(out.lines, out.rows, slot, raw, scale)
             return
         update(slot, raw, scale)
-        self._pending.append((slot[5], slot[3], slot[4]))
+        self._pending.append((slot.index, slot.line, slot.row))
 
-    def _slot(self, name: str, key: object = None, extra: dict[str, str] | None = None) -> Any:
+    def _slot(self, name: str, key: object = None, extra: dict[str, str] | None = None) -> Slot:
         """The slot of series ``name`` (``key`` tells apart its series of this GPU)."""
         slot = self._slots.get((name, key))
         if slot is None:
             labels = {**self._labels, **extra} if extra else self._labels
             prefix = sample_prefix(name, labels)
-            slot = self._slots[(name, key)] = [prefix, labels, None, "", None, _INDEX[name]]
+            slot = self._slots[(name, key)] = Slot(prefix, labels, _INDEX[name])
         return slot
 
     def _read_slow(self) -> None:
