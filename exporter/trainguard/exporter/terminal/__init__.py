@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
@@ -45,6 +45,7 @@ def _duration(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``trainguard`` command's parser: one subcommand each, added by its own function."""
     p = argparse.ArgumentParser(
         prog="trainguard",
         description="trainguard at the terminal: the runs of this host, checkpoint verdicts, "
@@ -52,7 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch,snapshot}")
+    _add_status(sub)
+    _add_verify(sub)
+    _add_launch(sub)
+    _add_snapshot(sub)
+    return p
 
+
+#: what ``add_subparsers`` returns
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _add_status(sub: Subparsers) -> None:
     s = sub.add_parser("status", help="the runs this host knows", description=_status_doc())
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
     s.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
@@ -85,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true", help="JSON for scripts")
 
+
+def _add_verify(sub: Subparsers) -> None:
     v = sub.add_parser(
         "verify",
         help="checkpoint verdicts of a location or one checkpoint file",
@@ -118,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="JSON for scripts")
     restore.add_arguments(v, _duration)
 
+
+def _add_launch(sub: Subparsers) -> None:
     la = sub.add_parser(
         "launch",
         help="start a training command that survives the terminal",
@@ -145,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     la.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
 
+
+def _add_snapshot(sub: Subparsers) -> None:
     sn = sub.add_parser(
         "snapshot",
         help="ask a live run for a CUDA memory snapshot now",
@@ -169,7 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="wait this long for the run's reply (default: 60s)",
     )
     sn.add_argument("--json", action="store_true", help="JSON for scripts")
-    return p
 
 
 def _status_doc() -> str:
