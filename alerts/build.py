@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Generate alerts/trainguard.rules.yml from the thresholds and the rule groups.
 
-Thresholds live in ``alerts/thresholds/``, the rules in ``alerts/rules/`` (one module per
-group); this script only fills in a site's configuration (``alerts/site.py``: the defaults,
+The rules live in ``alerts/rules/`` (one module per group, its thresholds at its top); this
+script only fills in a site's configuration (``alerts/site.py``: the defaults,
 ``--config``, ``--set``; ``grafana/generate.py`` takes the same, for the dashboards) and writes
 YAML. The rules file is generated and committed, so Prometheus users who never run Python can
 load it as-is. tests/generators/test_alerts.py checks that the committed file equals this
@@ -34,7 +34,6 @@ if __package__ in (None, ""):  # run as a script: make `alerts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alerts import site as sites
-from alerts import thresholds
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
 from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, fill
@@ -101,7 +100,7 @@ def _rule(
 
 def rule_groups(table: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The ``groups`` of the rules file, filled with ``table`` (default: the defaults)."""
-    table = thresholds.resolve() if table is None else table
+    table = sites.resolve() if table is None else table
     groups = []
     for group in GROUPS:
         local = _group_table(group, table)
@@ -141,7 +140,7 @@ def render(config: sites.Site | Mapping[str, object] | None = None) -> str:
         width=100,
         allow_unicode=True,
     )
-    used = "".join(f"#   {k}: {v}\n" for k, v in thresholds.shown(table).items())
+    used = "".join(f"#   {k}: {v}\n" for k, v in sites.shown(table).items())
     return HEADER + used + body
 
 
@@ -151,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog=PROGRAM,
         description=(__doc__ or "").splitlines()[0],
-        epilog="Thresholds and their kinds: see --list and alerts/thresholds/.",
+        epilog="Thresholds and their kinds: see --list, alerts/rules/ and alerts/site.py.",
     )
     add_output_arguments(parser, RULES_FILE)
     sites.add_arguments(parser)

@@ -6,7 +6,31 @@ RepeatedDeathNearSameStep (does it keep dying at the same place?).
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "restart_window",
+        "1h",
+        DURATION,
+        "TrainingProcessRestarted: a restarted run recorded a death whose last heartbeat is less "
+        "than this old (one alert per death, firing this long).",
+    ),
+    Threshold(
+        "repeated_death_window",
+        "24h",
+        DURATION,
+        "RepeatedDeathNearSameStep: a death recorded within this window...",
+    ),
+    Threshold(
+        "repeated_death_steps",
+        500,
+        NUMBER,
+        "RepeatedDeathNearSameStep: ...whose step lies within this many steps of the previous "
+        "recorded death(s).",
+    ),
+)
 
 #: steps between a newly recorded death and the one before it (see the rule)
 DISTANCE = "run:trainguard_run_death_step_distance:new"

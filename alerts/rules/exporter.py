@@ -8,8 +8,32 @@ man's switch notices when the whole alerting pipeline stops.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import Alert, Group, query_value
 from alerts.rules.recording import last_seen
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "collector_failing_for",
+        "5m",
+        DURATION,
+        "TrainguardCollectorFailing: a collector failed every scrape for this long.",
+    ),
+    Threshold(
+        "exporter_down_for",
+        "5m",
+        DURATION,
+        "TrainguardExporterDown: Prometheus failed to scrape the exporter for this long.",
+    ),
+    Threshold(
+        "exporter_down_active_lookback",
+        "1d",
+        DURATION,
+        "TrainguardExporterDown is critical when the target was watching an active run at the "
+        "last evaluation before it vanished, looking back at most this far; a target that left "
+        "service discovery is remembered (and alerted on) this long.",
+    ),
+)
 
 SNIPPETS = {
     # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.

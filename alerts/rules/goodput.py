@@ -19,8 +19,35 @@ its nodes: by the site's target labels without ``instance``, plus ``run``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
 from alerts.rules.jobs_slow import JOB, JOB_ARGS, JOB_SEL
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "goodput_min",
+        0.9,
+        NUMBER,
+        "TrainingGoodputLow: the share of a live job's accounted time of the last 24h spent "
+        "on productive steps (not recomputing lost steps, not down after a death, not stalled "
+        "or starting) below which it fires.",
+    ),
+    Threshold(
+        "goodput_min_accounted",
+        "1h",
+        DURATION,
+        "TrainingGoodputLow: only for a job accounted at least this long in the last 24h (a "
+        "job's first minutes, starting up, are not a goodput to page on).",
+    ),
+    Threshold(
+        "goodput_gone_after",
+        "1h",
+        DURATION,
+        "Goodput: a job whose ranks have all written no heartbeat for this long (dead, never "
+        "restarted) is no longer accounted: its time is neither good nor lost until it comes "
+        "back.",
+    ),
+)
 
 #: the conditions, each a job's series present (value 1) while it holds
 ACCOUNTED = "job:trainguard_run_accounted:max"

@@ -20,8 +20,22 @@ their final heartbeat after that death, so the rank that died on its own is the 
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
 from alerts.rules.signals import stopped
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "job_death_for",
+        "30s",
+        DURATION,
+        "TrainingJobRankDied: a rank of a job has been dead this long before the job's page "
+        "goes out. At least two scrape intervals, so that every node's exporter has been "
+        "heard: the page then names the rank that died first rather than one the launcher "
+        "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
+        "TrainingJobRestarted notice, not a page.",
+    ),
+)
 
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"

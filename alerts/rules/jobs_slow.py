@@ -13,7 +13,30 @@ without ``instance``, plus ``run``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "slow_rank_factor",
+        1.5,
+        NUMBER,
+        "TrainingRankSlow: a rank's own time per step (waiting for data plus computing before "
+        "the gradient all-reduce) at least this many times the median of its job's ranks...",
+    ),
+    Threshold(
+        "slow_rank_for",
+        "15m",
+        DURATION,
+        "TrainingRankSlow: ...for this long.",
+    ),
+    Threshold(
+        "slow_rank_window",
+        "5m",
+        DURATION,
+        "TrainingRankSlow: the window of the rates a rank's time per step is taken from.",
+    ),
+)
 
 #: the job's identity in rules: the target labels but instance, plus run
 JOB = "${target_labels_across}, run"

@@ -9,8 +9,20 @@ joined across a run's exporters, by the target labels without ``instance``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.checkpoints import LOC_ARGS, LOC_SEL
 from alerts.rules.common import Alert, Group, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "restore_verified_within",
+        "24h",
+        DURATION,
+        "CheckpointRestoreUnverified: the newest complete checkpoint of this long ago (or a newer "
+        "one) must have been loaded by a restore drill (trainguard verify --restore) by now. "
+        "Schedule the drill well within it (the deploy/ examples run it every 6h).",
+    ),
+)
 
 #: a location's series across the run's exporters (any instance)
 ANY_SEL = "${target_labels_across_sel},run=%q,location=%q"

@@ -12,8 +12,21 @@ preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs.py``), not 1
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group
 from alerts.rules.deaths import DIED_LABELS
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "terminated_restart_window",
+        "30m",
+        DURATION,
+        "TrainingProcessTerminated (per node) and TrainingJobTerminated (per job): a rank "
+        "stopped by a signal (or its time limit) is a warning for this long after its last "
+        "heartbeat; not restarted by then, TrainingProcessDied or TrainingJobRankDied "
+        "(critical) pages for it.",
+    ),
+)
 
 _STOPPED = (
     'trainguard_run_exit_info{cause=~"signal|time_limit"}',

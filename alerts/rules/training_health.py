@@ -11,7 +11,61 @@ name the framework callbacks give it too); the non-finite streak is counted by t
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "loss_nonfinite_steps",
+        3,
+        NUMBER,
+        "TrainingLossNonFinite: a rank's loss was NaN or infinite for this many consecutive "
+        "observed steps (the reporter observes the latest step once per interval, 1 s by "
+        "default: about this many seconds with fast steps).",
+    ),
+    Threshold(
+        "loss_spike_factor",
+        2,
+        NUMBER,
+        "TrainingLossSpike: a rank's loss is above this many times its own median over "
+        "loss_spike_baseline...",
+    ),
+    Threshold(
+        "loss_spike_baseline",
+        "1h",
+        DURATION,
+        "TrainingLossSpike: ...the window of that median; the run must have reported a loss "
+        "this long ago already (warm-up)...",
+    ),
+    Threshold(
+        "loss_spike_min_samples",
+        30,
+        NUMBER,
+        "TrainingLossSpike: ...with at least this many finite loss samples (rule evaluations) "
+        "in the window...",
+    ),
+    Threshold(
+        "loss_spike_for",
+        "5m",
+        DURATION,
+        "TrainingLossSpike: ...at every evaluation for this long (a single noisy batch is not a "
+        "spike).",
+    ),
+    Threshold(
+        "restart_loop_restarts",
+        3,
+        NUMBER,
+        "TrainingRestartLoop: the run recorded this many deaths (each followed by a restart)...",
+    ),
+    Threshold(
+        "restart_loop_window",
+        "2h",
+        DURATION,
+        "TrainingRestartLoop: ...within this window, while its newest complete primary "
+        "checkpoint did not advance (without checkpoints: while its current process has not "
+        "got further than the deaths of the window).",
+    ),
+)
 
 #: the run's loss, without NaN and infinities (those are TrainingLossNonFinite's): what the
 #: spike's median is taken over; a NaN in a quantile would poison it

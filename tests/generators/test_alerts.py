@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from alerts import build, kinds, site, thresholds
+from alerts import build, kinds, site
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import COMMON_SNIPPETS, PLACEHOLDER
 from helpers.exporter_proc import Exporter
@@ -217,7 +217,7 @@ def test_pace_group_is_never_evaluated_less_often_than_the_slow_group() -> None:
     assert interval(build.render({})) == "1m"
     assert interval(build.render({"slow_rules_interval": "30s"})) == "30s"
     assert interval(build.render({"pace_rules_interval": "2m"})) == "2m"
-    with pytest.raises(thresholds.ThresholdError, match=r"stall_gap_lookback .* pace_rules"):
+    with pytest.raises(site.ThresholdError, match=r"stall_gap_lookback .* pace_rules"):
         build.render({"pace_rules_interval": "3m"})  # 5m lookback: would miss intervals
 
 
@@ -335,9 +335,9 @@ def test_list_prints_every_threshold_as_a_config(
     assert build.main(["--list", "--set", "stall=1h"]) == 0
     text = capsys.readouterr().out
     listed = yaml.safe_load(text)
-    assert list(listed) == [t.name for t in thresholds.THRESHOLDS]
+    assert list(listed) == [t.name for t in site.THRESHOLDS]
     assert listed["stall"] == "1h" and listed["ghost_floor"] == "2GiB"
-    for t in thresholds.THRESHOLDS:
+    for t in site.THRESHOLDS:
         assert t.doc.split()[0] in text, t.name
     # The listing is a valid --config: feeding it back gives the same rules.
     config = tmp_path / "listed.yml"
@@ -358,12 +358,10 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
                 texts += [rule.for_ or "", rule.keep_firing_for or ""]
                 texts += [rule.summary, rule.description, *rule.annotations.values()]
     used = {name for text in texts for name in PLACEHOLDER.findall(text)}
-    placeholders = set(thresholds.resolve())
+    placeholders = set(site.resolve())
     assert not snippets & placeholders, "snippet names shadow thresholds"
     assert used <= placeholders | snippets, f"unknown: {sorted(used - placeholders - snippets)}"
-    unused = [
-        t.name for t in thresholds.THRESHOLDS if not used & {t.name, f"{t.name}_s", f"{t.name}_h"}
-    ]
+    unused = [t.name for t in site.THRESHOLDS if not used & {t.name, f"{t.name}_s", f"{t.name}_h"}]
     assert not unused, f"thresholds no rule uses: {unused}"
 
 
@@ -589,5 +587,5 @@ def test_unit_test_files_evaluate_recording_rules_first(groups: list[dict[str, A
 
 def test_readme_documents_every_threshold() -> None:
     readme = (ALERTS / "README.md").read_text(encoding="utf-8")
-    missing = [t.name for t in thresholds.THRESHOLDS if f"`{t.name}`" not in readme]
+    missing = [t.name for t in site.THRESHOLDS if f"`{t.name}`" not in readme]
     assert not missing, f"alerts/README.md does not mention: {missing}"
