@@ -19,9 +19,6 @@ from alerts.rules import (
     goodput,
     gpu,
     gpu_health,
-    jobs,
-    jobs_slow,
-    jobs_stall,
     memory,
     pace,
     recording,
@@ -33,6 +30,9 @@ from alerts.rules import (
     training_health,
 )
 from alerts.rules.common import Alert, Group, Record
+from alerts.rules.jobs import deaths as jobs
+from alerts.rules.jobs import slow as jobs_slow
+from alerts.rules.jobs import stall as jobs_stall
 
 GROUPS: tuple[Group, ...] = (
     recording.GROUP,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
-from alerts.rules.jobs_slow import JOB, JOB_ARGS, JOB_SEL
+from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(

@@ -4,7 +4,7 @@ TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingLogStale;
 TrainingThroughputDropped is evaluated with the step rate it reads, in ``pace.py``.
 
 The ranks of a job of many nodes (``trainguard_run_job_info``) are judged per job, not per node,
-for deaths and stalls: ``jobs.py`` and ``jobs_stall.py`` page once for the whole job.
+for deaths and stalls: ``jobs/deaths.py`` and ``jobs/stall.py`` page once for the whole job.
 
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a

@@ -7,7 +7,7 @@ TrainingProcessDied (``alerts/rules/runs.py``) leaves such a rank out for the sa
 (:func:`stopped`), then pages for it: a run stopped and not restarted is down. A run with a
 rank that died otherwise pages as that death alone (torchrun stops the other ranks with
 SIGTERM after one crashed). The ranks of a job (``trainguard_run_job_info``) are left out: a
-preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs.py``), not 16 times.
+preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs/deaths.py``), not 16 times.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ JOB_SEL = "${target_labels_across_sel},run=%q"
 JOB_ARGS = "${target_labels_across_args} $labels.run"
 
 #: "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..." (also
-#: in the job stall alerts' summaries, jobs_stall.py)
+#: in the job stall alerts' summaries, jobs/stall.py)
 APART_RANKS = (
     "{{ range $i, $s := printf `" + APART + "{" + JOB_SEL + "} * on (${target_labels}, run, "
     "rank) group_left (host) max by (${target_labels}, run, rank, host) (trainguard_run_info)` "

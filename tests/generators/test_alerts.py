@@ -229,12 +229,12 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "region=%q,job=%q,instance=%q,run=%q" in text
     assert "$labels.region $labels.job $labels.instance $labels.run" in text
     # nothing aggregates or joins by a list that leaves the target labels out, but the job
-    # rules (alerts/rules/jobs.py, stuck.py), which judge a job across its nodes: all of them
+    # rules (alerts/rules/jobs/, stuck.py), which judge a job across its nodes: all of them
     # but instance (then the run follows)
     assert "count by (region, job, run, job_id)" in text
     assert "count by (region, job, run)" in text
     assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
-    assert "quantile by (region, job, run)" in text  # jobs_slow, goodput
+    assert "quantile by (region, job, run)" in text  # jobs/slow.py, goodput
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
     assert not re.search(kept, flat), re.findall(kept, flat)

@@ -8,7 +8,7 @@ The ranks of a job (``trainguard_run_job_info``) are left out of the per-node Tr
 and TrainingNoFirstStep (``alerts/rules/runs.py``): a 16-node job whose rank hangs in its data
 loader pages once, not sixteen times. These rules judge each rank as those do, then aggregate
 by the target labels without ``instance`` (``${target_labels_across}``), the run and the job,
-as TrainingJobRankDied does (``jobs.py``, whose page inhibits these in Alertmanager: a dead
+as TrainingJobRankDied does (``deaths.py``, whose page inhibits these in Alertmanager: a dead
 rank explains a stalled job). Where the job is stuck comes from ``stuck.py``: the rank(s)
 apart from the rest, with their host, and where the others wait.
 """
@@ -16,7 +16,7 @@ apart from the rest, with their host, and where the others wait.
 from __future__ import annotations
 
 from alerts.rules.common import Alert, Group, Record, query_value
-from alerts.rules.jobs import JOB_ARGS, JOB_CONTEXT, JOB_SEL, ON_RANK, RUN_ARGS, RUN_SEL
+from alerts.rules.jobs.deaths import JOB_ARGS, JOB_CONTEXT, JOB_SEL, ON_RANK, RUN_ARGS, RUN_SEL
 from alerts.rules.stuck import APART, APART_RANKS, STUCK_ANNOTATION
 
 #: a job's live ranks past their stall threshold (or with no heartbeat for ``stall``), valued
