@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: make `alerts` importable
 from alerts import site as sites
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
-from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, fill
+from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, TemplateError, fill, fill_snippets
 from alerts.runbook_url import runbook_url
 
 RULES_FILE = Path(__file__).resolve().parent / "trainguard.rules.yml"
@@ -65,12 +65,17 @@ class Folded(str):
 
 
 def _group_table(group: Group, table: Mapping[str, str]) -> dict[str, str]:
-    """The thresholds plus the common snippets and the group's (their own placeholders filled)."""
+    """The thresholds plus the common snippets and the group's, filled (one may use another)."""
     snippets = {**COMMON_SNIPPETS, **group.snippets}
     clash = sorted(set(snippets) & set(table)) + sorted(set(COMMON_SNIPPETS) & set(group.snippets))
     if clash:
-        raise KeyError(f"{group.name}: snippet names clash with thresholds or common ones: {clash}")
-    return {**table, **{name: fill(text, table) for name, text in snippets.items()}}
+        raise TemplateError(
+            f"group {group.name}: snippet names clash with thresholds or common ones: {clash}"
+        )
+    try:
+        return {**table, **fill_snippets(snippets, table)}
+    except TemplateError as exc:
+        raise TemplateError(f"group {group.name}: {exc}") from None
 
 
 def _rule(
@@ -107,7 +112,13 @@ def rule_groups(table: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
         out: dict[str, Any] = {"name": group.name}
         if group.interval is not None:
             out["interval"] = fill(group.interval, local)
-        out["rules"] = [_rule(rule, local, group.run_context) for rule in group.rules]
+        out["rules"] = []
+        for rule in group.rules:
+            try:
+                out["rules"].append(_rule(rule, local, group.run_context))
+            except TemplateError as exc:
+                name = rule.record if isinstance(rule, Record) else rule.name
+                raise TemplateError(f"group {group.name}, rule {name}: {exc}") from None
         groups.append(out)
     return groups
 

@@ -14,11 +14,11 @@ trainer clock off by an hour must not page a healthy run.
 from __future__ import annotations
 
 from alerts.kinds import DURATION, NUMBER, Threshold
-from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, promql, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.recording import LIVE, STATE, last_seen
-from alerts.rules.signals import stopped
+from alerts.rules.signals import STOPPED
 from alerts.rules.stuck import STUCK_ANNOTATION
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -127,36 +127,43 @@ THRESHOLDS: tuple[Threshold, ...] = (
 #: exporter, so the death page would resolve though nothing new is known; it stays until the
 #: exporter is back and says. The last values over exporter_down_active_lookback (1d) come from
 #: recording.last_seen().
-DEAD_WHEN_LAST_SEEN = (
-    """(
-                (STATE) == 0
-                unless on (${target_labels}, run, rank)
-                  last_over_time(
-                    trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
-                  )
-                unless on (${target_labels}, run, rank)
-                  JOB
-                and on (${target_labels})
-                (
-                  max by (${target_labels}) (up{${job_selector}} == 0)
-                  or
-                  (
-                    max by (${target_labels}) (
-                      ANYTARGET
-                    )
-                    unless on (${target_labels}) up{${job_selector}}
-                  )
-                )
-                unless on (${target_labels})
-                max by (${target_labels}) (
-                  max_over_time(up{${job_selector}}[${exporter_down_for}])
-                ) == 1
-              )""".replace("STATE", last_seen(STATE))
-    .replace("JOB", last_seen("trainguard_run_job_info"))
-    .replace("ANYTARGET", last_seen("up{${job_selector}}"))
+DEAD_WHEN_LAST_SEEN = promql(
+    """
+    (
+      (${state_last_seen}) == 0
+      unless on (${target_labels}, run, rank)
+        last_over_time(
+          trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
+        )
+      unless on (${target_labels}, run, rank)
+        ${job_info_last_seen}
+      and on (${target_labels})
+      (
+        max by (${target_labels}) (up{${job_selector}} == 0)
+        or
+        (
+          max by (${target_labels}) (
+            ${any_target_last_seen}
+          )
+          unless on (${target_labels}) up{${job_selector}}
+        )
+      )
+      unless on (${target_labels})
+      max by (${target_labels}) (
+        max_over_time(up{${job_selector}}[${exporter_down_for}])
+      ) == 1
+    )
+    """
 )
 
 SNIPPETS = {
+    # PromQL: what TrainingProcessDied reads of an exporter that has been down, a live rank
+    "dead_when_last_seen": DEAD_WHEN_LAST_SEEN,
+    "state_last_seen": last_seen(STATE),
+    "job_info_last_seen": last_seen("trainguard_run_job_info"),
+    "any_target_last_seen": last_seen("up{${job_selector}}"),
+    "live": LIVE,
+    "stopped": STOPPED,
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
@@ -219,13 +226,13 @@ GROUP = Group(
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
               unless on (${target_labels}, run, rank) (
-                STOPPED
+                ${stopped}
               )
               unless on (${target_labels}, run, rank) trainguard_run_job_info
               or
-              DEAD_WHEN_LAST_SEEN
+              ${dead_when_last_seen}
             )
-            """.replace("STOPPED", stopped(16)).replace("DEAD_WHEN_LAST_SEEN", DEAD_WHEN_LAST_SEEN),
+            """,
             # STOPPED: stopped by a signal, a warning for a while
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
@@ -248,13 +255,13 @@ GROUP = Group(
                 or
                 (
                   trainguard_run_heartbeat_age_seconds > ${stall_s}
-                  and on (${target_labels}, run, rank) LIVE
+                  and on (${target_labels}, run, rank) ${live}
                 )
               )
               # a job's ranks: one alert for the job (TrainingJobStalled, jobs_stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """.replace("LIVE", LIVE),
+            """,
             for_="2m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -278,14 +285,14 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and on (${target_labels}, run, rank) LIVE
+              and on (${target_labels}, run, rank) ${live}
               unless on (${target_labels}, run, rank) trainguard_run_step
               unless on (${target_labels}, run, rank)
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
               # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs_stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """.replace("LIVE", LIVE),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on ${run_host} has made no step since it

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
-from alerts.rules.signals import stopped
+from alerts.rules.signals import STOPPED
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -108,6 +108,10 @@ RESTARTS = (
 )
 
 SNIPPETS = {
+    # PromQL: the join on a rank, the dead ranks of jobs, the ranks stopped by a signal
+    "on_rank": ON_RANK,
+    "dead": DEAD,
+    "stopped": STOPPED,
     "restarts": RESTARTS,
     "first_rank": _first(FIRST + "{" + JOB_SEL + "}", "rank"),
     "first_instance": _first(FIRST + "{" + JOB_SEL + "}", "instance"),
@@ -189,9 +193,9 @@ GROUP = Group(
             DEAD,
             """
             trainguard_run_job_info
-            and ON_RANK trainguard_run_process_up == 0
-            unless ON_RANK trainguard_run_finished == 1
-            """.replace("ON_RANK", ON_RANK),
+            and ${on_rank} trainguard_run_process_up == 0
+            unless ${on_rank} trainguard_run_finished == 1
+            """,
         ),
         Record(
             FIRST,
@@ -199,15 +203,15 @@ GROUP = Group(
             bottomk by (${target_labels_across}, run, job_id) (
               1,
               trainguard_run_heartbeat_timestamp_seconds
-              * ON_RANK group_left (job_id) DEAD
-              unless ON_RANK trainguard_run_exit_info{cause="signal"}
+              * ${on_rank} group_left (job_id) ${dead}
+              unless ${on_rank} trainguard_run_exit_info{cause="signal"}
             )
             or on (${target_labels_across}, run, job_id)
             bottomk by (${target_labels_across}, run, job_id) (
               1,
-              trainguard_run_heartbeat_timestamp_seconds * ON_RANK group_left (job_id) DEAD
+              trainguard_run_heartbeat_timestamp_seconds * ${on_rank} group_left (job_id) ${dead}
             )
-            """.replace("ON_RANK", ON_RANK).replace("DEAD", DEAD),
+            """,
         ),
         Alert(
             "TrainingJobRankDied",
@@ -215,16 +219,16 @@ GROUP = Group(
             # not while every dead rank was stopped by a signal within terminated_restart_window
             # (a preempted or time-limited job: TrainingProcessTerminated's warning)
             expr="""
-            count by (${target_labels_across}, run, job_id) (DEAD)
+            count by (${target_labels_across}, run, job_id) (${dead})
             unless on (${target_labels_across}, run, job_id) (
-              count by (${target_labels_across}, run, job_id) (DEAD)
+              count by (${target_labels_across}, run, job_id) (${dead})
               == count by (${target_labels_across}, run, job_id) (
-                DEAD and on (${target_labels}, run, rank) (
-                  STOPPED
+                ${dead} and on (${target_labels}, run, rank) (
+                  ${stopped}
                 )
               )
             )
-            """.replace("DEAD", DEAD).replace("STOPPED", stopped(18)),
+            """,
             for_="${job_death_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -255,16 +259,16 @@ GROUP = Group(
             count by (${target_labels_across}, run, job_id) (
               trainguard_run_job_info
               and on (${target_labels}, run, rank) (
-                STOPPED
+                ${stopped}
               )
             )
             # a rank of the job that died otherwise, on any node: TrainingJobRankDied pages
             unless on (${target_labels_across}, run, job_id) (
-              DEAD
+              ${dead}
               unless on (${target_labels}, run, rank)
                 trainguard_run_exit_info{cause=~"signal|time_limit"}
             )
-            """.replace("DEAD", DEAD).replace("STOPPED", stopped(16)),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Job {{ $labels.job_id }} of run {{ $labels.run }} was stopped by a signal.

@@ -41,6 +41,7 @@ HELD_UP = (
 )
 
 SNIPPETS = {
+    "on_rank": ON_RANK,  # PromQL: the join on a rank
     "held_up": HELD_UP,
     "job_ranks": _count("count(trainguard_run_job_info{" + JOB_SEL + "})"),
     "stalled_ranks": _count("count(" + STALLED + "{" + JOB_SEL + "})"),
@@ -81,12 +82,12 @@ GROUP = Group(
               or
               (
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
-                and ON_RANK trainguard_run_process_up == 1
-                unless ON_RANK trainguard_run_finished == 1
+                and ${on_rank} trainguard_run_process_up == 1
+                unless ${on_rank} trainguard_run_finished == 1
               )
             )
-            * ON_RANK group_left (job_id) trainguard_run_job_info
-            """.replace("ON_RANK", ON_RANK),
+            * ${on_rank} group_left (job_id) trainguard_run_job_info
+            """,
         ),
         # as TrainingNoFirstStep judges a rank (runs.py), for the ranks of a job
         Record(
@@ -94,13 +95,13 @@ GROUP = Group(
             """
             max by (${target_labels}, run, rank) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and ON_RANK trainguard_run_process_up == 1
-              unless ON_RANK trainguard_run_finished == 1
-              unless ON_RANK trainguard_run_step
-              unless ON_RANK trainguard_run_heartbeat_age_seconds > ${stall_s}
+              and ${on_rank} trainguard_run_process_up == 1
+              unless ${on_rank} trainguard_run_finished == 1
+              unless ${on_rank} trainguard_run_step
+              unless ${on_rank} trainguard_run_heartbeat_age_seconds > ${stall_s}
             )
-            * ON_RANK group_left (job_id) trainguard_run_job_info
-            """.replace("ON_RANK", ON_RANK),
+            * ${on_rank} group_left (job_id) trainguard_run_job_info
+            """,
         ),
         Alert(
             "TrainingJobStalled",
