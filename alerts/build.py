@@ -37,7 +37,7 @@ from alerts import site as sites
 from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import GROUPS, Alert, Group, Record
 from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, TemplateError, fill, fill_snippets
-from alerts.runbook_url import runbook_url
+from alerts.runbook_url import ACROSS, runbook_url
 
 RULES_FILE = Path(__file__).resolve().parent / "trainguard.rules.yml"
 PROGRAM = "alerts/build.py"
@@ -78,12 +78,21 @@ def _group_table(group: Group, table: Mapping[str, str]) -> dict[str, str]:
         raise TemplateError(f"group {group.name}: {exc}") from None
 
 
+#: stands for ``${target_labels_across}`` in a second filling of an alert's expression: whether
+#: it judges a job across nodes, directly or through a snippet (:func:`runbook_url`)
+_ACROSS_MARK = "\0across\0"
+
+
 def _rule(
-    rule: Record | Alert, table: Mapping[str, str], run_context: bool = False
+    rule: Record | Alert,
+    table: Mapping[str, str],
+    marked: Mapping[str, str],
+    run_context: bool = False,
 ) -> dict[str, Any]:
     if isinstance(rule, Record):
         return {"record": rule.record, "expr": fill(expr(rule.expr), table)}
     out: dict[str, Any] = {"alert": rule.name, "expr": fill(expr(rule.expr), table)}
+    across = _ACROSS_MARK in fill(expr(rule.expr), marked)
     if rule.for_ is not None:
         out["for"] = fill(rule.for_, table)
     if rule.keep_firing_for is not None:
@@ -93,7 +102,7 @@ def _rule(
     out["annotations"] = {
         "summary": Folded(fill(para(rule.summary), table)),
         "description": Folded(fill(para(rule.description), table)),
-        "runbook_url": runbook_url(rule, table),
+        "runbook_url": runbook_url(rule, table, across),
     }
     for key, text in rule.annotations.items():
         out["annotations"][key] = Folded(fill(para(text), table))
@@ -109,13 +118,14 @@ def rule_groups(table: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     groups = []
     for group in GROUPS:
         local = _group_table(group, table)
+        marked = _group_table(group, {**table, ACROSS: _ACROSS_MARK})
         out: dict[str, Any] = {"name": group.name}
         if group.interval is not None:
             out["interval"] = fill(group.interval, local)
         out["rules"] = []
         for rule in group.rules:
             try:
-                out["rules"].append(_rule(rule, local, group.run_context))
+                out["rules"].append(_rule(rule, local, marked, group.run_context))
             except TemplateError as exc:
                 name = rule.record if isinstance(rule, Record) else rule.name
                 raise TemplateError(f"group {group.name}, rule {name}: {exc}") from None

@@ -19,6 +19,7 @@ from alerts.rules.common import (
     Alert,
     Group,
     Record,
+    promql,
     query_bytes,
     query_value,
 )
@@ -161,13 +162,17 @@ TO_FULL = "run_rank_device:trainguard_run_allocator_full_in_seconds:leak"
 AVG_RESERVED = "run_rank_device:trainguard_run_allocator_reserved_bytes:avg"
 AVG_ALLOCATED = "run_rank_device:trainguard_run_allocator_allocated_bytes:avg"
 #: what the device has left above the recent peak of allocated memory
-HEADROOM = """(
-                  TOTAL
-                  - on (${target_labels}, run, rank, device)
-                  max by (${target_labels}, run, rank, device) (
-                    max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
-                  )
-                )"""
+HEADROOM = promql(
+    """
+    (
+      ${total}
+      - on (${target_labels}, run, rank, device)
+      max by (${target_labels}, run, rank, device) (
+        max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+      )
+    )
+    """
+)
 
 
 def _avg(metric: str) -> str:
@@ -183,6 +188,15 @@ def _avg(metric: str) -> str:
 
 
 SNIPPETS = {
+    # PromQL: the records of both groups, the headroom
+    "to_full": TO_FULL,
+    "avg_reserved": AVG_RESERVED,
+    "avg_allocated": AVG_ALLOCATED,
+    "avg_split": _avg("inactive_split_bytes"),
+    "floor": FLOOR,
+    "headroom": HEADROOM,
+    "settled": SETTLED,
+    "total": TOTAL,
     # A whole sentence on the rank's allocator, for both alerts.
     "stats": (
         "Allocator now: reserved "
@@ -347,12 +361,12 @@ GROUP = Group(
             # every evaluation; the process checks again here, so that a record of a process
             # that has just ended or restarted is not read
             expr="""
-            last_over_time(TO_FULL[${slow_rules_lookback}]) < ${leak_horizon_s}
+            last_over_time(${to_full}[${slow_rules_lookback}]) < ${leak_horizon_s}
             and on (${target_labels}, run, rank)
             trainguard_run_process_up == 1
             and on (${target_labels}, run, rank)
             trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
-            """.replace("TO_FULL", TO_FULL),
+            """,
             for_="${leak_for}",
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} keeps more GPU memory every step: a
@@ -381,17 +395,15 @@ GROUP = Group(
             # ratio x reserved, split / free > frag_split_share as free < split / share (free
             # is above frag_free_floor, so positive)
             expr="""
-            (AVG_RESERVED - AVG_ALLOCATED)
+            (${avg_reserved} - ${avg_allocated})
               > ${frag_free_floor}
-              > ${frag_free_ratio} * AVG_RESERVED
-              < AVG_SPLIT / ${frag_split_share}
+              > ${frag_free_ratio} * ${avg_reserved}
+              < ${avg_split} / ${frag_split_share}
             and on (${target_labels}, run, rank, device)
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
-            """.replace("AVG_RESERVED", AVG_RESERVED)
-            .replace("AVG_ALLOCATED", AVG_ALLOCATED)
-            .replace("AVG_SPLIT", _avg("inactive_split_bytes")),
+            """,
             for_="${frag_for}",
             summary="""
             The GPU memory of run {{ $labels.run }} rank {{ $labels.rank }} is fragmented.
@@ -418,6 +430,7 @@ GROUP = Group(
 #: floor, a minimum over leak_floor_window (5m), recorded every 5m still covers every sample.
 SLOW = Group(
     "trainguard-allocator.slow",
+    snippets=SNIPPETS,
     interval="${slow_rules_interval}",
     rules=(
         Record(
@@ -431,12 +444,12 @@ SLOW = Group(
         Record(
             SETTLED,
             """
-            FLOOR
+            ${floor}
             and on (${target_labels}, run, rank)
             max by (${target_labels}, run, rank) (
               trainguard_run_start_age_seconds > ${leak_warmup_s}
             )
-            """.replace("FLOOR", FLOOR),
+            """,
         ),
         # The process's own figure (torch's total_memory: right for a MIG slice too), else its
         # GPU's through the allocator's UUID join (older reporters).
@@ -465,21 +478,21 @@ SLOW = Group(
             TO_FULL,
             """
             (
-              HEADROOM
+              ${headroom}
               / on (${target_labels}, run, rank, device)
               max by (${target_labels}, run, rank, device) (
                 label_replace(
-                  deriv(FLOOR[${leak_window}]) > 0
+                  deriv(${floor}[${leak_window}]) > 0
                   and on (${target_labels}, run, rank, device)
-                  FLOOR > FLOOR offset ${leak_rise_window},
+                  ${floor} > ${floor} offset ${leak_rise_window},
                   "pace", "steady", "", ""
                 )
                 or
                 label_replace(
-                  deriv(SETTLED[${leak_trend_window}]) > 0
+                  deriv(${settled}[${leak_trend_window}]) > 0
                   and on (${target_labels}, run, rank, device)
                   count_over_time(
-                    (SETTLED > SETTLED offset ${leak_rise_window})
+                    (${settled} > ${settled} offset ${leak_rise_window})
                     [${leak_trend_window}:${leak_rise_window}]
                   ) >= ${leak_rises},
                   "pace", "steps", "", ""
@@ -497,11 +510,8 @@ SLOW = Group(
               trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
             )
             or
-            FLOOR * 0 + Inf
-            """.replace("HEADROOM", HEADROOM)
-            .replace("SETTLED", SETTLED)
-            .replace("FLOOR", FLOOR)
-            .replace("TOTAL", TOTAL),
+            ${floor} * 0 + Inf
+            """,
         ),
     ),
 )

@@ -116,6 +116,12 @@ LOC_SEL = "${target_labels_sel},run=%q,location=%q"
 LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 
 SNIPPETS = {
+    # PromQL: the slow group's records (checkpoint_history.py)
+    "spread": SPREAD,
+    "up_min": UP_MIN,
+    "step_seen": STEP_SEEN,
+    "changes": CHANGES,
+    "avail_predicted": AVAIL_PREDICTED,
     # "step 800 holds 50%, step 900 holds 10%": the truncated checkpoints at the location.
     "truncated_steps": (
         "{{ range $i, $s := printf `trainguard_checkpoint_size_bytes{" + LOC_SEL + "} / "
@@ -163,9 +169,13 @@ def _covered(damage: str) -> str:
     step is no more than steps_at_risk_factor x the usual cadence behind the run: then the
     damage is a warning (fix the copy), otherwise it pages.
     """
-    return """
+    newest = 'trainguard_checkpoint_newest_damaged_step{damage="' + damage + '"}'
+    return (
+        """
             (
-              trainguard_checkpoint_newest_damaged_step{damage="DAMAGE"}
+              """
+        + newest
+        + """
               <= on (${target_labels}, run) group_left ()
                 run:trainguard_checkpoint_last_step:max
             )
@@ -174,7 +184,8 @@ def _covered(damage: str) -> str:
               > ${steps_at_risk_factor}
                 * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
             )
-    """.replace("DAMAGE", damage)
+    """
+    )
 
 
 def _damage_alerts(
@@ -233,7 +244,7 @@ GROUP = Group(
               trainguard_checkpoint_last_timestamp_seconds
             )
             and on (${target_labels}, run, location)
-              last_over_time(SPREAD[${slow_rules_lookback}]) == 0
+              last_over_time(${spread}[${slow_rules_lookback}]) == 0
             and max by (${target_labels}, run, location) (
               trainguard_checkpoint_last_timestamp_seconds
             ) > 0
@@ -262,22 +273,19 @@ GROUP = Group(
             # complete checkpoint, while the primary completed one within it (value 0: none)
             (
               (
-                last_over_time(UP_MIN{location!="primary"}[${slow_rules_lookback}]) == 1
+                last_over_time(${up_min}{location!="primary"}[${slow_rules_lookback}]) == 1
               ) * 0
               unless on (${target_labels}, run, location)
-                last_over_time(STEP_SEEN[${slow_rules_lookback}])
+                last_over_time(${step_seen}[${slow_rules_lookback}])
             )
             and on (${target_labels}, run, location)
               trainguard_checkpoint_location_up offset ${checkpoint_stale}
             and on (${target_labels}, run)
               max by (${target_labels}, run) (
-                last_over_time(CHANGES{location="primary"}[${slow_rules_lookback}])
+                last_over_time(${changes}{location="primary"}[${slow_rules_lookback}])
               ) > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
-            """.replace("SPREAD", SPREAD)
-            .replace("UP_MIN", UP_MIN)
-            .replace("STEP_SEEN", STEP_SEEN)
-            .replace("CHANGES", CHANGES),
+            """,
             for_="5m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -409,12 +417,12 @@ GROUP = Group(
             "CheckpointVolumeFillingUp",
             "warning",
             expr="""
-            last_over_time(AVAIL_PREDICTED[${slow_rules_lookback}]) < 0
+            last_over_time(${avail_predicted}[${slow_rules_lookback}]) < 0
             and on (${target_labels}, run, location)
             trainguard_checkpoint_filesystem_avail_bytes
               < ${volume_fill_min_checkpoints}
                 * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
-            """.replace("AVAIL_PREDICTED", AVAIL_PREDICTED),
+            """,
             for_="${volume_fill_for}",
             summary="""
             Checkpoint volume of run {{ $labels.run }} at {{ $labels.location }} is filling up.

@@ -66,7 +66,7 @@ def fill_snippets(snippets: Mapping[str, str], table: Mapping[str, str]) -> dict
         try:
             done[name] = fill(text, {**table, **done})
         except TemplateError as exc:
-            raise TemplateError(f"snippet ${{{name}}}: {exc}") from None
+            raise TemplateError("snippet ${" + name + "}: " + str(exc)) from None
         return done[name]
 
     for name in snippets:

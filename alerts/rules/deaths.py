@@ -66,6 +66,7 @@ DIED_LABELS = _death_number(" + 1", "${exporter_down_active_lookback}")
 RESTARTED_LABELS = _death_number("")
 
 SNIPPETS = {
+    "distance": DISTANCE,  # PromQL: the new death's distance from the previous
     # a new death shows within this lookback: the death count is above its value this long ago
     "death_lookback": "1m",
     "last_death": query_value("trainguard_run_last_death_step{" + RUN_SEL + "}", RUN_ARGS),
@@ -173,8 +174,8 @@ GROUP = Group(
             "RepeatedDeathNearSameStep",
             "warning",
             expr="""
-            min_over_time(DISTANCE[${repeated_death_window}]) <= ${repeated_death_steps}
-            """.replace("DISTANCE", DISTANCE),
+            min_over_time(${distance}[${repeated_death_window}]) <= ${repeated_death_steps}
+            """,
             summary="Run {{ $labels.run }} died again near the same step.",
             description="""
             Run {{ $labels.run }} on ${run_host} died within

@@ -116,6 +116,7 @@ def _gpu_value(metric: str, fmt: str = 'printf "%.0f"', suffix: str = "") -> str
 
 
 SNIPPETS = {
+    "unattributed_min": UNATTRIBUTED_MIN,  # PromQL: the slow group's record
     "hw_reasons": HW_REASONS,
     "gpu_name": GPU_SNIPPETS["gpu_name"],
     # "hw_thermal_slowdown, sw_power_cap": the reasons the clocks are held down now
@@ -321,12 +322,12 @@ GROUP = Group(
             (
               max by (${target_labels}, gpu, uuid) (trainguard_gpu_memory_unattributed_bytes)
               - on (${target_labels}, gpu, uuid)
-              last_over_time(UNATTRIBUTED_MIN[${slow_rules_lookback}])
+              last_over_time(${unattributed_min}[${slow_rules_lookback}])
             ) > ${released_floor}
             and on (${target_labels}, uuid)
             max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
-            """.replace("UNATTRIBUTED_MIN", UNATTRIBUTED_MIN),
+            """,
             for_="${released_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""

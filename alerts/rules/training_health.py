@@ -78,6 +78,10 @@ BASELINE = "run_rank:trainguard_run_loss:median"
 CKPT = 'trainguard_checkpoint_last_step{location="primary"}'
 
 SNIPPETS = {
+    # PromQL: the finite loss, its median, the newest complete primary checkpoint
+    "loss": LOSS,
+    "loss_med": BASELINE,
+    "ckpt": CKPT,
     # "0 (12 steps), 3 (4 steps)": the ranks whose loss is not finite, and for how long
     "nonfinite_ranks": (
         "{{ range $i, $s := printf `trainguard_run_loss_nonfinite_streak{"
@@ -176,11 +180,11 @@ GROUP = Group(
             "warning",
             expr="""
             max by (${target_labels}, run) (
-              LOSS > ${loss_spike_factor} * last_over_time(BASELINE[${slow_rules_lookback}])
+              ${loss} > ${loss_spike_factor} * last_over_time(${loss_med}[${slow_rules_lookback}])
               unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            """.replace("LOSS", LOSS).replace("BASELINE", BASELINE),
+            """,
             for_="${loss_spike_for}",
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
@@ -214,14 +218,14 @@ GROUP = Group(
             )
             unless on (${target_labels}, run)
             (
-              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
-              > max by (${target_labels}, run) (min_over_time(CKPT[${restart_loop_window}]))
+              max by (${target_labels}, run) (max_over_time(${ckpt}[${restart_loop_window}]))
+              > max by (${target_labels}, run) (min_over_time(${ckpt}[${restart_loop_window}]))
             )
             unless on (${target_labels}, run)
             (
-              max by (${target_labels}, run) (CKPT)
+              max by (${target_labels}, run) (${ckpt})
               unless on (${target_labels}, run)
-              max by (${target_labels}, run) (CKPT offset ${restart_loop_window})
+              max by (${target_labels}, run) (${ckpt} offset ${restart_loop_window})
             )
             unless on (${target_labels}, run)
             (
@@ -230,9 +234,9 @@ GROUP = Group(
                 max_over_time(trainguard_run_last_death_step[${restart_loop_window}])
               )
               unless on (${target_labels}, run)
-              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
+              max by (${target_labels}, run) (max_over_time(${ckpt}[${restart_loop_window}]))
             )
-            """.replace("CKPT", CKPT),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on ${run_host} is restarting without
@@ -252,15 +256,16 @@ GROUP = Group(
 
 SLOW = Group(
     "trainguard-training-health.slow",
+    snippets={"loss": LOSS},
     interval="${slow_rules_interval}",
     rules=(
         Record(
             BASELINE,
             """
-            quantile_over_time(0.5, LOSS[${loss_spike_baseline}]) > 0
-            and count_over_time(LOSS[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
-            and last_over_time(LOSS[10m] offset ${loss_spike_baseline})
-            """.replace("LOSS", LOSS),
+            quantile_over_time(0.5, ${loss}[${loss_spike_baseline}]) > 0
+            and count_over_time(${loss}[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
+            and last_over_time(${loss}[10m] offset ${loss_spike_baseline})
+            """,
         ),
     ),
 )

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,14 @@ ALWAYS_FIRING = {"Watchdog"}
 # The runbook the exporter ships and serves at /runbook, on the alert's own exporter. It was a
 # GitHub address of a repository that does not exist (404): a default must work out of the box.
 RUNBOOK_BASE = 'http://{{ or $labels.instance "localhost:9636" }}/runbook'
-#: each alert's expression as its rule module writes it (placeholders unfilled)
-ALERT_EXPRS = {r.name: r.expr for g in GROUPS for r in g.rules if isinstance(r, Alert)}
+#: the alerts whose expression judges a job across its nodes (``${target_labels_across}``,
+#: directly or through a snippet): filled with a marker in its place
+ACROSS_ALERTS = {
+    rule["alert"]
+    for group in build.rule_groups({**site.resolve(), "target_labels_across": "ACROSS_MARK"})
+    for rule in group["rules"]
+    if "alert" in rule and "ACROSS_MARK" in rule["expr"]
+}
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -366,12 +373,52 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
 
 
 def test_rule_modules_use_one_template_syntax() -> None:
-    # Go templates and PromQL are written literally: no f-string escaping, no [[x]] placeholders.
-    for path in sorted((ALERTS / "rules").glob("*.py")):
+    # Go templates and PromQL are written literally: no f-string escaping, no [[x]] placeholders,
+    # no WORD put in by str.replace (unchecked: a misspelt WORD stays valid PromQL, and the
+    # alert silently never fires); a PromQL fragment is a ${name} snippet of its group.
+    paths = sorted((ALERTS / "rules").rglob("*.py"))
+    assert len(paths) > 20, paths
+    for path in paths:
         source = path.read_text(encoding="utf-8")
         for old in ("{{{{", "}}}}", "[["):
             assert old not in source, f"{path.name}: {old}"
         assert not re.search(r"(?<!\w)f[\"']", source), f"{path.name}: f-string"
+        assert not re.search(r"\.replace\(\s*[\"'][A-Z_)]+[\"']", source), f"{path.name}: .replace"
+
+
+@pytest.mark.parametrize("where", ["expr", "description", "snippet"])
+def test_an_unknown_placeholder_fails_the_build(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt ${name} is an error naming the group, the rule and the name, not PromQL
+    that never matches."""
+    index, group = next((i, g) for i, g in enumerate(GROUPS) if g.name == "trainguard-runs")
+    died = group.rules[0]
+    assert isinstance(died, Alert) and died.name == "TrainingProcessDied"
+    assert "${dead_when_last_seen}" in died.expr and "${run_host}" in died.description
+    if where == "expr":
+        rules = (
+            replace(died, expr=died.expr.replace("${dead_when_last_seen}", "${dead_when_seen}")),
+        )
+        bad = replace(group, rules=rules + group.rules[1:])
+        expected = (
+            "group trainguard-runs, rule TrainingProcessDied: unknown placeholder ${dead_when_seen}"
+        )
+    elif where == "description":
+        rules = (replace(died, description=died.description + " ${run_hots}"),)
+        bad = replace(group, rules=rules + group.rules[1:])
+        expected = (
+            "group trainguard-runs, rule TrainingProcessDied: unknown placeholder ${run_hots}"
+        )
+    else:
+        snippets = {**group.snippets, "live": "${stat} == 1"}
+        bad = replace(group, snippets=snippets)
+        expected = "group trainguard-runs: snippet ${live}: unknown placeholder ${stat}"
+    monkeypatch.setattr(build, "GROUPS", (*GROUPS[:index], bad, *GROUPS[index + 1 :]))
+    assert build.main(["-o", "-"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == f"alerts/build.py: error: {expected}"
 
 
 # ------------------------------------------------------------------------------- rules
@@ -391,7 +438,7 @@ def test_every_alert_has_labels_and_annotations(groups: list[dict[str, Any]]) ->
         for key in ("summary", "description", "runbook_url"):
             assert annotations.get(key, "").strip(), f"{name}: missing {key}"
         url = annotations["runbook_url"]
-        if "${target_labels_across}" in ALERT_EXPRS[name]:  # a job's: no instance label
+        if name in ACROSS_ALERTS:  # a job's: no instance label
             # $labels.instance stands for the exporter of the job's lowest rank (runbook_url.py)
             prelude, _, url = url.partition("{{ end }}{{ end }}{{ end }}")
             assert prelude.startswith("{{ $instance := $labels.instance }}"), prelude

@@ -79,7 +79,7 @@ SLOWEST = (
 
 GROUP = Group(
     "trainguard-jobs-slow",
-    snippets={"slowest_rank": SLOWEST},
+    snippets={"slowest_rank": SLOWEST, "job": JOB},
     rules=(
         Record(
             "run_rank:trainguard_run_data_wait_seconds_per_step:rate",
@@ -105,9 +105,9 @@ GROUP = Group(
             RATIO,
             """
             run_rank:trainguard_run_busy_seconds_per_step:rate
-            / on (JOB) group_left ()
+            / on (${job}) group_left ()
             (job:trainguard_run_busy_seconds_per_step:median > 0)
-            """.replace("JOB", JOB),
+            """,
         ),
         Alert(
             "TrainingRankSlow",
