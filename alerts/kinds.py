@@ -2,7 +2,7 @@
 
 The kinds are duration, number, bytes, selector, url, xid codes and labels; the placeholders are
 the ones the rule templates use. A check raises ValueError with the reason;
-``alerts/thresholds/`` adds which threshold and kind it was.
+``alerts/site.py`` adds which threshold and kind it was.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The rule types, the placeholder syntax, and Go-template snippets that print a query's value
 inside an annotation.
 
-Placeholders are ``${name}``: a threshold (``alerts/thresholds/``) or a snippet of the
+Placeholders are ``${name}``: a threshold (a module's ``THRESHOLDS``) or a snippet of the
 rule's group. The syntax cannot meet Prometheus' own templates (``{{ $labels.run }}``: a ``$``
 is never followed by ``{`` there) nor PromQL (``[5m]``, ``{job="x"}``), so both are written
 literally, as Prometheus reads them.

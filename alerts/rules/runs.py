@@ -258,7 +258,7 @@ GROUP = Group(
                   and on (${target_labels}, run, rank) ${live}
                 )
               )
-              # a job's ranks: one alert for the job (TrainingJobStalled, jobs_stall.py)
+              # a job's ranks: one alert for the job (TrainingJobStalled, jobs/stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,
@@ -289,7 +289,7 @@ GROUP = Group(
               unless on (${target_labels}, run, rank) trainguard_run_step
               unless on (${target_labels}, run, rank)
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
-              # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs_stall.py)
+              # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs/stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,

@@ -66,7 +66,7 @@ GROUP = Group(
             expr="""
             count by (${target_labels}, run) (
               ${stopped}
-              # a job's ranks: TrainingJobTerminated warns once for the job (jobs.py)
+              # a job's ranks: TrainingJobTerminated warns once for the job (jobs/deaths.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             unless on (${target_labels}, run) (
