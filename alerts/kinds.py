@@ -2,7 +2,7 @@
 
 The kinds are duration, number, bytes, selector, url, xid codes and labels; the placeholders are
 the ones the rule templates use. A check raises ValueError with the reason;
-``alerts/thresholds/`` adds which threshold and kind it was.
+``alerts/site.py`` adds which threshold and kind it was.
 """
 
 from __future__ import annotations
@@ -230,3 +230,26 @@ URL = Kind(
 XIDS = Kind("xid codes", "79,48,95 (comma-separated Xid codes)", _xid_placeholders, "_list")
 LABELS = Kind("labels", "cluster, namespace, job, instance", _labels_placeholders)
 KINDS = (DURATION, NUMBER, BYTES, SELECTOR, URL, XIDS, LABELS)
+
+
+# ------------------------------------------------------------------------- the thresholds
+
+Value = str | int | float
+
+
+class ThresholdError(ValueError):
+    """A bad override: unknown name, or a value that is not of the threshold's kind."""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One tunable value of the rules: its default here, its meaning in ``doc``.
+
+    Each rule module declares the thresholds of its group at its top (``THRESHOLDS``);
+    ``alerts/site.py`` declares the site-wide ones and joins them all.
+    """
+
+    name: str
+    default: Value
+    kind: Kind
+    doc: str

@@ -15,7 +15,39 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
+
+
+class Folded(str):
+    """A long one-line string (an annotation), written as a folded YAML block for readability."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style for the rules: PromQL of several lines literal, a long annotation folded.
+
+    PyYAML quotes a string that neither block can hold exactly (trailing spaces on a line).
+    """
+
+
+def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+def _folded_representer(dumper: yaml.SafeDumper, data: Folded) -> yaml.ScalarNode:
+    style = ">" if len(data) > 60 else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(data), style=style)
+
+
+_Dumper.add_representer(str, _str_representer)
+_Dumper.add_representer(Folded, _folded_representer)
+
+
+def dump_yaml(data: object) -> str:
+    """The one YAML writer of rules: the rules file and the PrometheusRule that carries them."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=100, allow_unicode=True)
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, default: Path) -> None:

@@ -21,8 +21,8 @@ from alerts.rules.common import Alert, fill
 
 #: what runbook_base writes for the alert's exporter
 INSTANCE = "$labels.instance"
-#: what an expression that judges a job across its nodes aggregates by
-ACROSS = "${target_labels_across}"
+#: the threshold an expression that judges a job across its nodes aggregates by
+ACROSS = "target_labels_across"
 
 
 def _lowest_rank(selector: str, args: str) -> str:
@@ -49,14 +49,15 @@ PRELUDE = (
 )
 
 
-def runbook_url(alert: Alert, table: Mapping[str, str]) -> str:
+def runbook_url(alert: Alert, table: Mapping[str, str], across: bool) -> str:
     """The ``runbook_url`` of ``alert``: ``runbook_base#<alert's name lowercased>``, as above.
 
-    Only an alert whose expression judges across nodes (``${target_labels_across}``) can lack
-    an ``instance``: the others keep the plain link, short and free to render.
+    Only an alert whose expression judges across nodes (``across``: it uses
+    ``${target_labels_across}``, itself or through a snippet) can lack an ``instance``: the
+    others keep the plain link, short and free to render.
     """
     base = fill("${runbook_base}", table)
     anchor = "#" + alert.name.lower()
-    if INSTANCE not in base or ACROSS not in alert.expr:
+    if INSTANCE not in base or not across:
         return base + anchor
     return fill(PRELUDE, table) + base.replace(INSTANCE, "$instance") + anchor

@@ -1,12 +1,16 @@
 """The site configuration: one Prometheus setup's thresholds and target labels.
 
 It is the one input both generators read, so that the rules and the dashboards a site deploys
-agree.
+agree. The site-wide thresholds (``SITE_WIDE``: what every rule group uses) are declared here,
+each group's at the top of its rule module (``alerts/rules/``); ``THRESHOLDS`` joins them and
+:func:`resolve` checks overrides against them, by kind (``alerts/kinds.py``), so a typo is an
+error naming the threshold and the kind of value it expects instead of a rule file Prometheus
+rejects (or, worse, loads).
 
 ``alerts/build.py`` fills it into the rules; ``grafana/generate.py`` into the dashboards (the
 thresholds the panels draw and name, the target labels every aggregation and join keeps). It
 is built the same way for both, by the same command-line options (:func:`add_arguments`): the
-defaults of ``alerts/thresholds/``, then a ``--config`` file (a YAML mapping), then ``--set
+defaults (``THRESHOLDS``), then a ``--config`` file (a YAML mapping), then ``--set
 KEY=VALUE`` (``--set`` wins). Each value is checked by its kind when the site is built, so a
 typo is an error before either generator writes a thing.
 """
@@ -18,22 +22,139 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import yaml
 
-from alerts import kinds, thresholds
-from alerts.thresholds import ThresholdError
+from alerts import kinds
+from alerts.kinds import DURATION, LABELS, SELECTOR, URL, Threshold, ThresholdError, Value
+from alerts.rules import THRESHOLDS as GROUP_THRESHOLDS
 from trainguard.exporter.config.yamlfile import ConfigError, load_yaml
 
 #: the target labels that name one exporter; a run spans several (one per node)
 EXPORTER_LABELS = ("job", "instance")
+
+#: thresholds every rule group shares: how the rules find the scrape targets and tell them
+#: apart, where the runbook lives, how often the slow recording rules run and how long alerts
+#: on a lasting state keep firing
+SITE_WIDE: tuple[Threshold, ...] = (
+    Threshold(
+        "job_selector",
+        'job=~"trainguard.*"',
+        SELECTOR,
+        "Selector for Prometheus' own `up` series of the trainguard scrape job(s), used by "
+        "TrainguardExporterDown; the other alerts select by metric name.",
+    ),
+    Threshold(
+        "target_labels",
+        "cluster, namespace, job, instance",
+        LABELS,
+        "Labels that identify a scrape target, kept by every aggregation and join of the rules "
+        "(and used to select an alert's own series in annotation queries): on a global "
+        "Prometheus or Thanos, runs of two clusters stay apart and alerts keep their routing "
+        "labels. A label absent from the series costs nothing; add those your relabelling sets "
+        "(node, region...). Must include job and instance.",
+    ),
+    Threshold(
+        "runbook_base",
+        'http://{{ or $labels.instance "localhost:9636" }}/runbook',
+        URL,
+        "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>. "
+        "The default is the runbook the exporter ships and serves at /runbook, on the "
+        "exporter the alert is about (a job's alert across nodes: its lowest rank's exporter; "
+        "the Watchdog: localhost:9636). Set your wiki's address here "
+        "(https://wiki.example.com/trainguard), "
+        "or https:// where the exporter serves TLS.",
+    ),
+    Threshold(
+        "slow_rules_interval",
+        "5m",
+        DURATION,
+        "Evaluation interval of the group trainguard.rules.slow: the recording rules over days "
+        "([7d] changes, max_over_time, min_over_time), too costly to evaluate every 15s. Their "
+        "readers look back 3 intervals (last_over_time), so a late evaluation leaves no gap.",
+    ),
+    Threshold(
+        "pace_rules_interval",
+        "1m",
+        DURATION,
+        "Evaluation interval of the group trainguard.rules.pace: a run's completed intervals "
+        "between steps, its step rate and TrainingThroughputDropped, judged over minutes. Never "
+        "longer than slow_rules_interval (it is shortened to that), whose records read its own.",
+    ),
+    Threshold(
+        "keep_firing_for",
+        "10m",
+        DURATION,
+        "TrainingProcessDied and the other alerts on a lasting state of a run keep firing this "
+        "long after their condition was last seen (Prometheus' keep_firing_for): a missed scrape, "
+        "an exporter or Prometheus restart must not resolve them and page a second time.",
+    ),
+)
+
+# Order matters: it is the order of the generated file's header and of --list.
+THRESHOLDS: tuple[Threshold, ...] = (*SITE_WIDE, *GROUP_THRESHOLDS)
+
+BY_NAME: Mapping[str, Threshold] = MappingProxyType({t.name: t for t in THRESHOLDS})
+DEFAULTS: Mapping[str, Value] = MappingProxyType({t.name: t.default for t in THRESHOLDS})
+
+
+def _check_names(overrides: Mapping[str, object]) -> None:
+    for key in overrides:
+        if key not in BY_NAME:
+            raise ThresholdError(f"unknown threshold {key!r}; known: {', '.join(sorted(BY_NAME))}")
+
+
+def _placeholders(threshold: Threshold, value: object) -> dict[str, str]:
+    try:
+        parts = threshold.kind.placeholders(value)
+    except ValueError as exc:
+        kind = threshold.kind
+        raise ThresholdError(
+            f"threshold {threshold.name} ({kind.name}): {exc}; expected e.g. {kind.hint}"
+        ) from None
+    return {threshold.name + suffix: text for suffix, text in parts.items()}
+
+
+def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
+    """Validate overrides and return the placeholder table of the rule templates.
+
+    For a duration ``k``: ``${k}`` is the PromQL duration, ``${k_s}`` the seconds. For a byte
+    size ``k``: ``${k}`` is the integer, ``${k_h}`` a human string such as 2GiB.
+    """
+    overrides = overrides or {}
+    _check_names(overrides)
+    table: dict[str, str] = {}
+    for threshold in THRESHOLDS:
+        table.update(_placeholders(threshold, overrides.get(threshold.name, threshold.default)))
+    # the pace group feeds the slow group: never evaluated less often than it
+    if int(table["pace_rules_interval_s"]) > int(table["slow_rules_interval_s"]):
+        table["pace_rules_interval"] = table["slow_rules_interval"]
+        table["pace_rules_interval_s"] = table["slow_rules_interval_s"]
+    if int(table["stall_gap_lookback_s"]) <= 2 * int(table["pace_rules_interval_s"]):
+        raise ThresholdError(
+            f"threshold stall_gap_lookback ({table['stall_gap_lookback']}) must be more than "
+            f"twice pace_rules_interval ({table['pace_rules_interval']}): the pace group would "
+            "miss the intervals that end between its evaluations"
+        )
+    # how far a reader of the slow group's series looks back: three of its intervals
+    table["slow_rules_lookback"] = kinds.format_duration(3 * int(table["slow_rules_interval_s"]))
+    return table
+
+
+def shown(table: Mapping[str, str]) -> dict[str, str]:
+    """Each threshold's value as people write it (2GiB, not 2147483648), in THRESHOLDS order."""
+    return {t.name: table[t.name + t.kind.shown] for t in THRESHOLDS}
+
+
+# ------------------------------------------------------------------------- the site
 
 
 @dataclass(frozen=True)
 class Site:
     """One site's thresholds, resolved and checked.
 
-    ``table`` is the placeholder table of the rule templates (:func:`alerts.thresholds.resolve`);
+    ``table`` is the placeholder table of the rule templates (:func:`resolve`);
     the methods are typed views of it for the dashboards.
     """
 
@@ -44,7 +165,7 @@ class Site:
         """The site of ``config``: a site as it is, or overrides of the defaults (checked)."""
         if isinstance(config, Site):
             return config
-        return cls(thresholds.resolve(config))
+        return cls(resolve(config))
 
     def _get(self, name: str) -> str:
         try:
@@ -71,7 +192,7 @@ class Site:
 
     def shown(self, name: str) -> str:
         """A threshold as people write it (``2GiB``, ``0.5``, ``10m``), for descriptions."""
-        return thresholds.shown(self.table)[name]
+        return shown(self.table)[name]
 
     @property
     def target_labels(self) -> tuple[str, ...]:
@@ -153,9 +274,9 @@ def listing(site: Site) -> str:
 
     So the output is also a starting point for ``--config``.
     """
-    values = thresholds.shown(site.table)
+    values = shown(site.table)
     lines = []
-    for t in thresholds.THRESHOLDS:
+    for t in THRESHOLDS:
         doc = textwrap.wrap(f"{t.doc} [{t.kind.name}]", width=96)
         lines += [f"# {line}" for line in doc]
         value: object = values[t.name]

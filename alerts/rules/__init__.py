@@ -1,11 +1,15 @@
-"""The rule groups of ``alerts/trainguard.rules.yml``, one module each, in file order.
+"""The rule groups of ``alerts/trainguard.rules.yml`` and their thresholds.
 
-Recording rules come first: promtool tests evaluate groups in this order (``group_eval_order``)
-so that the alerts see the recording rules of the same step.
+One module per group (or per group and its ``.slow`` companion), its thresholds at its top.
+``GROUPS`` is the file order: recording rules first, because promtool tests evaluate groups in
+this order (``group_eval_order``) so that the alerts see the recording rules of the same step.
+``THRESHOLDS`` joins the modules' thresholds: the order of the generated file's header and of
+``--list`` (after the site-wide ones of ``alerts/site.py``).
 """
 
 from __future__ import annotations
 
+from alerts.kinds import Threshold
 from alerts.rules import (
     allocator,
     checkpoint_history,
@@ -15,9 +19,6 @@ from alerts.rules import (
     goodput,
     gpu,
     gpu_health,
-    jobs,
-    jobs_slow,
-    jobs_stall,
     memory,
     pace,
     recording,
@@ -29,6 +30,9 @@ from alerts.rules import (
     training_health,
 )
 from alerts.rules.common import Alert, Group, Record
+from alerts.rules.jobs import deaths as jobs
+from alerts.rules.jobs import slow as jobs_slow
+from alerts.rules.jobs import stall as jobs_stall
 
 GROUPS: tuple[Group, ...] = (
     recording.GROUP,
@@ -58,4 +62,22 @@ GROUPS: tuple[Group, ...] = (
     jobs_stall.GROUP,
 )
 
-__all__ = ["GROUPS", "Alert", "Group", "Record"]
+THRESHOLDS: tuple[Threshold, ...] = (
+    *runs.THRESHOLDS,
+    *checkpoints.THRESHOLDS,
+    *gpu.THRESHOLDS,
+    *allocator.THRESHOLDS,
+    *exporter.THRESHOLDS,
+    *deaths.THRESHOLDS,
+    *gpu_health.THRESHOLDS,
+    *training_health.THRESHOLDS,
+    *stuck.THRESHOLDS,
+    *signals.THRESHOLDS,
+    *jobs.THRESHOLDS,
+    *saves.THRESHOLDS,
+    *restore.THRESHOLDS,
+    *jobs_slow.THRESHOLDS,
+    *goodput.THRESHOLDS,
+)
+
+__all__ = ["GROUPS", "THRESHOLDS", "Alert", "Group", "Record"]

@@ -4,18 +4,145 @@ AllocatorRetrying, AllocatorOOM (the run died or stopped after it), AllocatorOOM
 caught the OOM and carries on), and the two that come before an OOM: AllocatorMemoryLeak (what a
 rank keeps across steps climbs towards the device's size) and AllocatorFragmentation (free cache
 in pieces while cudaMalloc retries).
+
+Longer than 400 lines because the group carries its own thresholds at its top, beside the
+rules they tune (one group, one file: a new alert and its thresholds are one edit here, not
+a rule here and a table elsewhere); split, the two halves would be one concern again.
 """
 
 from __future__ import annotations
 
+from alerts.kinds import BYTES, DURATION, NUMBER, Threshold
 from alerts.rules.common import (
     RANK_ARGS,
     RANK_SEL,
     Alert,
     Group,
     Record,
+    promql,
     query_bytes,
     query_value,
+)
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "alloc_retry_window",
+        "10m",
+        DURATION,
+        "AllocatorRetrying: cudaMalloc retries in every window of this length...",
+    ),
+    Threshold(
+        "alloc_retry_for",
+        "15m",
+        DURATION,
+        "AllocatorRetrying: ...for this long.",
+    ),
+    Threshold(
+        "oom_window",
+        "5m",
+        DURATION,
+        "AllocatorOOM, AllocatorOOMCaught: a rank that stepped within this window is still "
+        "making progress after its OOM (warning); one that did not, or whose process is gone, "
+        "pages.",
+    ),
+    Threshold(
+        "oom_recent",
+        "30m",
+        DURATION,
+        "AllocatorOOM, AllocatorOOMCaught: an OOM (or OOM memory snapshot) within this window is "
+        "news; also a counter that appeared above 0 within it while Prometheus was scraping the "
+        "exporter (an OOM in the first batch).",
+    ),
+    Threshold(
+        "leak_floor_window",
+        "5m",
+        DURATION,
+        "AllocatorMemoryLeak: a rank's allocated memory floor is its minimum over this window "
+        "(recording rule run_rank_device:trainguard_run_allocator_allocated_bytes:floor): what "
+        "it keeps across steps; a spike inside a step does not raise it...",
+    ),
+    Threshold(
+        "leak_warmup",
+        "30m",
+        DURATION,
+        "AllocatorMemoryLeak: ...no warning in a process's first leak_warmup + leak_window "
+        "(the ramp of the first steps: optimizer state, caches, the longest batch so far)...",
+    ),
+    Threshold(
+        "leak_window",
+        "30m",
+        DURATION,
+        "AllocatorMemoryLeak: ...the floor's pace (deriv) and its growth per step are measured "
+        "over this window...",
+    ),
+    Threshold(
+        "leak_rise_window",
+        "10m",
+        DURATION,
+        "AllocatorMemoryLeak: ...the floor must be above its value this long ago at every "
+        "evaluation for leak_for (a steady climb, not one step up)...",
+    ),
+    Threshold(
+        "leak_trend_window",
+        "2h",
+        DURATION,
+        "AllocatorMemoryLeak: ...or, for a leak in steps (a few GiB kept every so often, flat "
+        "between), the floor past the warm-up rose in at least leak_rises separate "
+        "leak_rise_windows of the last leak_trend_window, its pace measured over that window "
+        "(one step up, a buffer kept for good, is a single rise)...",
+    ),
+    Threshold(
+        "leak_rises",
+        3,
+        NUMBER,
+        "AllocatorMemoryLeak: ...at least this many rises...",
+    ),
+    Threshold(
+        "leak_horizon",
+        "24h",
+        DURATION,
+        "AllocatorMemoryLeak: ...and at that pace fill the device (its headroom above the "
+        "recent peak of allocated memory) within this long...",
+    ),
+    Threshold(
+        "leak_for",
+        "30m",
+        DURATION,
+        "AllocatorMemoryLeak: ...all of it for this long.",
+    ),
+    Threshold(
+        "frag_window",
+        "10m",
+        DURATION,
+        "AllocatorFragmentation: averages of reserved, allocated and inactive split bytes over "
+        "this window, and cudaMalloc retries within it...",
+    ),
+    Threshold(
+        "frag_free_ratio",
+        0.3,
+        NUMBER,
+        "AllocatorFragmentation: ...reserved bytes not allocated (the allocator's free cache) "
+        "above this fraction of reserved...",
+    ),
+    Threshold(
+        "frag_free_floor",
+        "2GiB",
+        BYTES,
+        "AllocatorFragmentation: ...and above this many bytes...",
+    ),
+    Threshold(
+        "frag_split_share",
+        0.5,
+        NUMBER,
+        "AllocatorFragmentation: ...with inactive split bytes above this fraction of that free "
+        "cache (free, but in pieces of split blocks that large requests cannot use)...",
+    ),
+    Threshold(
+        "frag_for",
+        "15m",
+        DURATION,
+        "AllocatorFragmentation: ...while cudaMalloc retries happen, for this long.",
+    ),
 )
 
 DEV_SEL = RANK_SEL + ",device=%q"
@@ -35,13 +162,17 @@ TO_FULL = "run_rank_device:trainguard_run_allocator_full_in_seconds:leak"
 AVG_RESERVED = "run_rank_device:trainguard_run_allocator_reserved_bytes:avg"
 AVG_ALLOCATED = "run_rank_device:trainguard_run_allocator_allocated_bytes:avg"
 #: what the device has left above the recent peak of allocated memory
-HEADROOM = """(
-                  TOTAL
-                  - on (${target_labels}, run, rank, device)
-                  max by (${target_labels}, run, rank, device) (
-                    max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
-                  )
-                )"""
+HEADROOM = promql(
+    """
+    (
+      ${total}
+      - on (${target_labels}, run, rank, device)
+      max by (${target_labels}, run, rank, device) (
+        max_over_time(trainguard_run_allocator_allocated_bytes[${leak_floor_window}])
+      )
+    )
+    """
+)
 
 
 def _avg(metric: str) -> str:
@@ -57,6 +188,15 @@ def _avg(metric: str) -> str:
 
 
 SNIPPETS = {
+    # PromQL: the records of both groups, the headroom
+    "to_full": TO_FULL,
+    "avg_reserved": AVG_RESERVED,
+    "avg_allocated": AVG_ALLOCATED,
+    "avg_split": _avg("inactive_split_bytes"),
+    "floor": FLOOR,
+    "headroom": HEADROOM,
+    "settled": SETTLED,
+    "total": TOTAL,
     # A whole sentence on the rank's allocator, for both alerts.
     "stats": (
         "Allocator now: reserved "
@@ -221,12 +361,12 @@ GROUP = Group(
             # every evaluation; the process checks again here, so that a record of a process
             # that has just ended or restarted is not read
             expr="""
-            last_over_time(TO_FULL[${slow_rules_lookback}]) < ${leak_horizon_s}
+            last_over_time(${to_full}[${slow_rules_lookback}]) < ${leak_horizon_s}
             and on (${target_labels}, run, rank)
             trainguard_run_process_up == 1
             and on (${target_labels}, run, rank)
             trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
-            """.replace("TO_FULL", TO_FULL),
+            """,
             for_="${leak_for}",
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} keeps more GPU memory every step: a
@@ -255,17 +395,15 @@ GROUP = Group(
             # ratio x reserved, split / free > frag_split_share as free < split / share (free
             # is above frag_free_floor, so positive)
             expr="""
-            (AVG_RESERVED - AVG_ALLOCATED)
+            (${avg_reserved} - ${avg_allocated})
               > ${frag_free_floor}
-              > ${frag_free_ratio} * AVG_RESERVED
-              < AVG_SPLIT / ${frag_split_share}
+              > ${frag_free_ratio} * ${avg_reserved}
+              < ${avg_split} / ${frag_split_share}
             and on (${target_labels}, run, rank, device)
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
-            """.replace("AVG_RESERVED", AVG_RESERVED)
-            .replace("AVG_ALLOCATED", AVG_ALLOCATED)
-            .replace("AVG_SPLIT", _avg("inactive_split_bytes")),
+            """,
             for_="${frag_for}",
             summary="""
             The GPU memory of run {{ $labels.run }} rank {{ $labels.rank }} is fragmented.
@@ -292,6 +430,7 @@ GROUP = Group(
 #: floor, a minimum over leak_floor_window (5m), recorded every 5m still covers every sample.
 SLOW = Group(
     "trainguard-allocator.slow",
+    snippets=SNIPPETS,
     interval="${slow_rules_interval}",
     rules=(
         Record(
@@ -305,12 +444,12 @@ SLOW = Group(
         Record(
             SETTLED,
             """
-            FLOOR
+            ${floor}
             and on (${target_labels}, run, rank)
             max by (${target_labels}, run, rank) (
               trainguard_run_start_age_seconds > ${leak_warmup_s}
             )
-            """.replace("FLOOR", FLOOR),
+            """,
         ),
         # The process's own figure (torch's total_memory: right for a MIG slice too), else its
         # GPU's through the allocator's UUID join (older reporters).
@@ -339,21 +478,21 @@ SLOW = Group(
             TO_FULL,
             """
             (
-              HEADROOM
+              ${headroom}
               / on (${target_labels}, run, rank, device)
               max by (${target_labels}, run, rank, device) (
                 label_replace(
-                  deriv(FLOOR[${leak_window}]) > 0
+                  deriv(${floor}[${leak_window}]) > 0
                   and on (${target_labels}, run, rank, device)
-                  FLOOR > FLOOR offset ${leak_rise_window},
+                  ${floor} > ${floor} offset ${leak_rise_window},
                   "pace", "steady", "", ""
                 )
                 or
                 label_replace(
-                  deriv(SETTLED[${leak_trend_window}]) > 0
+                  deriv(${settled}[${leak_trend_window}]) > 0
                   and on (${target_labels}, run, rank, device)
                   count_over_time(
-                    (SETTLED > SETTLED offset ${leak_rise_window})
+                    (${settled} > ${settled} offset ${leak_rise_window})
                     [${leak_trend_window}:${leak_rise_window}]
                   ) >= ${leak_rises},
                   "pace", "steps", "", ""
@@ -371,11 +510,8 @@ SLOW = Group(
               trainguard_run_start_age_seconds > ${leak_warmup_s} + ${leak_window_s}
             )
             or
-            FLOOR * 0 + Inf
-            """.replace("HEADROOM", HEADROOM)
-            .replace("SETTLED", SETTLED)
-            .replace("FLOOR", FLOOR)
-            .replace("TOTAL", TOTAL),
+            ${floor} * 0 + Inf
+            """,
         ),
     ),
 )

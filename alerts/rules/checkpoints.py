@@ -3,10 +3,15 @@
 CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
 CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk.
+
+Longer than 400 lines because the group carries its own thresholds at its top, beside the
+rules they tune (one group, one file: a new alert and its thresholds are one edit here, not
+a rule here and a table elsewhere); split, the two halves would be one concern again.
 """
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.checkpoint_history import (
     AVAIL_PREDICTED,
     CHANGES,
@@ -16,11 +21,107 @@ from alerts.rules.checkpoint_history import (
 )
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, query_bytes, query_value
 
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "checkpoint_stale",
+        "3h",
+        DURATION,
+        "CheckpointStale: newest complete checkpoint unchanged for this long (Prometheus's "
+        "clock) while the run's live process has been up this long (so a run relaunched from an "
+        "old checkpoint does not fire; a run with no start age: alive now and this long ago).",
+    ),
+    Threshold(
+        "steps_at_risk_factor",
+        3,
+        NUMBER,
+        "StepsAtRisk: steps since the newest complete primary checkpoint above this many times "
+        "the run's usual step distance between checkpoints.",
+    ),
+    Threshold(
+        "checkpoint_cadence_window",
+        "7d",
+        DURATION,
+        "StepsAtRisk: the window over which the usual step distance between checkpoints is "
+        "estimated (recording rule run:trainguard_checkpoint_step_cadence:avg).",
+    ),
+    Threshold(
+        "steps_at_risk_for",
+        "10m",
+        DURATION,
+        "StepsAtRisk: how long the steps must stay at risk before the alert fires.",
+    ),
+    Threshold(
+        "checkpoint_damage_for",
+        "2m",
+        DURATION,
+        "CheckpointTruncated / CheckpointHashMismatch: how long the damage must be seen before "
+        "paging (the exporter already ignores files still inside their write grace period).",
+    ),
+    Threshold(
+        "partial_orphaned",
+        "30m",
+        DURATION,
+        "CheckpointPartialOrphaned: a .part file not modified for this long.",
+    ),
+    Threshold(
+        "checkpoint_unjudged_for",
+        "30m",
+        DURATION,
+        "CheckpointUnknownMtime, CheckpointUnrecordedFiles: how long checkpoint files that cannot "
+        "be judged (mtime 0; no record where records are expected) are seen before warning.",
+    ),
+    Threshold(
+        "volume_fill_window",
+        "6h",
+        DURATION,
+        "CheckpointVolumeFillingUp: the window of the linear prediction of free space.",
+    ),
+    Threshold(
+        "volume_fill_horizon",
+        "24h",
+        DURATION,
+        "CheckpointVolumeFillingUp: the prediction says the volume is full within this long...",
+    ),
+    Threshold(
+        "volume_fill_min_checkpoints",
+        10,
+        NUMBER,
+        "CheckpointVolumeFillingUp: ...and fewer than this many average-sized checkpoints still "
+        "fit.",
+    ),
+    Threshold(
+        "volume_fill_for",
+        "30m",
+        DURATION,
+        "CheckpointVolumeFillingUp: how long both must hold before the alert fires.",
+    ),
+    Threshold(
+        "checkpoint_fit_margin",
+        1.25,
+        NUMBER,
+        "CheckpointWillNotFit: the location's free space below this many times the largest of "
+        "its newest checkpoints (the next one is as big, plus growth and other writers)...",
+    ),
+    Threshold(
+        "checkpoint_fit_for",
+        "10m",
+        DURATION,
+        "CheckpointWillNotFit: ...for this long while the run is active (longer than a save "
+        "and the prune after it, whose dip in free space is no alarm).",
+    ),
+)
+
 LOC_SEL = "${target_labels_sel},run=%q,location=%q"
 
 LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
 
 SNIPPETS = {
+    # PromQL: the slow group's records (checkpoint_history.py)
+    "spread": SPREAD,
+    "up_min": UP_MIN,
+    "step_seen": STEP_SEEN,
+    "changes": CHANGES,
+    "avail_predicted": AVAIL_PREDICTED,
     # "step 800 holds 50%, step 900 holds 10%": the truncated checkpoints at the location.
     "truncated_steps": (
         "{{ range $i, $s := printf `trainguard_checkpoint_size_bytes{" + LOC_SEL + "} / "
@@ -68,9 +169,13 @@ def _covered(damage: str) -> str:
     step is no more than steps_at_risk_factor x the usual cadence behind the run: then the
     damage is a warning (fix the copy), otherwise it pages.
     """
-    return """
+    newest = 'trainguard_checkpoint_newest_damaged_step{damage="' + damage + '"}'
+    return (
+        """
             (
-              trainguard_checkpoint_newest_damaged_step{damage="DAMAGE"}
+              """
+        + newest
+        + """
               <= on (${target_labels}, run) group_left ()
                 run:trainguard_checkpoint_last_step:max
             )
@@ -79,7 +184,8 @@ def _covered(damage: str) -> str:
               > ${steps_at_risk_factor}
                 * last_over_time(run:trainguard_checkpoint_step_cadence:avg[${slow_rules_lookback}])
             )
-    """.replace("DAMAGE", damage)
+    """
+    )
 
 
 def _damage_alerts(
@@ -138,7 +244,7 @@ GROUP = Group(
               trainguard_checkpoint_last_timestamp_seconds
             )
             and on (${target_labels}, run, location)
-              last_over_time(SPREAD[${slow_rules_lookback}]) == 0
+              last_over_time(${spread}[${slow_rules_lookback}]) == 0
             and max by (${target_labels}, run, location) (
               trainguard_checkpoint_last_timestamp_seconds
             ) > 0
@@ -167,22 +273,19 @@ GROUP = Group(
             # complete checkpoint, while the primary completed one within it (value 0: none)
             (
               (
-                last_over_time(UP_MIN{location!="primary"}[${slow_rules_lookback}]) == 1
+                last_over_time(${up_min}{location!="primary"}[${slow_rules_lookback}]) == 1
               ) * 0
               unless on (${target_labels}, run, location)
-                last_over_time(STEP_SEEN[${slow_rules_lookback}])
+                last_over_time(${step_seen}[${slow_rules_lookback}])
             )
             and on (${target_labels}, run, location)
               trainguard_checkpoint_location_up offset ${checkpoint_stale}
             and on (${target_labels}, run)
               max by (${target_labels}, run) (
-                last_over_time(CHANGES{location="primary"}[${slow_rules_lookback}])
+                last_over_time(${changes}{location="primary"}[${slow_rules_lookback}])
               ) > 0
             and on (${target_labels}, run) run:trainguard_run_active_ranks:count
-            """.replace("SPREAD", SPREAD)
-            .replace("UP_MIN", UP_MIN)
-            .replace("STEP_SEEN", STEP_SEEN)
-            .replace("CHANGES", CHANGES),
+            """,
             for_="5m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -314,12 +417,12 @@ GROUP = Group(
             "CheckpointVolumeFillingUp",
             "warning",
             expr="""
-            last_over_time(AVAIL_PREDICTED[${slow_rules_lookback}]) < 0
+            last_over_time(${avail_predicted}[${slow_rules_lookback}]) < 0
             and on (${target_labels}, run, location)
             trainguard_checkpoint_filesystem_avail_bytes
               < ${volume_fill_min_checkpoints}
                 * (trainguard_checkpoint_bytes / (trainguard_checkpoint_files > 0))
-            """.replace("AVAIL_PREDICTED", AVAIL_PREDICTED),
+            """,
             for_="${volume_fill_for}",
             summary="""
             Checkpoint volume of run {{ $labels.run }} at {{ $labels.location }} is filling up.

@@ -3,7 +3,7 @@
 The rule types, the placeholder syntax, and Go-template snippets that print a query's value
 inside an annotation.
 
-Placeholders are ``${name}``: a threshold (``alerts/thresholds/``) or a snippet of the
+Placeholders are ``${name}``: a threshold (a module's ``THRESHOLDS``) or a snippet of the
 rule's group. The syntax cannot meet Prometheus' own templates (``{{ $labels.run }}``: a ``$``
 is never followed by ``{`` there) nor PromQL (``[5m]``, ``{job="x"}``), so both are written
 literally, as Prometheus reads them.
@@ -12,25 +12,71 @@ literally, as Prometheus reads them.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
 
 
+class TemplateError(ValueError):
+    """A rule template names a placeholder that is neither a threshold nor a snippet."""
+
+
 def fill(template: str, table: Mapping[str, str]) -> str:
     """Replace ``${name}`` placeholders in one pass.
 
-    Inserted text is not scanned again; an unknown name is an error, not a silent blank.
+    Inserted text is not scanned again; an unknown name is an error, not a silent blank (a
+    misspelt name left in a rule would still be PromQL, and the alert would never fire). A
+    value of several lines (a PromQL snippet) keeps its shape: its lines after the first are
+    indented as the placeholder's line is, so a snippet is written once, flush left.
     """
 
     def sub(match: re.Match[str]) -> str:
         name = match.group(1)
         if name not in table:
-            raise KeyError("unknown placeholder ${" + name + "}")
-        return table[name]
+            raise TemplateError("unknown placeholder ${" + name + "}")
+        value = table[name]
+        if "\n" not in value:
+            return value
+        start = template.rfind("\n", 0, match.start()) + 1
+        line = template[start : match.start()]
+        indent = line[: len(line) - len(line.lstrip())]
+        return value.replace("\n", "\n" + indent)
 
     return PLACEHOLDER.sub(sub, template)
+
+
+def fill_snippets(snippets: Mapping[str, str], table: Mapping[str, str]) -> dict[str, str]:
+    """Each snippet filled with ``table`` and the other snippets (a snippet may use another).
+
+    Raises :class:`TemplateError` naming the snippet for an unknown name or a loop.
+    """
+    done: dict[str, str] = {}
+
+    def resolve(name: str, path: tuple[str, ...]) -> str:
+        if name in done:
+            return done[name]
+        if name in path:
+            raise TemplateError("snippets use each other in a loop: " + " -> ".join((*path, name)))
+        text = snippets[name]
+        for used in PLACEHOLDER.findall(text):
+            if used in snippets and used not in table:
+                resolve(used, (*path, name))
+        try:
+            done[name] = fill(text, {**table, **done})
+        except TemplateError as exc:
+            raise TemplateError("snippet ${" + name + "}: " + str(exc)) from None
+        return done[name]
+
+    for name in snippets:
+        resolve(name, ())
+    return done
+
+
+def promql(text: str) -> str:
+    """A PromQL snippet written as an indented block, flush left: its ``${name}`` indents it."""
+    return textwrap.dedent(text).strip()
 
 
 @dataclass(frozen=True)

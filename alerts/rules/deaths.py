@@ -6,7 +6,31 @@ RepeatedDeathNearSameStep (does it keep dying at the same place?).
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "restart_window",
+        "1h",
+        DURATION,
+        "TrainingProcessRestarted: a restarted run recorded a death whose last heartbeat is less "
+        "than this old (one alert per death, firing this long).",
+    ),
+    Threshold(
+        "repeated_death_window",
+        "24h",
+        DURATION,
+        "RepeatedDeathNearSameStep: a death recorded within this window...",
+    ),
+    Threshold(
+        "repeated_death_steps",
+        500,
+        NUMBER,
+        "RepeatedDeathNearSameStep: ...whose step lies within this many steps of the previous "
+        "recorded death(s).",
+    ),
+)
 
 #: steps between a newly recorded death and the one before it (see the rule)
 DISTANCE = "run:trainguard_run_death_step_distance:new"
@@ -42,6 +66,7 @@ DIED_LABELS = _death_number(" + 1", "${exporter_down_active_lookback}")
 RESTARTED_LABELS = _death_number("")
 
 SNIPPETS = {
+    "distance": DISTANCE,  # PromQL: the new death's distance from the previous
     # a new death shows within this lookback: the death count is above its value this long ago
     "death_lookback": "1m",
     "last_death": query_value("trainguard_run_last_death_step{" + RUN_SEL + "}", RUN_ARGS),
@@ -149,8 +174,8 @@ GROUP = Group(
             "RepeatedDeathNearSameStep",
             "warning",
             expr="""
-            min_over_time(DISTANCE[${repeated_death_window}]) <= ${repeated_death_steps}
-            """.replace("DISTANCE", DISTANCE),
+            min_over_time(${distance}[${repeated_death_window}]) <= ${repeated_death_steps}
+            """,
             summary="Run {{ $labels.run }} died again near the same step.",
             description="""
             Run {{ $labels.run }} on ${run_host} died within

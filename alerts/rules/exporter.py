@@ -8,10 +8,37 @@ man's switch notices when the whole alerting pipeline stops.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import Alert, Group, query_value
 from alerts.rules.recording import last_seen
 
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "collector_failing_for",
+        "5m",
+        DURATION,
+        "TrainguardCollectorFailing: a collector failed every scrape for this long.",
+    ),
+    Threshold(
+        "exporter_down_for",
+        "5m",
+        DURATION,
+        "TrainguardExporterDown: Prometheus failed to scrape the exporter for this long.",
+    ),
+    Threshold(
+        "exporter_down_active_lookback",
+        "1d",
+        DURATION,
+        "TrainguardExporterDown is critical when the target was watching an active run at the "
+        "last evaluation before it vanished, looking back at most this far; a target that left "
+        "service discovery is remembered (and alerted on) this long.",
+    ),
+)
+
 SNIPPETS = {
+    # PromQL: a target's last up and active ranks while it has been down (recording.last_seen)
+    "any_target_last_seen": last_seen("up{${job_selector}}"),
+    "active_last_seen": last_seen("instance:trainguard_run_active_ranks:sum"),
     # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.
     "down_how": (
         "{{ with printf `up{${target_labels_sel}}` ${target_labels_args} | query }}"
@@ -56,16 +83,14 @@ GROUP = Group(
               or
               (
                 max by (${target_labels}) (
-                  LASTUP
+                  ${any_target_last_seen}
                 )
                 unless on (${target_labels}) up{${job_selector}}
               )
             )
             and on (${target_labels})
-            LASTACTIVE > 0
-            """.replace("LASTUP", last_seen("up{${job_selector}}")).replace(
-                "LASTACTIVE", last_seen("instance:trainguard_run_active_ranks:sum")
-            ),
+            ${active_last_seen} > 0
+            """,
             for_="${exporter_down_for}",
             summary="""
             trainguard exporter {{ $labels.instance }} is down while training runs were
@@ -83,8 +108,8 @@ GROUP = Group(
             expr="""
             max by (${target_labels}) (up{${job_selector}} == 0)
             unless on (${target_labels})
-            LASTACTIVE > 0
-            """.replace("LASTACTIVE", last_seen("instance:trainguard_run_active_ranks:sum")),
+            ${active_last_seen} > 0
+            """,
             for_="${exporter_down_for}",
             summary="trainguard exporter {{ $labels.instance }} is down.",
             description="""

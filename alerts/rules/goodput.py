@@ -19,8 +19,35 @@ its nodes: by the site's target labels without ``instance``, plus ``run``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
-from alerts.rules.jobs_slow import JOB, JOB_ARGS, JOB_SEL
+from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "goodput_min",
+        0.9,
+        NUMBER,
+        "TrainingGoodputLow: the share of a live job's accounted time of the last 24h spent "
+        "on productive steps (not recomputing lost steps, not down after a death, not stalled "
+        "or starting) below which it fires.",
+    ),
+    Threshold(
+        "goodput_min_accounted",
+        "1h",
+        DURATION,
+        "TrainingGoodputLow: only for a job accounted at least this long in the last 24h (a "
+        "job's first minutes, starting up, are not a goodput to page on).",
+    ),
+    Threshold(
+        "goodput_gone_after",
+        "1h",
+        DURATION,
+        "Goodput: a job whose ranks have all written no heartbeat for this long (dead, never "
+        "restarted) is no longer accounted: its time is neither good nor lost until it comes "
+        "back.",
+    ),
+)
 
 #: the conditions, each a job's series present (value 1) while it holds
 ACCOUNTED = "job:trainguard_run_accounted:max"
@@ -30,11 +57,6 @@ DOWN = "job:trainguard_run_down:max"
 
 
 #: a live rank that stepped within its stall threshold
-def _j(text: str) -> str:
-    """``text`` with JOB the job's labels and STEPPING_RANK a stepping rank's condition."""
-    return text.replace("STEPPING_RANK", STEPPING_RANK).replace("JOB", JOB)
-
-
 STEPPING_RANK = (
     "run_rank:trainguard_run_step_age_seconds:running"
     " <= run_rank:trainguard_run_stall_threshold_seconds:clamp"
@@ -43,40 +65,40 @@ CONDITIONS = (
     # unfinished, and some rank wrote a heartbeat within goodput_gone_after
     Record(
         ACCOUNTED,
-        _j("""
-        max by (JOB) (trainguard_run_finished == 0) * 0 + 1
-        and on (JOB)
-        min by (JOB) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
-        """),
+        """
+        max by (${job}) (trainguard_run_finished == 0) * 0 + 1
+        and on (${job})
+        min by (${job}) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
+        """,
     ),
-    Record(STEPPING, _j("max by (JOB) (STEPPING_RANK) * 0 + 1")),
+    Record(STEPPING, "max by (${job}) (${stepping_rank}) * 0 + 1"),
     # stepping below the step the job had reached when it last died
     Record(
         RECOMPUTING,
-        _j("""
-        max by (JOB) (
+        """
+        max by (${job}) (
           trainguard_run_step
-          and on (${target_labels}, run, rank) (STEPPING_RANK)
+          and on (${target_labels}, run, rank) (${stepping_rank})
         )
-        < on (JOB) max by (JOB) (trainguard_run_last_death_step)
-        """),
+        < on (${job}) max by (${job}) (trainguard_run_last_death_step)
+        """,
     ),
     # a rank dead (gone, unfinished), or a restarted rank without a step in a job that died
     Record(
         DOWN,
-        _j("""
-        max by (JOB) (
+        """
+        max by (${job}) (
           trainguard_run_process_up == 0
           unless on (${target_labels}, run, rank) trainguard_run_finished == 1
         ) * 0 + 1
         or
-        max by (JOB) (
+        max by (${job}) (
           trainguard_run_process_up == 1
           unless on (${target_labels}, run, rank) trainguard_run_finished == 1
           unless on (${target_labels}, run, rank) trainguard_run_step
         ) * 0 + 1
-        and on (JOB) max by (JOB) (trainguard_run_deaths_total) > 0
-        """),
+        and on (${job}) max by (${job}) (trainguard_run_deaths_total) > 0
+        """,
     ),
 )
 
@@ -112,9 +134,19 @@ def _goodput(window: str) -> Record:
     )
 
 
+#: PromQL of both groups: a job's labels, a stepping rank, a job's accounted time over 24h
+PROMQL = {
+    "job": JOB,
+    "stepping_rank": STEPPING_RANK,
+    "accounted_24h": " + ".join(
+        "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])" for n in STATES
+    ),
+}
+
 GROUP = Group(
     "trainguard-goodput",
     snippets={
+        **PROMQL,
         "goodput_7d": query_value(
             "last_over_time(job:trainguard_run_goodput:ratio_7d{"
             + JOB_SEL
@@ -144,23 +176,17 @@ GROUP = Group(
             "warning",
             # ...that has been accounted for goodput_min_accounted at least: a job's first
             # minutes (starting up) are not a goodput to page on
-            expr=_j("""
+            expr="""
             last_over_time(job:trainguard_run_goodput:ratio_24h[${slow_rules_lookback}])
               < ${goodput_min}
-            and on (JOB)
-            max by (JOB) (
+            and on (${job})
+            max by (${job}) (
               trainguard_run_process_up == 1
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            and on (JOB)
-            (ACCOUNTED_24H) >= ${goodput_min_accounted_s}
-            """).replace(
-                "ACCOUNTED_24H",
-                " + ".join(
-                    "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])"
-                    for n in STATES
-                ),
-            ),
+            and on (${job})
+            (${accounted_24h}) >= ${goodput_min_accounted_s}
+            """,
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
             Training run {{ $labels.run }} kept {{ $value | humanizePercentage }} of its
@@ -180,6 +206,7 @@ GROUP = Group(
 
 SLOW = Group(
     "trainguard-goodput.slow",
+    snippets=PROMQL,
     interval="${slow_rules_interval}",
     rules=(
         *(

@@ -10,14 +10,103 @@ its link to Gen1, a hot GPU below its own slowdown temperature. Memory that is f
 whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU. NVLink
 errors are judged on a GPU a run trains on (they slow its collectives; an idle GPU's link is
 news for no one until a run is placed on it).
+
+Longer than 400 lines because the group carries its own thresholds at its top, beside the
+rules they tune (one group, one file: a new alert and its thresholds are one edit here, not
+a rule here and a table elsewhere); split, the two halves would be one concern again.
 """
 
 from __future__ import annotations
 
+from alerts.kinds import BYTES, DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_bytes, query_value
 from alerts.rules.gpu import GPU_ARGS, GPU_SEL
 from alerts.rules.gpu import SNIPPETS as GPU_SNIPPETS
 from alerts.rules.recording import UNATTRIBUTED_MIN
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "gpu_slowdown_for",
+        "10m",
+        DURATION,
+        "GPUHardwareSlowdown: a GPU with a training process on it held down by a hardware "
+        "reason (HW slowdown, HW thermal, HW power brake) for this long.",
+    ),
+    Threshold(
+        "pcie_busy_ratio",
+        0.5,
+        NUMBER,
+        "GPUPcieLinkDegraded: the GPU counts as busy with its utilisation, averaged over "
+        "pcie_busy_window, at least this (an idle GPU lowers its link on purpose)...",
+    ),
+    Threshold(
+        "pcie_busy_window",
+        "5m",
+        DURATION,
+        "GPUPcieLinkDegraded: ...averaged over this window.",
+    ),
+    Threshold(
+        "pcie_degraded_for",
+        "10m",
+        DURATION,
+        "GPUPcieLinkDegraded: a busy GPU with a training process on it below its maximum PCIe "
+        "generation or width for this long.",
+    ),
+    Threshold(
+        "ecc_window",
+        "1h",
+        DURATION,
+        "GPUUncorrectableMemoryErrors: uncorrectable ECC errors counted within this window.",
+    ),
+    Threshold(
+        "released_floor",
+        "512MiB",
+        BYTES,
+        "GPUMemoryNotReleased: memory no live process accounts for, this much above its level "
+        "while the run trained on the GPU...",
+    ),
+    Threshold(
+        "released_for",
+        "1m",
+        DURATION,
+        "GPUMemoryNotReleased: ...this long after the last process of the run on it died.",
+    ),
+    Threshold(
+        "released_lookback",
+        "1h",
+        DURATION,
+        "GPUMemoryNotReleased: how long after a run left a GPU it is judged (and how far back "
+        "its level while the run trained is taken from).",
+    ),
+    Threshold(
+        "hang_util_ratio",
+        0.95,
+        NUMBER,
+        "The gpu_cause annotation of TrainingStalled and TrainingThroughputDropped names a GPU "
+        "of the run busy at least this much...",
+    ),
+    Threshold(
+        "hang_power_ratio",
+        0.3,
+        NUMBER,
+        "...while drawing less than this fraction of its power limit: a collective spinning on a "
+        "peer that never comes (the NCCL hang signature).",
+    ),
+    Threshold(
+        "nvlink_window",
+        "15m",
+        DURATION,
+        "GPUNvLinkErrors: NVLink errors (replay, recovery, CRC, ECC) of a GPU a run trains on "
+        "counted within this window...",
+    ),
+    Threshold(
+        "nvlink_errors",
+        1,
+        NUMBER,
+        "GPUNvLinkErrors: ...at least this many, all its active links together (a healthy "
+        "link counts none).",
+    ),
+)
 
 HW_REASONS = "hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"
 
@@ -27,6 +116,7 @@ def _gpu_value(metric: str, fmt: str = 'printf "%.0f"', suffix: str = "") -> str
 
 
 SNIPPETS = {
+    "unattributed_min": UNATTRIBUTED_MIN,  # PromQL: the slow group's record
     "hw_reasons": HW_REASONS,
     "gpu_name": GPU_SNIPPETS["gpu_name"],
     # "hw_thermal_slowdown, sw_power_cap": the reasons the clocks are held down now
@@ -232,12 +322,12 @@ GROUP = Group(
             (
               max by (${target_labels}, gpu, uuid) (trainguard_gpu_memory_unattributed_bytes)
               - on (${target_labels}, gpu, uuid)
-              last_over_time(UNATTRIBUTED_MIN[${slow_rules_lookback}])
+              last_over_time(${unattributed_min}[${slow_rules_lookback}])
             ) > ${released_floor}
             and on (${target_labels}, uuid)
             max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
-            """.replace("UNATTRIBUTED_MIN", UNATTRIBUTED_MIN),
+            """,
             for_="${released_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""

@@ -17,6 +17,10 @@ from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.recording import LIVE, SLOW_PACE, SLOW_RATE
 
 SNIPPETS = {
+    # PromQL: a rank of slow steps, its rate over the longer window, a live unfinished rank
+    "slow_pace": SLOW_PACE,
+    "slow_rate": SLOW_RATE,
+    "live": LIVE,
     "rate_now": query_value(
         "min(run_rank:trainguard_run_steps_per_second:deriv{" + RUN_SEL + "}) * 60",
         RUN_ARGS,
@@ -71,20 +75,18 @@ GROUP = Group(
                 and on (${target_labels}, run, rank)
                   trainguard_run_start_age_seconds > ${throughput_window_s}
                 unless on (${target_labels}, run, rank)
-                  SLOW
+                  ${slow_pace}
                 or
-                last_over_time(SLOW_RATE[${slow_rules_lookback}])
+                last_over_time(${slow_rate}[${slow_rules_lookback}])
                 and on (${target_labels}, run, rank)
                   trainguard_run_start_age_seconds > ${throughput_window_slow_s}
                 and on (${target_labels}, run, rank)
-                  SLOW
+                  ${slow_pace}
               )
               # the gates both paces share, once
-              and on (${target_labels}, run, rank) LIVE
+              and on (${target_labels}, run, rank) ${live}
             )
-            """.replace("SLOW_RATE", SLOW_RATE)
-            .replace("SLOW", SLOW_PACE)
-            .replace("LIVE", LIVE),
+            """,
         ),
         Alert(
             "TrainingThroughputDropped",

@@ -64,6 +64,7 @@ UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
 
 GROUP = Group(
     "trainguard.rules",
+    snippets={"live": LIVE},
     rules=(
         Record(
             STATE,
@@ -97,9 +98,9 @@ GROUP = Group(
             "run_rank:trainguard_run_step_age_seconds:running",
             """
             max by (${target_labels}, run, rank) (
-              trainguard_run_step_age_seconds and on (${target_labels}, run, rank) LIVE
+              trainguard_run_step_age_seconds and on (${target_labels}, run, rank) ${live}
             )
-            """.replace("LIVE", LIVE),
+            """,
         ),
         # How long the rank may go without a step: stall_factor x its longest recent interval
         # between steps, within [stall, stall_max]; stall_max while that interval is unknown.

@@ -9,8 +9,20 @@ joined across a run's exporters, by the target labels without ``instance``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.checkpoints import LOC_ARGS, LOC_SEL
 from alerts.rules.common import Alert, Group, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "restore_verified_within",
+        "24h",
+        DURATION,
+        "CheckpointRestoreUnverified: the newest complete checkpoint of this long ago (or a newer "
+        "one) must have been loaded by a restore drill (trainguard verify --restore) by now. "
+        "Schedule the drill well within it (the deploy/ examples run it every 6h).",
+    ),
+)
 
 #: a location's series across the run's exporters (any instance)
 ANY_SEL = "${target_labels_across_sel},run=%q,location=%q"
@@ -19,6 +31,9 @@ BY = "${target_labels}, run, location"
 BY_ANY = "${target_labels_across}, run, location"
 
 SNIPPETS = {
+    # a location's labels at its exporter, and across the run's exporters (for by and on)
+    "by_location": BY,
+    "by_location_any": BY_ANY,
     "verified_step": query_value(
         "trainguard_checkpoint_restore_verified_step{" + LOC_SEL + "}", LOC_ARGS, unknown="none"
     ),
@@ -51,17 +66,17 @@ GROUP = Group(
             "CheckpointRestoreUnverified",
             "warning",
             expr="""
-            max by (BY) (trainguard_checkpoint_restore_verified_step)
-            < on (BY_ANY) group_left ()
-              max by (BY_ANY) (
+            max by (${by_location}) (trainguard_checkpoint_restore_verified_step)
+            < on (${by_location_any}) group_left ()
+              max by (${by_location_any}) (
                 last_over_time(
                   trainguard_checkpoint_last_step[${slow_rules_lookback}]
                   offset ${restore_verified_within}
                 )
               )
-            unless on (BY)
-              max by (BY) (trainguard_checkpoint_restore_last_check_success) == 0
-            """.replace("BY_ANY", BY_ANY).replace("BY)", BY + ")"),
+            unless on (${by_location})
+              max by (${by_location}) (trainguard_checkpoint_restore_last_check_success) == 0
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Run {{ $labels.run }}: no checkpoint at {{ $labels.location }} as recent as
@@ -80,8 +95,8 @@ GROUP = Group(
             "CheckpointRestoreFailed",
             "warning",
             expr="""
-            max by (BY) (trainguard_checkpoint_restore_last_check_success) == 0
-            """.replace("BY)", BY + ")"),
+            max by (${by_location}) (trainguard_checkpoint_restore_last_check_success) == 0
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Run {{ $labels.run }}: the restore drill could not load the checkpoint at

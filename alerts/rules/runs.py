@@ -4,7 +4,7 @@ TrainingProcessDied, TrainingStalled, TrainingNoFirstStep, TrainingLogStale;
 TrainingThroughputDropped is evaluated with the step rate it reads, in ``pace.py``.
 
 The ranks of a job of many nodes (``trainguard_run_job_info``) are judged per job, not per node,
-for deaths and stalls: ``jobs.py`` and ``jobs_stall.py`` page once for the whole job.
+for deaths and stalls: ``jobs/deaths.py`` and ``jobs/stall.py`` page once for the whole job.
 
 Progress is judged by ages the exporter measures on the trainer's own clock and by changes()
 of scraped series (Prometheus's clock), never by time() minus a timestamp the trainer wrote: a
@@ -13,12 +13,112 @@ trainer clock off by an hour must not page a healthy run.
 
 from __future__ import annotations
 
-from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, query_value
+from alerts.kinds import DURATION, NUMBER, Threshold
+from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, promql, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.recording import LIVE, STATE, last_seen
-from alerts.rules.signals import stopped
+from alerts.rules.signals import STOPPED
 from alerts.rules.stuck import STUCK_ANNOTATION
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "stall",
+        "10m",
+        DURATION,
+        "TrainingStalled: the least time without a new step (or without a heartbeat) that is a "
+        "stall, however fast the run steps.",
+    ),
+    Threshold(
+        "stall_factor",
+        3,
+        NUMBER,
+        "TrainingStalled: a run is stalled after this many times its longest recent interval "
+        "between two steps (its own pace: slow steps are not a stall)...",
+    ),
+    Threshold(
+        "stall_window",
+        "6h",
+        DURATION,
+        "TrainingStalled: ...the longest interval between steps seen within this window "
+        "(recording rule run_rank:trainguard_run_step_gap_seconds:max)...",
+    ),
+    Threshold(
+        "stall_gap_lookback",
+        "5m",
+        DURATION,
+        "TrainingStalled: ...an interval counts once it ended with a step of the same process, "
+        "seen within this long (more than twice pace_rules_interval, whose group records it) "
+        "by a process up "
+        "longer than this and longer than the interval: a hang that ended with a kill and a "
+        "relaunch never teaches the pace...",
+    ),
+    Threshold(
+        "stall_max",
+        "4h",
+        DURATION,
+        "TrainingStalled: ...but never more than this, which is also the threshold while the "
+        "run's pace is not known yet (before it completed an interval between two steps).",
+    ),
+    Threshold(
+        "first_step",
+        "1h",
+        DURATION,
+        "TrainingNoFirstStep: a live process that has reported no step this long after it "
+        "started (NCCL rendezvous, data loader, checkpoint loading hung).",
+    ),
+    Threshold(
+        "throughput_ratio",
+        0.5,
+        NUMBER,
+        "TrainingThroughputDropped: a live run stepping at less than this fraction of its usual "
+        "rate...",
+    ),
+    Threshold(
+        "throughput_window",
+        "10m",
+        DURATION,
+        "TrainingThroughputDropped: ...its rate now being deriv(step) over this window, within "
+        "the current process (a just started or resumed process has no rate for this long)...",
+    ),
+    Threshold(
+        "throughput_min_steps",
+        10,
+        NUMBER,
+        "TrainingThroughputDropped: ...unless the rank's longest recent interval between steps "
+        "leaves fewer than this many steps in throughput_window (slow steps: a window holding "
+        "0-2 steps is no rate)...",
+    ),
+    Threshold(
+        "throughput_window_slow",
+        "1h",
+        DURATION,
+        "TrainingThroughputDropped: ...then its rate is deriv(step) over this window instead, "
+        "within the current process...",
+    ),
+    Threshold(
+        "throughput_baseline",
+        "6h",
+        DURATION,
+        "TrainingThroughputDropped: ...its usual rate the 90th percentile of that rate over "
+        "this window (earlier processes of the run included: a slower relaunch counts)...",
+    ),
+    Threshold(
+        "throughput_for",
+        "15m",
+        DURATION,
+        "TrainingThroughputDropped: ...for this long.",
+    ),
+    Threshold(
+        "log_stale",
+        "30m",
+        DURATION,
+        "TrainingLogStale: the run's log file not modified for this long (by Prometheus's "
+        "clock: no change of its mtime) while the run is alive, and was alive this long ago; "
+        "a run whose learned stall threshold is longer (slow steps, logging once per step) "
+        "is judged on that threshold instead.",
+    ),
+)
 
 #: TrainingProcessDied while its exporter is down (failing its scrapes, or gone from service
 #: discovery): the ranks last seen dead and not finished (the process state's last value), not
@@ -27,36 +127,43 @@ from alerts.rules.stuck import STUCK_ANNOTATION
 #: exporter, so the death page would resolve though nothing new is known; it stays until the
 #: exporter is back and says. The last values over exporter_down_active_lookback (1d) come from
 #: recording.last_seen().
-DEAD_WHEN_LAST_SEEN = (
-    """(
-                (STATE) == 0
-                unless on (${target_labels}, run, rank)
-                  last_over_time(
-                    trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
-                  )
-                unless on (${target_labels}, run, rank)
-                  JOB
-                and on (${target_labels})
-                (
-                  max by (${target_labels}) (up{${job_selector}} == 0)
-                  or
-                  (
-                    max by (${target_labels}) (
-                      ANYTARGET
-                    )
-                    unless on (${target_labels}) up{${job_selector}}
-                  )
-                )
-                unless on (${target_labels})
-                max by (${target_labels}) (
-                  max_over_time(up{${job_selector}}[${exporter_down_for}])
-                ) == 1
-              )""".replace("STATE", last_seen(STATE))
-    .replace("JOB", last_seen("trainguard_run_job_info"))
-    .replace("ANYTARGET", last_seen("up{${job_selector}}"))
+DEAD_WHEN_LAST_SEEN = promql(
+    """
+    (
+      (${state_last_seen}) == 0
+      unless on (${target_labels}, run, rank)
+        last_over_time(
+          trainguard_run_exit_info{cause=~"signal|time_limit"}[${exporter_down_active_lookback}]
+        )
+      unless on (${target_labels}, run, rank)
+        ${job_info_last_seen}
+      and on (${target_labels})
+      (
+        max by (${target_labels}) (up{${job_selector}} == 0)
+        or
+        (
+          max by (${target_labels}) (
+            ${any_target_last_seen}
+          )
+          unless on (${target_labels}) up{${job_selector}}
+        )
+      )
+      unless on (${target_labels})
+      max by (${target_labels}) (
+        max_over_time(up{${job_selector}}[${exporter_down_for}])
+      ) == 1
+    )
+    """
 )
 
 SNIPPETS = {
+    # PromQL: what TrainingProcessDied reads of an exporter that has been down, a live rank
+    "dead_when_last_seen": DEAD_WHEN_LAST_SEEN,
+    "state_last_seen": last_seen(STATE),
+    "job_info_last_seen": last_seen("trainguard_run_job_info"),
+    "any_target_last_seen": last_seen("up{${job_selector}}"),
+    "live": LIVE,
+    "stopped": STOPPED,
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
@@ -119,13 +226,13 @@ GROUP = Group(
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
               unless on (${target_labels}, run, rank) (
-                STOPPED
+                ${stopped}
               )
               unless on (${target_labels}, run, rank) trainguard_run_job_info
               or
-              DEAD_WHEN_LAST_SEEN
+              ${dead_when_last_seen}
             )
-            """.replace("STOPPED", stopped(16)).replace("DEAD_WHEN_LAST_SEEN", DEAD_WHEN_LAST_SEEN),
+            """,
             # STOPPED: stopped by a signal, a warning for a while
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
@@ -148,13 +255,13 @@ GROUP = Group(
                 or
                 (
                   trainguard_run_heartbeat_age_seconds > ${stall_s}
-                  and on (${target_labels}, run, rank) LIVE
+                  and on (${target_labels}, run, rank) ${live}
                 )
               )
-              # a job's ranks: one alert for the job (TrainingJobStalled, jobs_stall.py)
+              # a job's ranks: one alert for the job (TrainingJobStalled, jobs/stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """.replace("LIVE", LIVE),
+            """,
             for_="2m",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -178,14 +285,14 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and on (${target_labels}, run, rank) LIVE
+              and on (${target_labels}, run, rank) ${live}
               unless on (${target_labels}, run, rank) trainguard_run_step
               unless on (${target_labels}, run, rank)
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
-              # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs_stall.py)
+              # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs/stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """.replace("LIVE", LIVE),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on ${run_host} has made no step since it

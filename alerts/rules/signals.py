@@ -4,16 +4,29 @@ A rank whose process caught the signal that ended it (``trainguard_run_exit_info
 ``signal`` or ``time_limit``: a preemption, a time limit, scancel, a pod deleted, torchrun
 stopping the surviving ranks) was stopped, not crashed: a warning while it may be restarted.
 TrainingProcessDied (``alerts/rules/runs.py``) leaves such a rank out for the same window
-(:func:`stopped`), then pages for it: a run stopped and not restarted is down. A run with a
+(``STOPPED``), then pages for it: a run stopped and not restarted is down. A run with a
 rank that died otherwise pages as that death alone (torchrun stops the other ranks with
 SIGTERM after one crashed). The ranks of a job (``trainguard_run_job_info``) are left out: a
-preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs.py``), not 16 times.
+preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs/deaths.py``), not 16 times.
 """
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group
 from alerts.rules.deaths import DIED_LABELS
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "terminated_restart_window",
+        "30m",
+        DURATION,
+        "TrainingProcessTerminated (per node) and TrainingJobTerminated (per job): a rank "
+        "stopped by a signal (or its time limit) is a warning for this long after its last "
+        "heartbeat; not restarted by then, TrainingProcessDied or TrainingJobRankDied "
+        "(critical) pages for it.",
+    ),
+)
 
 _STOPPED = (
     'trainguard_run_exit_info{cause=~"signal|time_limit"}',
@@ -22,16 +35,14 @@ _STOPPED = (
 )
 
 
-def stopped(indent: int) -> str:
-    """The ranks stopped by a signal within ``terminated_restart_window``: not yet a death.
-
-    By their last heartbeat's age, on the trainer's clock. The lines after the first are
-    indented by ``indent`` spaces, to sit inside a rule's indented expression.
-    """
-    return ("\n" + " " * indent).join(_STOPPED)
+#: PromQL (the ``${stopped}`` snippet): the ranks stopped by a signal within
+#: ``terminated_restart_window``, not yet a death; by their last heartbeat's age, on the
+#: trainer's clock
+STOPPED = "\n".join(_STOPPED)
 
 
 SNIPPETS = {
+    "stopped": STOPPED,
     # "0 (SIGTERM, signal), 1 (SIGTERM, time_limit)"
     "stopped_ranks": (
         "{{ range $i, $s := printf `trainguard_run_exit_info{"
@@ -54,8 +65,8 @@ GROUP = Group(
             "warning",
             expr="""
             count by (${target_labels}, run) (
-              STOPPED
-              # a job's ranks: TrainingJobTerminated warns once for the job (jobs.py)
+              ${stopped}
+              # a job's ranks: TrainingJobTerminated warns once for the job (jobs/deaths.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
             unless on (${target_labels}, run) (
@@ -74,7 +85,7 @@ GROUP = Group(
               )
               and on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            """.replace("STOPPED", stopped(14)),
+            """,
             keep_firing_for="${keep_firing_for}",
             labels=DIED_LABELS,
             summary="""

@@ -14,7 +14,20 @@ without ``instance`` (``${target_labels_across}``) plus ``run``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import Alert, Group, Record
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "stuck_for",
+        "10m",
+        DURATION,
+        "TrainingRankStuck: how long rank(s) of a job must be stuck apart from the rest (outside "
+        "the collective the others wait in) before it fires. Each rank reports where it is "
+        "once its step is overdue by its own pace (3x its median interval between steps, at "
+        "least 30 s).",
+    ),
+)
 
 #: the rank(s) stuck apart from the rest of their job (labels instance, rank, where, collective)
 APART = "run_rank:trainguard_run_stuck_apart:info"
@@ -23,7 +36,7 @@ JOB_SEL = "${target_labels_across_sel},run=%q"
 JOB_ARGS = "${target_labels_across_args} $labels.run"
 
 #: "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..." (also
-#: in the job stall alerts' summaries, jobs_stall.py)
+#: in the job stall alerts' summaries, jobs/stall.py)
 APART_RANKS = (
     "{{ range $i, $s := printf `" + APART + "{" + JOB_SEL + "} * on (${target_labels}, run, "
     "rank) group_left (host) max by (${target_labels}, run, rank, host) (trainguard_run_info)` "

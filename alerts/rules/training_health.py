@@ -11,7 +11,61 @@ name the framework callbacks give it too); the non-finite streak is counted by t
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, Record, query_value
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "loss_nonfinite_steps",
+        3,
+        NUMBER,
+        "TrainingLossNonFinite: a rank's loss was NaN or infinite for this many consecutive "
+        "observed steps (the reporter observes the latest step once per interval, 1 s by "
+        "default: about this many seconds with fast steps).",
+    ),
+    Threshold(
+        "loss_spike_factor",
+        2,
+        NUMBER,
+        "TrainingLossSpike: a rank's loss is above this many times its own median over "
+        "loss_spike_baseline...",
+    ),
+    Threshold(
+        "loss_spike_baseline",
+        "1h",
+        DURATION,
+        "TrainingLossSpike: ...the window of that median; the run must have reported a loss "
+        "this long ago already (warm-up)...",
+    ),
+    Threshold(
+        "loss_spike_min_samples",
+        30,
+        NUMBER,
+        "TrainingLossSpike: ...with at least this many finite loss samples (rule evaluations) "
+        "in the window...",
+    ),
+    Threshold(
+        "loss_spike_for",
+        "5m",
+        DURATION,
+        "TrainingLossSpike: ...at every evaluation for this long (a single noisy batch is not a "
+        "spike).",
+    ),
+    Threshold(
+        "restart_loop_restarts",
+        3,
+        NUMBER,
+        "TrainingRestartLoop: the run recorded this many deaths (each followed by a restart)...",
+    ),
+    Threshold(
+        "restart_loop_window",
+        "2h",
+        DURATION,
+        "TrainingRestartLoop: ...within this window, while its newest complete primary "
+        "checkpoint did not advance (without checkpoints: while its current process has not "
+        "got further than the deaths of the window).",
+    ),
+)
 
 #: the run's loss, without NaN and infinities (those are TrainingLossNonFinite's): what the
 #: spike's median is taken over; a NaN in a quantile would poison it
@@ -24,6 +78,10 @@ BASELINE = "run_rank:trainguard_run_loss:median"
 CKPT = 'trainguard_checkpoint_last_step{location="primary"}'
 
 SNIPPETS = {
+    # PromQL: the finite loss, its median, the newest complete primary checkpoint
+    "loss": LOSS,
+    "loss_med": BASELINE,
+    "ckpt": CKPT,
     # "0 (12 steps), 3 (4 steps)": the ranks whose loss is not finite, and for how long
     "nonfinite_ranks": (
         "{{ range $i, $s := printf `trainguard_run_loss_nonfinite_streak{"
@@ -122,11 +180,11 @@ GROUP = Group(
             "warning",
             expr="""
             max by (${target_labels}, run) (
-              LOSS > ${loss_spike_factor} * last_over_time(BASELINE[${slow_rules_lookback}])
+              ${loss} > ${loss_spike_factor} * last_over_time(${loss_med}[${slow_rules_lookback}])
               unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
-            """.replace("LOSS", LOSS).replace("BASELINE", BASELINE),
+            """,
             for_="${loss_spike_for}",
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
@@ -160,14 +218,14 @@ GROUP = Group(
             )
             unless on (${target_labels}, run)
             (
-              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
-              > max by (${target_labels}, run) (min_over_time(CKPT[${restart_loop_window}]))
+              max by (${target_labels}, run) (max_over_time(${ckpt}[${restart_loop_window}]))
+              > max by (${target_labels}, run) (min_over_time(${ckpt}[${restart_loop_window}]))
             )
             unless on (${target_labels}, run)
             (
-              max by (${target_labels}, run) (CKPT)
+              max by (${target_labels}, run) (${ckpt})
               unless on (${target_labels}, run)
-              max by (${target_labels}, run) (CKPT offset ${restart_loop_window})
+              max by (${target_labels}, run) (${ckpt} offset ${restart_loop_window})
             )
             unless on (${target_labels}, run)
             (
@@ -176,9 +234,9 @@ GROUP = Group(
                 max_over_time(trainguard_run_last_death_step[${restart_loop_window}])
               )
               unless on (${target_labels}, run)
-              max by (${target_labels}, run) (max_over_time(CKPT[${restart_loop_window}]))
+              max by (${target_labels}, run) (max_over_time(${ckpt}[${restart_loop_window}]))
             )
-            """.replace("CKPT", CKPT),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Training run {{ $labels.run }} on ${run_host} is restarting without
@@ -198,15 +256,16 @@ GROUP = Group(
 
 SLOW = Group(
     "trainguard-training-health.slow",
+    snippets={"loss": LOSS},
     interval="${slow_rules_interval}",
     rules=(
         Record(
             BASELINE,
             """
-            quantile_over_time(0.5, LOSS[${loss_spike_baseline}]) > 0
-            and count_over_time(LOSS[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
-            and last_over_time(LOSS[10m] offset ${loss_spike_baseline})
-            """.replace("LOSS", LOSS),
+            quantile_over_time(0.5, ${loss}[${loss_spike_baseline}]) > 0
+            and count_over_time(${loss}[${loss_spike_baseline}]) >= ${loss_spike_min_samples}
+            and last_over_time(${loss}[10m] offset ${loss_spike_baseline})
+            """,
         ),
     ),
 )

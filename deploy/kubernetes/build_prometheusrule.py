@@ -22,7 +22,14 @@ import yaml
 if __package__ in (None, ""):  # run as a script: make `alerts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
+from alerts.output import (
+    Folded,
+    add_output_arguments,
+    dump_yaml,
+    fail,
+    regenerate_command,
+    write_or_check,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAM = "deploy/kubernetes/build_prometheusrule.py"
@@ -33,18 +40,15 @@ NAME = "trainguard"
 NAMESPACE = "monitoring"
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style for multi-line strings (PromQL, descriptions) so the manifest reads well."""
-
-
-def _str_representer(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
-    # A literal block cannot hold trailing spaces on a line: those stay quoted.
-    if "\n" in data and not any(line != line.rstrip() for line in data.splitlines()):
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style="|")
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data)
-
-
-_Dumper.add_representer(str, _str_representer)
+def _folded(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups with their annotations (but the link) marked as the rules file writes them."""
+    for group in groups:
+        for rule in group["rules"]:
+            annotations = rule.get("annotations") or {}
+            for key, value in annotations.items():
+                if isinstance(value, str) and key != "runbook_url":
+                    annotations[key] = Folded(value)
+    return groups
 
 
 def load_groups(rules_file: Path) -> list[dict[str, Any]]:
@@ -81,7 +85,7 @@ def build(
                 "app.kubernetes.io/component": "alert-rules",
             },
         },
-        "spec": {"groups": load_groups(rules_file)},
+        "spec": {"groups": _folded(load_groups(rules_file))},
     }
 
 
@@ -96,15 +100,7 @@ def render(rules_file: Path = RULES_FILE) -> str:
         "# Prometheus Operator: its Prometheus selects PrometheusRules by label\n"
         "# (kube-prometheus-stack: `release: <helm release name>`): add that label here.\n"
     )
-    body = yaml.dump(
-        build(rules_file),
-        Dumper=_Dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=100,
-    )
-    return header + body
+    return header + dump_yaml(build(rules_file))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

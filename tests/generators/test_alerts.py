@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from alerts import build, kinds, site, thresholds
+from alerts import build, kinds, site
 from alerts.rules import GROUPS, Alert
 from alerts.rules.common import COMMON_SNIPPETS, PLACEHOLDER
+from helpers import promtool_rules
 from helpers.exporter_proc import Exporter
 from helpers.paths import REPO
 
@@ -26,68 +26,22 @@ RULES = ALERTS / "trainguard.rules.yml"
 RUNBOOK = ALERTS / "runbook.md"
 TEST_FILES = sorted((ALERTS / "tests").glob("*.yml"))
 
-# The alert set of the design (docs: /alerts/runbook.md is the project's own description).
-DESIGN_ALERTS = {
-    "TrainingProcessDied",
-    "TrainingProcessRestarted",
-    "TrainingProcessTerminated",
-    "TrainingJobRankDied",
-    "TrainingJobTerminated",
-    "TrainingJobRestarted",
-    "TrainingJobStalled",
-    "TrainingJobNoFirstStep",
-    "TrainingStalled",
-    "TrainingNoFirstStep",
-    "TrainingThroughputDropped",
-    "TrainingLogStale",
-    "CheckpointStale",
-    "CheckpointSavesFailing",
-    "CheckpointNeverCompleted",
-    "CheckpointUnknownMtime",
-    "CheckpointUnrecordedFiles",
-    "CheckpointTruncated",
-    "CheckpointHashMismatch",
-    "CheckpointPartialOrphaned",
-    "CheckpointVolumeFillingUp",
-    "CheckpointWillNotFit",
-    "CheckpointRestoreUnverified",
-    "CheckpointRestoreFailed",
-    "GPUGhostMemory",
-    "GPUUnattributedMemory",
-    "GPUXidError",
-    "GPUHardwareSlowdown",
-    "GPUPcieLinkDegraded",
-    "GPUMemoryNotReleased",
-    "GPUUncorrectableMemoryErrors",
-    "GPURowRemapFailure",
-    "GPURowRemapPending",
-    "GPURetiredPagesPending",
-    "GPUNvLinkErrors",
-    "DuplicateHostProcess",
-    "AllocatorRetrying",
-    "AllocatorOOM",
-    "AllocatorOOMCaught",
-    "AllocatorMemoryLeak",
-    "AllocatorFragmentation",
-    "TrainguardCollectorFailing",
-    "TrainguardExporterDown",
-    "StepsAtRisk",
-    "RepeatedDeathNearSameStep",
-    "TrainingLossNonFinite",
-    "TrainingLossSpike",
-    "TrainingRestartLoop",
-    "TrainingRankSlow",
-    "TrainingGoodputLow",
-    "Watchdog",
-    "TrainingRankStuck",
-}
+#: every alert the rule modules define; the runbook has a section of each name, and only those
+#: (test_rule_names_match_runbook_headings)
+ALERT_NAMES = {rule.name for group in GROUPS for rule in group.rules if isinstance(rule, Alert)}
 # Alerts that always fire (a dead man's switch): severity none, no quiet case.
 ALWAYS_FIRING = {"Watchdog"}
 # The runbook the exporter ships and serves at /runbook, on the alert's own exporter. It was a
 # GitHub address of a repository that does not exist (404): a default must work out of the box.
 RUNBOOK_BASE = 'http://{{ or $labels.instance "localhost:9636" }}/runbook'
-#: each alert's expression as its rule module writes it (placeholders unfilled)
-ALERT_EXPRS = {r.name: r.expr for g in GROUPS for r in g.rules if isinstance(r, Alert)}
+#: the alerts whose expression judges a job across its nodes (``${target_labels_across}``,
+#: directly or through a snippet): filled with a marker in its place
+ACROSS_ALERTS = {
+    rule["alert"]
+    for group in build.rule_groups({**site.resolve(), "target_labels_across": "ACROSS_MARK"})
+    for rule in group["rules"]
+    if "alert" in rule and "ACROSS_MARK" in rule["expr"]
+}
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None,
@@ -126,17 +80,17 @@ def test_promtool_check_rules() -> None:
     assert "SUCCESS" in output, output
 
 
-@pytest.mark.slow(seconds=200)  # on 2 cores, with its own pool of a promtool per CPU
+@pytest.mark.slow(seconds=100)  # on 2 cores, with its own pool of a promtool per CPU
 @needs_promtool
 def test_promtool_unit_tests() -> None:
-    """Every file of alerts/tests, one promtool per file, as many at a time as there are CPUs
-    (promtool works through its files one after the other on a single core)."""
+    """Every file of alerts/tests, one promtool per file, each with the rule groups it needs
+    (tests/helpers/promtool_rules.py), as many at a time as there are CPUs."""
     assert TEST_FILES, "no promtool test files in alerts/tests"
-    files = [str(p.relative_to(ROOT)) for p in TEST_FILES]
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        results = list(pool.map(lambda f: promtool("test", "rules", f), files))
-    failed = {f: r.stdout + r.stderr for f, r in zip(files, results, strict=True) if r.returncode}
+    assert PROMTOOL is not None
+    results = promtool_rules.run(TEST_FILES, PROMTOOL)
+    failed = {p.name: r.stdout + r.stderr for p, r in results.items() if r.returncode}
     assert failed == {}, "\n".join(f"--- {f}\n{out}" for f, out in failed.items())
+    assert all("SUCCESS" in r.stdout for r in results.values())
 
 
 # ------------------------------------------------------------------------------- generator
@@ -217,7 +171,7 @@ def test_pace_group_is_never_evaluated_less_often_than_the_slow_group() -> None:
     assert interval(build.render({})) == "1m"
     assert interval(build.render({"slow_rules_interval": "30s"})) == "30s"
     assert interval(build.render({"pace_rules_interval": "2m"})) == "2m"
-    with pytest.raises(thresholds.ThresholdError, match=r"stall_gap_lookback .* pace_rules"):
+    with pytest.raises(site.ThresholdError, match=r"stall_gap_lookback .* pace_rules"):
         build.render({"pace_rules_interval": "3m"})  # 5m lookback: would miss intervals
 
 
@@ -229,12 +183,12 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "region=%q,job=%q,instance=%q,run=%q" in text
     assert "$labels.region $labels.job $labels.instance $labels.run" in text
     # nothing aggregates or joins by a list that leaves the target labels out, but the job
-    # rules (alerts/rules/jobs.py, stuck.py), which judge a job across its nodes: all of them
+    # rules (alerts/rules/jobs/, stuck.py), which judge a job across its nodes: all of them
     # but instance (then the run follows)
     assert "count by (region, job, run, job_id)" in text
     assert "count by (region, job, run)" in text
     assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
-    assert "quantile by (region, job, run)" in text  # jobs_slow, goodput
+    assert "quantile by (region, job, run)" in text  # jobs/slow.py, goodput
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
     assert not re.search(kept, flat), re.findall(kept, flat)
@@ -335,9 +289,9 @@ def test_list_prints_every_threshold_as_a_config(
     assert build.main(["--list", "--set", "stall=1h"]) == 0
     text = capsys.readouterr().out
     listed = yaml.safe_load(text)
-    assert list(listed) == [t.name for t in thresholds.THRESHOLDS]
+    assert list(listed) == [t.name for t in site.THRESHOLDS]
     assert listed["stall"] == "1h" and listed["ghost_floor"] == "2GiB"
-    for t in thresholds.THRESHOLDS:
+    for t in site.THRESHOLDS:
         assert t.doc.split()[0] in text, t.name
     # The listing is a valid --config: feeding it back gives the same rules.
     config = tmp_path / "listed.yml"
@@ -358,29 +312,76 @@ def test_every_placeholder_is_known_and_every_threshold_used() -> None:
                 texts += [rule.for_ or "", rule.keep_firing_for or ""]
                 texts += [rule.summary, rule.description, *rule.annotations.values()]
     used = {name for text in texts for name in PLACEHOLDER.findall(text)}
-    placeholders = set(thresholds.resolve())
+    placeholders = set(site.resolve())
     assert not snippets & placeholders, "snippet names shadow thresholds"
     assert used <= placeholders | snippets, f"unknown: {sorted(used - placeholders - snippets)}"
-    unused = [
-        t.name for t in thresholds.THRESHOLDS if not used & {t.name, f"{t.name}_s", f"{t.name}_h"}
-    ]
+    unused = [t.name for t in site.THRESHOLDS if not used & {t.name, f"{t.name}_s", f"{t.name}_h"}]
     assert not unused, f"thresholds no rule uses: {unused}"
 
 
 def test_rule_modules_use_one_template_syntax() -> None:
-    # Go templates and PromQL are written literally: no f-string escaping, no [[x]] placeholders.
-    for path in sorted((ALERTS / "rules").glob("*.py")):
+    # Go templates and PromQL are written literally: no f-string escaping, no [[x]] placeholders,
+    # no WORD put in by str.replace (unchecked: a misspelt WORD stays valid PromQL, and the
+    # alert silently never fires); a PromQL fragment is a ${name} snippet of its group.
+    paths = sorted((ALERTS / "rules").rglob("*.py"))
+    assert len(paths) > 20, paths
+    for path in paths:
         source = path.read_text(encoding="utf-8")
         for old in ("{{{{", "}}}}", "[["):
             assert old not in source, f"{path.name}: {old}"
         assert not re.search(r"(?<!\w)f[\"']", source), f"{path.name}: f-string"
+        assert not re.search(r"\.replace\(\s*[\"'][A-Z_)]+[\"']", source), f"{path.name}: .replace"
+
+
+@pytest.mark.parametrize("where", ["expr", "description", "snippet"])
+def test_an_unknown_placeholder_fails_the_build(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt ${name} is an error naming the group, the rule and the name, not PromQL
+    that never matches."""
+    index, group = next((i, g) for i, g in enumerate(GROUPS) if g.name == "trainguard-runs")
+    died = group.rules[0]
+    assert isinstance(died, Alert) and died.name == "TrainingProcessDied"
+    assert "${dead_when_last_seen}" in died.expr and "${run_host}" in died.description
+    if where == "expr":
+        rules = (
+            replace(died, expr=died.expr.replace("${dead_when_last_seen}", "${dead_when_seen}")),
+        )
+        bad = replace(group, rules=rules + group.rules[1:])
+        expected = (
+            "group trainguard-runs, rule TrainingProcessDied: unknown placeholder ${dead_when_seen}"
+        )
+    elif where == "description":
+        rules = (replace(died, description=died.description + " ${run_hots}"),)
+        bad = replace(group, rules=rules + group.rules[1:])
+        expected = (
+            "group trainguard-runs, rule TrainingProcessDied: unknown placeholder ${run_hots}"
+        )
+    else:
+        snippets = {**group.snippets, "live": "${stat} == 1"}
+        bad = replace(group, snippets=snippets)
+        expected = "group trainguard-runs: snippet ${live}: unknown placeholder ${stat}"
+    monkeypatch.setattr(build, "GROUPS", (*GROUPS[:index], bad, *GROUPS[index + 1 :]))
+    assert build.main(["-o", "-"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == f"alerts/build.py: error: {expected}"
 
 
 # ------------------------------------------------------------------------------- rules
 
 
-def test_alert_set_matches_design(groups: list[dict[str, Any]]) -> None:
-    assert {rule["alert"] for rule in alert_rules(groups)} == DESIGN_ALERTS
+def test_rule_names_match_runbook_headings(groups: list[dict[str, Any]]) -> None:
+    """Each alert has its runbook section (its runbook_url's anchor), and each section its
+    alert: a renamed or removed alert leaves no orphan behind."""
+    assert {rule["alert"] for rule in alert_rules(groups)} == ALERT_NAMES
+    headings = runbook_headings()
+    assert not ALERT_NAMES - headings, (
+        f"runbook.md lacks sections: {sorted(ALERT_NAMES - headings)}"
+    )
+    assert not headings - ALERT_NAMES, (
+        f"runbook.md sections of no alert: {sorted(headings - ALERT_NAMES)}"
+    )
 
 
 def test_every_alert_has_labels_and_annotations(groups: list[dict[str, Any]]) -> None:
@@ -393,7 +394,7 @@ def test_every_alert_has_labels_and_annotations(groups: list[dict[str, Any]]) ->
         for key in ("summary", "description", "runbook_url"):
             assert annotations.get(key, "").strip(), f"{name}: missing {key}"
         url = annotations["runbook_url"]
-        if "${target_labels_across}" in ALERT_EXPRS[name]:  # a job's: no instance label
+        if name in ACROSS_ALERTS:  # a job's: no instance label
             # $labels.instance stands for the exporter of the job's lowest rank (runbook_url.py)
             prelude, _, url = url.partition("{{ end }}{{ end }}{{ end }}")
             assert prelude.startswith("{{ $instance := $labels.instance }}"), prelude
@@ -477,11 +478,6 @@ def runbook_headings() -> set[str]:
     return {m.group(1).strip() for m in re.finditer(r"^##\s+(.+)$", text, re.MULTILINE)}
 
 
-def test_every_alert_has_a_runbook_section() -> None:
-    missing = DESIGN_ALERTS - runbook_headings()
-    assert not missing, f"runbook.md lacks sections: {sorted(missing)}"
-
-
 def test_every_runbook_url_resolves_on_the_exporter(tmp_path: Path) -> None:
     # runbook_url is http://<the alert's exporter>/runbook#<alert>: the exporter serves the
     # runbook it ships, with the anchor of every alert (test_e2e_alerts.py follows a delivered
@@ -490,7 +486,7 @@ def test_every_runbook_url_resolves_on_the_exporter(tmp_path: Path) -> None:
         page = exp.get("/runbook")
         assert 'href="/runbook"' in exp.get("/")
     ids = set(re.findall(r'<h2 id="([^"]+)">', page))
-    assert {name.lower() for name in DESIGN_ALERTS} <= ids
+    assert {name.lower() for name in ALERT_NAMES} <= ids
     # links between sections stay links, code stays code
     assert '<a href="#checkpointvolumefillingup">CheckpointVolumeFillingUp</a>' in page
     assert "<pre><code>" in page and "<script" not in page
@@ -530,8 +526,8 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
     quiet: set[str] = set()
     for _, case in unit_test_cases():
         (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
-    assert not DESIGN_ALERTS - firing, f"no firing case: {sorted(DESIGN_ALERTS - firing)}"
-    quiet_needed = DESIGN_ALERTS - ALWAYS_FIRING
+    assert not ALERT_NAMES - firing, f"no firing case: {sorted(ALERT_NAMES - firing)}"
+    quiet_needed = ALERT_NAMES - ALWAYS_FIRING
     assert not quiet_needed - quiet, f"no non-firing case: {sorted(quiet_needed - quiet)}"
     assert not quiet & ALWAYS_FIRING, "an always-firing alert with a quiet case"
 
@@ -564,7 +560,7 @@ def test_healthy_run_for_hours_fires_nothing_but_the_watchdog() -> None:
         for case in test["alert_rule_test"]
         if case["eval_time"] == "6h" and case["exp_alerts"] == []
     }
-    assert quiet_at_end == DESIGN_ALERTS - ALWAYS_FIRING
+    assert quiet_at_end == ALERT_NAMES - ALWAYS_FIRING
     fired = [c["alertname"] for c in test["alert_rule_test"] if c["exp_alerts"]]
     assert fired == ["Watchdog"]
 
@@ -576,18 +572,68 @@ def test_firing_cases_pin_labels(groups: list[dict[str, Any]]) -> None:
             assert labels.get("severity"), f"{path.name}: {case['alertname']} without severity"
 
 
-def test_unit_test_files_evaluate_recording_rules_first(groups: list[dict[str, Any]]) -> None:
+def test_unit_test_files_name_only_the_groups_whose_order_matters(
+    groups: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The harness supplies the rules file and the order (file order, recording rules first);
+    a test file names the groups it needs in another order, if any."""
     names = [group["name"] for group in groups]
     for path in TEST_FILES:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert doc["rule_files"] == ["../trainguard.rules.yml"], path.name
-        assert doc.get("group_eval_order") == names, (
-            f"{path.name}: group_eval_order must list all groups in file order, "
-            "recording rules first"
+        assert doc.get("group_eval_order", []) != names, (
+            f"{path.name}: the file order is the default"
         )
+        prepared = yaml.safe_load(promtool_rules.prepare(path, groups, tmp_path).read_text())
+        order = prepared["group_eval_order"]
+        assert order == [name for name in names if name in order], path.name
+        given = yaml.safe_load(Path(prepared["rule_files"][0]).read_text())["groups"]
+        assert [g["name"] for g in given] == order and given == [
+            g for g in groups if g["name"] in order
+        ]
 
 
-def test_readme_documents_every_threshold() -> None:
-    readme = (ALERTS / "README.md").read_text(encoding="utf-8")
-    missing = [t.name for t in thresholds.THRESHOLDS if f"`{t.name}`" not in readme]
-    assert not missing, f"alerts/README.md does not mention: {missing}"
+def test_each_promtool_file_gets_the_groups_its_alerts_read(groups: list[dict[str, Any]]) -> None:
+    """The groups of the alerts a file tests, and of every record they read, transitively
+    (expressions and annotation queries): a group left out would leave an alert without its
+    records, and its case would fail for the wrong reason or pass for one."""
+
+    def needs(*alerts: str) -> list[str]:
+        cases = [{"alertname": name} for name in alerts]
+        return promtool_rules.needed_groups(groups, {"tests": [{"alert_rule_test": cases}]})
+
+    # its own group, the slow records it reads (last_over_time of checkpoint history), the 15 s
+    # records those read, and the GPU records the gpu_cause of the run context reads
+    stale = needs("CheckpointStale")
+    assert {"trainguard-checkpoints", "trainguard-checkpoints.slow", "trainguard.rules"} <= set(
+        stale
+    )
+    assert "trainguard-allocator" not in stale and "trainguard-jobs-slow" not in stale
+    assert needs("TrainingRankSlow") == ["trainguard-jobs-slow"]
+    assert "trainguard-exporter" in needs("Watchdog")  # its group, with its readers' records
+    every = needs(*(r["alert"] for g in groups for r in g["rules"] if "alert" in r))
+    assert every == [g["name"] for g in groups]  # every group is read or alerts
+    # a record asked for in promql_expr_test brings its group, and an unknown alert is an error
+    expr = {"tests": [{"promql_expr_test": [{"expr": "run:trainguard_run_step:max"}]}]}
+    asked = promtool_rules.needed_groups(groups, expr)
+    assert asked[0] == "trainguard.rules" and "trainguard-checkpoints" not in asked
+    alerts = 'ALERTS{alertname="TrainingRankSlow",alertstate="firing"}'
+    assert promtool_rules.needed_groups(
+        groups, {"tests": [{"promql_expr_test": [{"expr": alerts}]}]}
+    ) == ["trainguard-jobs-slow"]
+    with pytest.raises(ValueError, match="TrainingProcesDied"):
+        needs("TrainingProcesDied")
+    # a group named in group_eval_order is given, in that order among the others
+    assert promtool_rules.eval_order(["a", "b", "c", "d"], ["d", "b"]) == ["a", "d", "c", "b"]
+
+
+def test_readme_threshold_table_is_generated() -> None:
+    """The table of thresholds in alerts/README.md is the thresholds' own docs, regenerated by
+    alerts/build.py (and compared by --check): one row per threshold, none written twice."""
+    text = (ALERTS / "README.md").read_text(encoding="utf-8")
+    assert text == build.readme(text), "alerts/README.md is stale: run python alerts/build.py"
+    table = text[text.index(build.TABLE_START) : text.index(build.TABLE_END)]
+    rows = re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", table, re.MULTILINE)
+    assert rows == [(t.name, site.shown(site.resolve())[t.name]) for t in site.THRESHOLDS]
+    edited = text.replace("| `stall` | `10m` |", "| `stall` | `20m` |")
+    assert edited != text and build.readme(edited) == text

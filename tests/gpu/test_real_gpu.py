@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from alerts import thresholds
+from alerts import site
 from helpers.cuda_proc import CudaChild, IpcHolder
 from helpers.exporter_proc import Exporter, Samples, poll, select, value
 from helpers.promtool_eval import promtool_expect, shipped_alert_expr
@@ -164,7 +164,7 @@ def test_idle_gpu_facts(exporter: Exporter, figures: dict[str, Any]) -> None:
         }
         for g in found
     ]
-    floor = int(thresholds.resolve()["unattributed_floor"])
+    floor = int(site.resolve()["unattributed_floor"])
     for g in found:
         assert device(s, "trainguard_gpu_processes", g) == 0, f"GPU {g} is not idle:\n{brief(s)}"
         unattributed = device(s, "trainguard_gpu_memory_unattributed_bytes", g)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from alerts import build, site, thresholds
+from alerts import build, site
 from trainguard.exporter import cli, terminal
 from trainguard.exporter.config.model import ConfigError, load_config
 from trainguard.shared.units import format_duration, format_size, parse_duration, parse_size
@@ -150,7 +150,7 @@ def _terminal_flag(text: str) -> float:
 
 
 def _threshold(text: str) -> float:
-    return float(thresholds.resolve(site.parse_set([f"stall={text}"]))["stall_s"])
+    return float(site.resolve(site.parse_set([f"stall={text}"]))["stall_s"])
 
 
 @pytest.mark.parametrize("text", ["1w", "1h30m", "90s", "300", "2d12h", "1y"])
@@ -185,12 +185,12 @@ def test_where_a_duration_must_be_positive_zero_is_refused(
     with pytest.raises(SystemExit):
         _exporter_flag("0s")
     assert "expected a positive duration, got '0s'" in capsys.readouterr().err
-    with pytest.raises(thresholds.ThresholdError, match="duration must be positive"):
+    with pytest.raises(site.ThresholdError, match="duration must be positive"):
         _threshold("0")
 
 
 def test_thresholds_are_whole_seconds() -> None:
     """A rule compares ages in whole seconds: 1500ms is refused, 2000ms is 2s."""
-    with pytest.raises(thresholds.ThresholdError, match="whole seconds"):
+    with pytest.raises(site.ThresholdError, match="whole seconds"):
         _threshold("1500ms")
     assert _threshold("2000ms") == 2

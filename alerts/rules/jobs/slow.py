@@ -13,7 +13,30 @@ without ``instance``, plus ``run``.
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "slow_rank_factor",
+        1.5,
+        NUMBER,
+        "TrainingRankSlow: a rank's own time per step (waiting for data plus computing before "
+        "the gradient all-reduce) at least this many times the median of its job's ranks...",
+    ),
+    Threshold(
+        "slow_rank_for",
+        "15m",
+        DURATION,
+        "TrainingRankSlow: ...for this long.",
+    ),
+    Threshold(
+        "slow_rank_window",
+        "5m",
+        DURATION,
+        "TrainingRankSlow: the window of the rates a rank's time per step is taken from.",
+    ),
+)
 
 #: the job's identity in rules: the target labels but instance, plus run
 JOB = "${target_labels_across}, run"
@@ -56,7 +79,7 @@ SLOWEST = (
 
 GROUP = Group(
     "trainguard-jobs-slow",
-    snippets={"slowest_rank": SLOWEST},
+    snippets={"slowest_rank": SLOWEST, "job": JOB},
     rules=(
         Record(
             "run_rank:trainguard_run_data_wait_seconds_per_step:rate",
@@ -82,9 +105,9 @@ GROUP = Group(
             RATIO,
             """
             run_rank:trainguard_run_busy_seconds_per_step:rate
-            / on (JOB) group_left ()
+            / on (${job}) group_left ()
             (job:trainguard_run_busy_seconds_per_step:median > 0)
-            """.replace("JOB", JOB),
+            """,
         ),
         Alert(
             "TrainingRankSlow",

@@ -8,7 +8,7 @@ The ranks of a job (``trainguard_run_job_info``) are left out of the per-node Tr
 and TrainingNoFirstStep (``alerts/rules/runs.py``): a 16-node job whose rank hangs in its data
 loader pages once, not sixteen times. These rules judge each rank as those do, then aggregate
 by the target labels without ``instance`` (``${target_labels_across}``), the run and the job,
-as TrainingJobRankDied does (``jobs.py``, whose page inhibits these in Alertmanager: a dead
+as TrainingJobRankDied does (``deaths.py``, whose page inhibits these in Alertmanager: a dead
 rank explains a stalled job). Where the job is stuck comes from ``stuck.py``: the rank(s)
 apart from the rest, with their host, and where the others wait.
 """
@@ -16,7 +16,7 @@ apart from the rest, with their host, and where the others wait.
 from __future__ import annotations
 
 from alerts.rules.common import Alert, Group, Record, query_value
-from alerts.rules.jobs import JOB_ARGS, JOB_CONTEXT, JOB_SEL, ON_RANK, RUN_ARGS, RUN_SEL
+from alerts.rules.jobs.deaths import JOB_ARGS, JOB_CONTEXT, JOB_SEL, ON_RANK, RUN_ARGS, RUN_SEL
 from alerts.rules.stuck import APART, APART_RANKS, STUCK_ANNOTATION
 
 #: a job's live ranks past their stall threshold (or with no heartbeat for ``stall``), valued
@@ -41,6 +41,7 @@ HELD_UP = (
 )
 
 SNIPPETS = {
+    "on_rank": ON_RANK,  # PromQL: the join on a rank
     "held_up": HELD_UP,
     "job_ranks": _count("count(trainguard_run_job_info{" + JOB_SEL + "})"),
     "stalled_ranks": _count("count(" + STALLED + "{" + JOB_SEL + "})"),
@@ -81,12 +82,12 @@ GROUP = Group(
               or
               (
                 trainguard_run_heartbeat_age_seconds > ${stall_s}
-                and ON_RANK trainguard_run_process_up == 1
-                unless ON_RANK trainguard_run_finished == 1
+                and ${on_rank} trainguard_run_process_up == 1
+                unless ${on_rank} trainguard_run_finished == 1
               )
             )
-            * ON_RANK group_left (job_id) trainguard_run_job_info
-            """.replace("ON_RANK", ON_RANK),
+            * ${on_rank} group_left (job_id) trainguard_run_job_info
+            """,
         ),
         # as TrainingNoFirstStep judges a rank (runs.py), for the ranks of a job
         Record(
@@ -94,13 +95,13 @@ GROUP = Group(
             """
             max by (${target_labels}, run, rank) (
               trainguard_run_start_age_seconds > ${first_step_s}
-              and ON_RANK trainguard_run_process_up == 1
-              unless ON_RANK trainguard_run_finished == 1
-              unless ON_RANK trainguard_run_step
-              unless ON_RANK trainguard_run_heartbeat_age_seconds > ${stall_s}
+              and ${on_rank} trainguard_run_process_up == 1
+              unless ${on_rank} trainguard_run_finished == 1
+              unless ${on_rank} trainguard_run_step
+              unless ${on_rank} trainguard_run_heartbeat_age_seconds > ${stall_s}
             )
-            * ON_RANK group_left (job_id) trainguard_run_job_info
-            """.replace("ON_RANK", ON_RANK),
+            * ${on_rank} group_left (job_id) trainguard_run_job_info
+            """,
         ),
         Alert(
             "TrainingJobStalled",

@@ -20,8 +20,22 @@ their final heartbeat after that death, so the rank that died on its own is the 
 
 from __future__ import annotations
 
+from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
-from alerts.rules.signals import stopped
+from alerts.rules.signals import STOPPED
+
+THRESHOLDS: tuple[Threshold, ...] = (
+    Threshold(
+        "job_death_for",
+        "30s",
+        DURATION,
+        "TrainingJobRankDied: a rank of a job has been dead this long before the job's page "
+        "goes out. At least two scrape intervals, so that every node's exporter has been "
+        "heard: the page then names the rank that died first rather than one the launcher "
+        "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
+        "TrainingJobRestarted notice, not a page.",
+    ),
+)
 
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"
@@ -94,6 +108,10 @@ RESTARTS = (
 )
 
 SNIPPETS = {
+    # PromQL: the join on a rank, the dead ranks of jobs, the ranks stopped by a signal
+    "on_rank": ON_RANK,
+    "dead": DEAD,
+    "stopped": STOPPED,
     "restarts": RESTARTS,
     "first_rank": _first(FIRST + "{" + JOB_SEL + "}", "rank"),
     "first_instance": _first(FIRST + "{" + JOB_SEL + "}", "instance"),
@@ -175,9 +193,9 @@ GROUP = Group(
             DEAD,
             """
             trainguard_run_job_info
-            and ON_RANK trainguard_run_process_up == 0
-            unless ON_RANK trainguard_run_finished == 1
-            """.replace("ON_RANK", ON_RANK),
+            and ${on_rank} trainguard_run_process_up == 0
+            unless ${on_rank} trainguard_run_finished == 1
+            """,
         ),
         Record(
             FIRST,
@@ -185,15 +203,15 @@ GROUP = Group(
             bottomk by (${target_labels_across}, run, job_id) (
               1,
               trainguard_run_heartbeat_timestamp_seconds
-              * ON_RANK group_left (job_id) DEAD
-              unless ON_RANK trainguard_run_exit_info{cause="signal"}
+              * ${on_rank} group_left (job_id) ${dead}
+              unless ${on_rank} trainguard_run_exit_info{cause="signal"}
             )
             or on (${target_labels_across}, run, job_id)
             bottomk by (${target_labels_across}, run, job_id) (
               1,
-              trainguard_run_heartbeat_timestamp_seconds * ON_RANK group_left (job_id) DEAD
+              trainguard_run_heartbeat_timestamp_seconds * ${on_rank} group_left (job_id) ${dead}
             )
-            """.replace("ON_RANK", ON_RANK).replace("DEAD", DEAD),
+            """,
         ),
         Alert(
             "TrainingJobRankDied",
@@ -201,16 +219,16 @@ GROUP = Group(
             # not while every dead rank was stopped by a signal within terminated_restart_window
             # (a preempted or time-limited job: TrainingProcessTerminated's warning)
             expr="""
-            count by (${target_labels_across}, run, job_id) (DEAD)
+            count by (${target_labels_across}, run, job_id) (${dead})
             unless on (${target_labels_across}, run, job_id) (
-              count by (${target_labels_across}, run, job_id) (DEAD)
+              count by (${target_labels_across}, run, job_id) (${dead})
               == count by (${target_labels_across}, run, job_id) (
-                DEAD and on (${target_labels}, run, rank) (
-                  STOPPED
+                ${dead} and on (${target_labels}, run, rank) (
+                  ${stopped}
                 )
               )
             )
-            """.replace("DEAD", DEAD).replace("STOPPED", stopped(18)),
+            """,
             for_="${job_death_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""
@@ -241,16 +259,16 @@ GROUP = Group(
             count by (${target_labels_across}, run, job_id) (
               trainguard_run_job_info
               and on (${target_labels}, run, rank) (
-                STOPPED
+                ${stopped}
               )
             )
             # a rank of the job that died otherwise, on any node: TrainingJobRankDied pages
             unless on (${target_labels_across}, run, job_id) (
-              DEAD
+              ${dead}
               unless on (${target_labels}, run, rank)
                 trainguard_run_exit_info{cause=~"signal|time_limit"}
             )
-            """.replace("DEAD", DEAD).replace("STOPPED", stopped(16)),
+            """,
             keep_firing_for="${keep_firing_for}",
             summary="""
             Job {{ $labels.job_id }} of run {{ $labels.run }} was stopped by a signal.
