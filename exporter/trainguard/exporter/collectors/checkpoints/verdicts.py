@@ -192,7 +192,6 @@ class LocationJudge:
         def put(spec: MetricSpec, value: float) -> None:
             rows[spec.name].add_metric(labels, value)
 
-        verifier = self._verifier
         n_plain = len(judged)
         # a step directory's files are judged like single files; whether they are recorded is
         # a question only for directories committed by a record (a framework's marker is what
@@ -202,15 +201,7 @@ class LocationJudge:
             judged = judged + [j for sv in steps for j in sv.files]
             for sv in steps:
                 by_record += [sv.dir.commit == "record"] * len(sv.files)
-        # never hash a file that may still be being written: only settled files are asked about
-        asked = [
-            (j.entry.stat, j.expected_sha256)
-            for j in judged
-            if j.settled
-            and j.expected_sha256 is not None
-            and j.entry.stat.st_size == j.expected_size
-        ]
-        answers = iter(verifier.known_many(asked))
+        statuses = self._hash_statuses(listing, judged, errors)
         mismatched = pending = total = truncated = oversized = unrecorded = unknown = 0
         complete: list[tuple[int, str, int]] = []  # (step, name, mtime) of complete checkpoints
         bad_dirs: set[int] = set()  # steps of directories with a file that does not hash right
@@ -219,19 +210,8 @@ class LocationJudge:
         def damage(kind: str, step: int) -> None:
             damaged[kind] = max(step, damaged.get(kind, step))
 
-        for i, j in enumerate(judged):
+        for i, (j, status) in enumerate(zip(judged, statuses, strict=True)):
             st = j.entry.stat
-            status = "none"
-            if j.expected_sha256 is not None and st.st_size == j.expected_size:
-                status = "pending"
-                if j.settled:
-                    answer = next(answers)
-                    if answer is None:  # new to the verifier: queue it
-                        path = listing.directory / j.entry.name
-                        answer = verifier.status(path, st, j.expected_sha256)
-                    status, detail = answer
-                    if status == "error":
-                        errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
             if status == "mismatch":
                 mismatched += 1
                 damage("hash_mismatch", j.entry.step)
@@ -270,6 +250,41 @@ class LocationJudge:
         put(HASH_PENDING, pending)
         put(UNRECORDED, unrecorded)
         return unknown
+
+    def _hash_statuses(
+        self, listing: Listing, judged: list[Judged], errors: list[str]
+    ) -> list[str]:
+        """Each file's hash status: none, pending, match, mismatch or error.
+
+        ``none`` when there is nothing to check (no recorded hash, or not the recorded size);
+        only settled files are asked about, never one that may still be being written; one new
+        to the verifier is queued (``pending``) and hashed in the background.
+        """
+        verifier = self._verifier
+        asked = [
+            (j.entry.stat, j.expected_sha256)
+            for j in judged
+            if j.settled
+            and j.expected_sha256 is not None
+            and j.entry.stat.st_size == j.expected_size
+        ]
+        answers = iter(verifier.known_many(asked))
+        statuses = []
+        for j in judged:
+            st = j.entry.stat
+            status = "none"
+            if j.expected_sha256 is not None and st.st_size == j.expected_size:
+                status = "pending"
+                if j.settled:
+                    answer = next(answers)
+                    if answer is None:  # new to the verifier: queue it
+                        path = listing.directory / j.entry.name
+                        answer = verifier.status(path, st, j.expected_sha256)
+                    status, detail = answer
+                    if status == "error":
+                        errors.append(f"cannot verify {listing.directory / j.entry.name}: {detail}")
+            statuses.append(status)
+        return statuses
 
     def _size_rows(
         self,
