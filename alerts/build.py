@@ -26,6 +26,7 @@ import sys
 import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `alerts` importable
@@ -190,7 +191,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         return fail(PROGRAM, str(exc))
 
-    return write_or_check(outputs, check=args.check, command=regenerate_command(PROGRAM, argv))
+    status = write_or_check(outputs, check=args.check, command=regenerate_command(PROGRAM, argv))
+    if Path(args.output) != RULES_FILE:
+        return status
+    # the committed rules' PrometheusRule too: one command regenerates (or checks) both
+    return max(status, prometheus_rule().main(["--check"] if args.check else []))
+
+
+def prometheus_rule() -> ModuleType:
+    """deploy/kubernetes/build_prometheusrule.py, the generator of the PrometheusRule."""
+    from deploy.kubernetes import build_prometheusrule
+
+    return build_prometheusrule
 
 
 if __name__ == "__main__":
