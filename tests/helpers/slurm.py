@@ -205,7 +205,7 @@ class SlurmCluster:
                 if proc.poll() is not None:
                     raise SlurmError(
                         f"{name} exited with {proc.returncode} while waiting for {what}\n"
-                        f"{self.logs()}"
+                        f"{self.logs(first=name)}"
                     )
             return bool(ok())  # type: ignore[operator]
 
@@ -276,13 +276,12 @@ class SlurmCluster:
         except WaitTimeout as exc:
             raise SlurmError(f"{exc}\n{last.get('job')}\n{self.logs()}") from None
 
-    def logs(self, tail: int = 3000) -> str:
-        """The tails of every daemon's log, for failure messages."""
-        parts = []
-        for path in sorted((self.root / "log").glob("*")):
-            text = path.read_text(errors="replace")
-            parts.append(f"--- {path.name}\n{text[-tail:]}")
-        return "\n".join(parts)
+    def logs(self, tail: int = 3000, first: str | None = None) -> str:
+        """The tails of every daemon's output (``first``'s first), for failure messages."""
+        paths = sorted((self.root / "log").glob("*.out"), key=lambda p: (p.stem != first, p.name))
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}" for path in paths
+        )
 
     def _job_processes(self) -> list[int]:
         """Pids of this cluster's job processes: slurmstepd and the tasks, found by the
