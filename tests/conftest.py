@@ -5,11 +5,14 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
 from helpers.exporter_proc import child_env
+from helpers.slurm import SlurmCluster, SlurmError
+from helpers.slurm_job import TrainingNodes
 from helpers.zygote import Zygote
 
 # Property tests run the same examples every time (a run in CI is never red by chance) and
@@ -77,3 +80,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/data/golden/metrics.txt from this checkout's exporter, to review",
     )
+
+
+@pytest.fixture
+def slurm_nodes(tmp_path: Path) -> Iterator[TrainingNodes]:
+    """A real Slurm cluster of three nodes (helpers/slurm.py), each node with its own state
+    directory and exporter; torn down after the test (jobs cancelled, processes waited for).
+    A cluster that cannot start fails the test with the reason, never skips it."""
+    try:
+        cluster = SlurmCluster(tmp_path, nodes=3)
+    except SlurmError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        nodes = TrainingNodes(cluster, tmp_path)
+        try:
+            yield nodes
+        finally:
+            nodes.close()
+    finally:
+        cluster.close()

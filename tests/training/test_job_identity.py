@@ -74,13 +74,37 @@ def test_torchrun_without_rdzv_id_is_told_apart_by_its_rendezvous_store() -> Non
 
 
 def test_slurm_and_job_arrays() -> None:
-    assert resolve_job(env=SLURM) == JobInfo("884211", "slurm", 1, 5, None)
+    # Slurm sets SLURM_RESTART_COUNT only from the first requeue on: without it, attempt 0
+    assert resolve_job(env=SLURM) == JobInfo("884211", "slurm", 1, 5, 0)
     assert (global_rank(SLURM), world_size(SLURM)) == (13, 32)
     array = {**SLURM, "SLURM_ARRAY_JOB_ID": "884200", "SLURM_ARRAY_TASK_ID": "11"}
     job = resolve_job(env=array)
     assert job is not None and job.id == "884200_11"
     requeued = resolve_job(env={**SLURM, "SLURM_RESTART_COUNT": "1"})
     assert requeued is not None and requeued.restart_count == 1
+    # garbage is not a count (and not attempt 0 either)
+    bad = resolve_job(env={**SLURM, "SLURM_RESTART_COUNT": "x"})
+    assert bad is not None and bad.restart_count is None
+    # torchrun inside an allocation: torchrun's count; no launcher at all: none
+    inside = resolve_job(
+        env={**SLURM, "TORCHELASTIC_RUN_ID": "r", "TORCHELASTIC_RESTART_COUNT": "3"}
+    )
+    assert inside is not None and inside.restart_count == 3
+    assert resolve_job(env={"TRAINGUARD_JOB": "nightly"}) == JobInfo("nightly", "user")
+
+
+def test_kubernetes_pod_uid_is_the_attempt_id() -> None:
+    uid = "9b7e1d6a-52f0-4c3e-8a11-0d2f6c4b9e70"
+    job = resolve_job(env={**KUBERNETES, "TRAINGUARD_POD_UID": uid})
+    assert job is not None and (job.attempt_id, job.restart_count) == (uid, None)
+    assert job.to_dict()["attempt_id"] == uid
+    # absent (or blank, or with control characters): no attempt id, and none written
+    for env in (KUBERNETES, {**KUBERNETES, "TRAINGUARD_POD_UID": " "}):
+        job = resolve_job(env=env)
+        assert job is not None and job.attempt_id is None
+        assert "attempt_id" not in job.to_dict()
+    job = resolve_job(env={**KUBERNETES, "TRAINGUARD_POD_UID": "a\nb"})
+    assert job is not None and job.attempt_id is None
 
 
 def test_kubernetes_downward_api() -> None:
@@ -156,7 +180,13 @@ def test_run_writes_the_job_and_the_reader_checks_it(tmp_path: Path, monkeypatch
         monkeypatch.setenv(name, value)
     with Run("srun", state_dir=tmp_path, interval=0.01) as run:
         assert (run.rank, run.world_size) == (13, 32)
-    assert read_heartbeat(run.path).job == JobInfo("884211", "slurm", 1, 5, None)
+    assert read_heartbeat(run.path).job == JobInfo("884211", "slurm", 1, 5, 0)
+    # a pod's uid travels in the heartbeat as the attempt id
+    monkeypatch.setenv("TRAINGUARD_POD_UID", "9b7e1d6a-52f0-4c3e-8a11-0d2f6c4b9e70")
+    with Run("srun", state_dir=tmp_path, interval=0.01) as run:
+        pass
+    job = read_heartbeat(run.path).job
+    assert job is not None and job.attempt_id == "9b7e1d6a-52f0-4c3e-8a11-0d2f6c4b9e70"
 
 
 def test_a_heartbeat_without_job_reads_as_none_and_bad_ones_name_the_field(
@@ -170,6 +200,10 @@ def test_a_heartbeat_without_job_reads_as_none_and_bad_ones_name_the_field(
     assert read_heartbeat(run.path).job is None
     good = {"id": "j1", "launcher": "slurm", "node_rank": 0, "local_rank": 0}
     assert parse_heartbeat({**doc, "job": good}).job == JobInfo("j1", "slurm", 0, 0)
+    pod = {**good, "attempt_id": "9b7e1d6a"}
+    assert parse_heartbeat({**doc, "job": pod}).job == JobInfo(
+        "j1", "slurm", 0, 0, None, "9b7e1d6a"
+    )
     for bad, field in (
         ("x", "job"),
         ({**good, "id": ""}, "job.id"),
@@ -179,6 +213,9 @@ def test_a_heartbeat_without_job_reads_as_none_and_bad_ones_name_the_field(
         ({**good, "node_rank": -1}, "job.node_rank"),
         ({**good, "local_rank": True}, "job.local_rank"),
         ({**good, "restart_count": 1.5}, "job.restart_count"),
+        ({**good, "attempt_id": 7}, "job.attempt_id"),
+        ({**good, "attempt_id": "x" * 129}, "job.attempt_id"),
+        ({**good, "attempt_id": "a\tb"}, "job.attempt_id"),
         ({"launcher": "slurm"}, "job.id"),
     ):
         with pytest.raises(HeartbeatError, match=f"field '{field}'"):

@@ -16,6 +16,11 @@ same job identity on every node, with no user code. The launchers' own variables
 * Slurm: ``$SLURM_JOB_ID`` (an array task: ``<array job>_<task>``).
 * MPI: the PMIx namespace (Open MPI 5, ``srun --mpi=pmix``) or Open MPI's job id.
 
+The attempt: the launcher's restart count (``$TORCHELASTIC_RESTART_COUNT``, else
+``$SLURM_RESTART_COUNT``; Slurm sets the latter only once a job was requeued, so inside a Slurm
+job its absence is attempt 0) and, in a Kubernetes pod, the pod's uid (``$TRAINGUARD_POD_UID``
+from the downward API) as ``attempt_id``: a rescheduled pod keeps its name, its uid is new.
+
 A run name reused by a new job is then a new job: its id differs. The ranks come from the
 same variables (global rank, node rank, local rank, world size; :func:`global_rank`,
 :func:`world_size`), the launcher's first, so that ``Run.rank`` and the job agree.
@@ -42,6 +47,8 @@ LOCAL_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_
 #: completion index of a Kubernetes Indexed Job (one pod per node)
 NODE_VARS = ("GROUP_RANK", "SLURM_NODEID", "NODE_RANK", "JOB_COMPLETION_INDEX")
 RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+#: the pod's uid, set in the pod template from the downward API (``metadata.uid``)
+POD_UID_VAR = "TRAINGUARD_POD_UID"
 #: Open MPI's job identity: the PMIx namespace (Open MPI 5), the job id of Open MPI 3/4
 MPI_ID_VARS = ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid", "OMPI_MCA_orte_ess_jobid")
 
@@ -137,5 +144,19 @@ def resolve_job(job: str | None = None, env: Mapping[str, str] | None = None) ->
         launcher=launcher,
         node_rank=_first_int(env, NODE_VARS, 0, MAX_JOB_INT),
         local_rank=local_rank(env),
-        restart_count=_first_int(env, RESTART_VARS, 0, MAX_JOB_INT),
+        restart_count=restart_count(env),
+        attempt_id=_usable(POD_UID_VAR, env.get(POD_UID_VAR)),
     )
+
+
+def restart_count(env: Mapping[str, str]) -> int | None:
+    """The launcher's restarts of the job so far, or None when no launcher says.
+
+    Slurm sets ``$SLURM_RESTART_COUNT`` only from the first requeue on: in a Slurm job
+    (``$SLURM_JOB_ID``) without it, the job runs its first attempt.
+    """
+    count = _first_int(env, RESTART_VARS, 0, MAX_JOB_INT)
+    in_slurm = bool(env.get("SLURM_JOB_ID", "").strip())
+    if count is None and in_slurm and env.get("SLURM_RESTART_COUNT") is None:
+        return 0
+    return count

@@ -15,6 +15,8 @@ from typing import Any
 #: who gave the job its identity
 LAUNCHERS = ("torchrun", "slurm", "kubernetes", "mpi", "user")
 MAX_JOB_ID = 128
+#: a Kubernetes uid is 36 characters; room for other launchers' attempt ids
+MAX_ATTEMPT_ID = 128
 #: node ranks, local ranks and restart counts above this are garbage
 MAX_JOB_INT = 1_000_000
 
@@ -30,6 +32,14 @@ class JobInfo:
     #: the launcher's restarts of the job so far (torchrun's TORCHELASTIC_RESTART_COUNT,
     #: Slurm's SLURM_RESTART_COUNT); None when the launcher does not say
     restart_count: int | None = None
+    #: what tells this attempt of the job apart from the others when no count does: the
+    #: Kubernetes pod's uid ($TRAINGUARD_POD_UID from the downward API; a rescheduled pod keeps
+    #: its name and gets a new uid). Kept in the heartbeat, never published as a label (it
+    #: changes at every attempt)
+    attempt_id: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return vars(self).copy()
+        out = vars(self).copy()
+        if out["attempt_id"] is None:  # absent, as older writers left it
+            del out["attempt_id"]
+        return out

@@ -40,7 +40,7 @@ from trainguard.shared.heartbeat.record import (
     Stuck,
     Timing,
 )
-from trainguard.shared.jobinfo import LAUNCHERS, MAX_JOB_ID, MAX_JOB_INT, JobInfo
+from trainguard.shared.jobinfo import LAUNCHERS, MAX_ATTEMPT_ID, MAX_JOB_ID, MAX_JOB_INT, JobInfo
 
 _MISSING = object()
 
@@ -338,6 +338,7 @@ class Fields(fields.Node):
             node_rank=f.integer("node_rank", 0, MAX_JOB_INT, optional=True),
             local_rank=f.integer("local_rank", 0, MAX_JOB_INT, optional=True),
             restart_count=f.integer("restart_count", 0, MAX_JOB_INT, optional=True),
+            attempt_id=f.text("attempt_id", MAX_ATTEMPT_ID, optional=True) or None,
         )
 
 

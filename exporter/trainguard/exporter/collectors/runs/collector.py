@@ -29,6 +29,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     HEARTBEAT_FILES,
     HEARTBEAT_TIMESTAMP,
     INACTIVE_SPLIT,
+    JOB_ATTEMPT,
     JOB_INFO,
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
@@ -221,8 +222,8 @@ def _add_job(fam: dict[str, Any], row: RunRow) -> None:
 
     One exporter runs per node, so a job of many nodes is many Prometheus ``instance``\ s; this
     series carries what joins them (the job's id, the same on every node) and where the rank
-    sits in it. The restart count stays out of the labels: a label that changes at every
-    restart would make a new series each time.
+    sits in it. The attempt (the launcher's restart count) is a value of its own, not a label:
+    a label that changes at every restart would make a new series each time.
     """
     hb = row.heartbeat
     job = None if hb is None else hb.job
@@ -231,6 +232,8 @@ def _add_job(fam: dict[str, Any], row: RunRow) -> None:
     node = "" if job.node_rank is None else str(job.node_rank)
     local = "" if job.local_rank is None else str(job.local_rank)
     fam[JOB_INFO.name].add_metric([row.run, row.rank, job.id, node, local, job.launcher], 1)
+    if job.restart_count is not None:
+        fam[JOB_ATTEMPT.name].add_metric([row.run, row.rank], job.restart_count)
 
 
 def _add_stuck(fam: dict[str, Any], row: RunRow) -> None:

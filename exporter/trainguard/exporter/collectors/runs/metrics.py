@@ -24,6 +24,14 @@ JOB_INFO = MetricSpec(
     "MPI or Run(job=...)): job_id is the same on every node of the job; node_rank and "
     "local_rank are empty when the launcher does not say.",
 )
+JOB_ATTEMPT = MetricSpec(
+    "trainguard_run_job_attempt",
+    "gauge",
+    ("run", "rank"),
+    "The attempt of the job this run and rank's (last) process belongs to: the launcher's "
+    "restart count (torchrun's TORCHELASTIC_RESTART_COUNT, Slurm's SLURM_RESTART_COUNT; 0 for "
+    "a Slurm job never requeued); absent when the launcher does not say.",
+)
 PROCESS_UP = MetricSpec(
     "trainguard_run_process_up",
     "gauge",
@@ -279,6 +287,7 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
 METRICS = (
     RUN_INFO,
     JOB_INFO,
+    JOB_ATTEMPT,
     PROCESS_UP,
     STARTING,
     FINISHED,
