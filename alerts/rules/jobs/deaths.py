@@ -11,6 +11,14 @@ its own exporter (``instance``), so these rules aggregate by the target labels w
 out of the per-node TrainingProcessDied and TrainingProcessRestarted (``alerts/rules/runs.py``,
 ``deaths.py``): a 16-node job that loses a rank pages once, not sixteen times.
 
+A job moves (a Slurm requeue onto other nodes, an elastic restart, a resume under a new job id),
+and the heartbeats its ranks left on the nodes it left outlive it there. The ranks of a job's
+older attempt are history, never a death of the job: a rank whose attempt
+(``trainguard_run_job_attempt``, the launcher's restart count) is below the newest attempt any
+exporter publishes for the job, and every rank of a job that is not stepping while another job
+of the same run steps (a resume under a new job id). What stays is the job's truth: its newest
+attempt across every node.
+
 The rank that died first: among the job's dead ranks, the one with the oldest last heartbeat
 whose cause is not ``signal`` in ``trainguard_run_exit_info`` (a rank its launcher stopped
 with SIGTERM after the first death is counted, not named), else the one with the oldest last
@@ -35,8 +43,34 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
         "TrainingJobRestarted notice, not a page.",
     ),
+    Threshold(
+        "job_terminated_for",
+        "5m",
+        DURATION,
+        "TrainingJobTerminated: a job's ranks have been stopped by a signal this long, with no "
+        "newer attempt of the job, before it warns. A requeue (Slurm's scontrol requeue, a "
+        "preempted job put back in the queue, a rescheduled pod) that starts the job again "
+        "within it is a restart, not a stop; Slurm holds a requeued job for about two minutes.",
+    ),
+    Threshold(
+        "job_superseded_step_age",
+        "5m",
+        DURATION,
+        "A job that is not stepping is superseded by another job of the same run (a resume "
+        "under a new job id) while a rank of that one stepped within this long, by its host's "
+        "clock: the old job's ranks are history, no longer paged as deaths.",
+    ),
 )
 
+#: each rank's attempt of its job, with the job's id
+ATTEMPT = "job_rank:trainguard_run_job_attempt:job_info"
+#: the newest attempt of each job, across every node's exporter
+NEWEST_ATTEMPT = "job:trainguard_run_job_attempt:max"
+#: the jobs with a live rank that stepped within job_superseded_step_age
+JOB_STEPPING = "job:trainguard_run_stepping_recently:present"
+#: the ranks that are a job's history: an older attempt of their job, or a job superseded by
+#: another job of the same run that steps while it does not
+HISTORY = "job_rank:trainguard_run_superseded:job_info"
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"
 #: the job's rank that died first (see the module's docstring), valued its last heartbeat
@@ -110,9 +144,13 @@ RESTARTS = (
 SNIPPETS = {
     # PromQL: the join on a rank, the dead ranks of jobs, the ranks stopped by a signal
     "on_rank": ON_RANK,
+    "history": HISTORY,
     "dead": DEAD,
     "stopped": STOPPED,
     "restarts": RESTARTS,
+    "attempt": ATTEMPT,
+    "newest_attempt": NEWEST_ATTEMPT,
+    "job_stepping": JOB_STEPPING,
     "first_rank": _first(FIRST + "{" + JOB_SEL + "}", "rank"),
     "first_instance": _first(FIRST + "{" + JOB_SEL + "}", "instance"),
     "first_host": _first(
@@ -131,7 +169,11 @@ SNIPPETS = {
         + ' | query }}{{ . | first | label "cause" }}'
         '{{ with . | first | label "signal" }} {{ . }}{{ end }}{{ else }}unknown{{ end }}'
     ),
-    "job_ranks": query_value("count(trainguard_run_job_info{" + JOB_SEL + "})", JOB_ARGS),
+    # the ranks of the job's newest attempt, wherever they run (not its history)
+    "job_ranks": query_value(
+        "count(trainguard_run_job_info{" + JOB_SEL + "} unless " + ON_RANK + " " + HISTORY + ")",
+        JOB_ARGS,
+    ),
     "dead_nodes": query_value(
         "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
     ),
@@ -190,11 +232,46 @@ GROUP = Group(
     snippets=SNIPPETS,
     rules=(
         Record(
+            ATTEMPT,
+            """
+            trainguard_run_job_attempt
+            * ${on_rank} group_left (job_id) trainguard_run_job_info
+            """,
+        ),
+        Record(NEWEST_ATTEMPT, "max by (${target_labels_across}, run, job_id) (${attempt})"),
+        Record(
+            JOB_STEPPING,
+            """
+            max by (${target_labels_across}, run, job_id) (
+              trainguard_run_job_info
+              and ${on_rank} trainguard_run_step_age_seconds < ${job_superseded_step_age_s}
+              and ${on_rank} trainguard_run_process_up == 1
+            ) * 0 + 1
+            """,
+        ),
+        Record(
+            HISTORY,
+            """
+            trainguard_run_job_info
+            and ${on_rank} (
+              ${attempt}
+              < on (${target_labels_across}, run, job_id) group_left ()
+              ${newest_attempt}
+            )
+            or (
+              trainguard_run_job_info
+              unless on (${target_labels_across}, run, job_id) ${job_stepping}
+            )
+            and on (${target_labels_across}, run) ${job_stepping}
+            """,
+        ),
+        Record(
             DEAD,
             """
             trainguard_run_job_info
             and ${on_rank} trainguard_run_process_up == 0
             unless ${on_rank} trainguard_run_finished == 1
+            unless ${on_rank} ${history}
             """,
         ),
         Record(
@@ -258,6 +335,7 @@ GROUP = Group(
             expr="""
             count by (${target_labels_across}, run, job_id) (
               trainguard_run_job_info
+              unless ${on_rank} ${history}
               and on (${target_labels}, run, rank) (
                 ${stopped}
               )
@@ -269,6 +347,7 @@ GROUP = Group(
                 trainguard_run_exit_info{cause=~"signal|time_limit"}
             )
             """,
+            for_="${job_terminated_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""
             Job {{ $labels.job_id }} of run {{ $labels.run }} was stopped by a signal.
