@@ -54,6 +54,30 @@ def last_seen(series: str) -> str:
     )
 
 
+#: PromQL, one series per target (its ``${target_labels}``): the targets whose exporter has been
+#: down for exporter_down_for, failing its scrapes or gone from service discovery (its last
+#: ``up`` within exporter_down_active_lookback): where the series of its ranks went stale with it
+#: and their last values are all that is known
+TARGET_DOWN = (
+    """(
+  (
+    max by (${target_labels}) (up{${job_selector}} == 0)
+    or
+    (
+      max by (${target_labels}) ("""
+    + last_seen("up{${job_selector}}")
+    + """)
+      unless on (${target_labels}) up{${job_selector}}
+    )
+  )
+  unless on (${target_labels})
+  max by (${target_labels}) (
+    max_over_time(up{${job_selector}}[${exporter_down_for}])
+  ) == 1
+)"""
+)
+
+
 #: the rank's steps per second over throughput_window_slow (1h), within its process: the rate of
 #: a rank of slow steps, recorded in SLOW (a 1h deriv of every rank every 15 s for the few of
 #: slow steps); read with last_over_time, it is up to 5m older, on a window of an hour

@@ -17,7 +17,7 @@ from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, promql, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
-from alerts.rules.recording import LIVE, STATE, last_seen
+from alerts.rules.recording import LIVE, STATE, TARGET_DOWN, last_seen
 from alerts.rules.signals import STOPPED
 from alerts.rules.stuck import STUCK_ANNOTATION
 
@@ -138,20 +138,7 @@ DEAD_WHEN_LAST_SEEN = promql(
       unless on (${target_labels}, run, rank)
         ${job_info_last_seen}
       and on (${target_labels})
-      (
-        max by (${target_labels}) (up{${job_selector}} == 0)
-        or
-        (
-          max by (${target_labels}) (
-            ${any_target_last_seen}
-          )
-          unless on (${target_labels}) up{${job_selector}}
-        )
-      )
-      unless on (${target_labels})
-      max by (${target_labels}) (
-        max_over_time(up{${job_selector}}[${exporter_down_for}])
-      ) == 1
+      ${target_down}
     )
     """
 )
@@ -161,7 +148,7 @@ SNIPPETS = {
     "dead_when_last_seen": DEAD_WHEN_LAST_SEEN,
     "state_last_seen": last_seen(STATE),
     "job_info_last_seen": last_seen("trainguard_run_job_info"),
-    "any_target_last_seen": last_seen("up{${job_selector}}"),
+    "target_down": TARGET_DOWN,
     "live": LIVE,
     "stopped": STOPPED,
     # "0, 3": the ranks of the run that are gone without finishing.

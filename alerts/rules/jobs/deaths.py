@@ -19,6 +19,12 @@ exporter publishes for the job, and every rank of a job that is not stepping whi
 of the same run steps (a resume under a new job id). What stays is the job's truth: its newest
 attempt across every node.
 
+A job's death holds while an exporter is down: the ranks last seen on an exporter that has
+been down for ``exporter_down_for`` (a node lost, or rebooting, with its exporter), running or
+dead when last seen, are dead ranks of their job unless the job steps on without them (an
+elastic job that renumbered its survivors). Such a rank is named first: a node lost is what
+stops the others.
+
 The rank that died first: among the job's dead ranks, the one with the oldest last heartbeat
 whose cause is not ``signal`` in ``trainguard_run_exit_info`` (a rank its launcher stopped
 with SIGTERM after the first death is counted, not named), else the one with the oldest last
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
+from alerts.rules.recording import STATE, TARGET_DOWN, last_seen
 from alerts.rules.signals import STOPPED
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -71,6 +78,11 @@ JOB_STEPPING = "job:trainguard_run_stepping_recently:present"
 #: the ranks that are a job's history: an older attempt of their job, or a job superseded by
 #: another job of the same run that steps while it does not
 HISTORY = "job_rank:trainguard_run_superseded:job_info"
+#: the ranks of a job last seen on an exporter that has been down for exporter_down_for (a node
+#: lost with its exporter, a rebooting node), valued 1 when they were running when last seen and 0
+#: when already dead: their series went stale with the exporter, their last values are what is
+#: known
+LOST = "job_rank:trainguard_run_lost:job_info"
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"
 #: the job's rank that died first (see the module's docstring), valued its last heartbeat
@@ -103,6 +115,31 @@ def _first(query: str, label: str) -> str:
     return (
         "{{ with printf `" + query + "` " + JOB_ARGS + " | query }}"
         '{{ . | first | label "' + label + '" }}{{ else }}unknown{{ end }}'
+    )
+
+
+#: the cause of the first sample of a query: "oom_killer", "signal SIGTERM"
+_CAUSE = '{{ . | first | label "cause" }}{{ with . | first | label "signal" }} {{ . }}{{ end }}'
+
+
+def _with_first(series: str, then: str) -> str:
+    """Template text opening a ``with``: ``then`` where ``series`` has the job's first death.
+
+    Inside ``then``, ``.`` is the samples; the caller writes the ``else`` and the ``end``.
+    """
+    return (
+        "{{ with printf `"
+        + series
+        + " and "
+        + ON_RANK
+        + " "
+        + FIRST
+        + "{"
+        + JOB_SEL
+        + "}` "
+        + JOB_ARGS
+        + " | query }}"
+        + then
     )
 
 
@@ -145,7 +182,11 @@ SNIPPETS = {
     # PromQL: the join on a rank, the dead ranks of jobs, the ranks stopped by a signal
     "on_rank": ON_RANK,
     "history": HISTORY,
+    "lost": LOST,
     "dead": DEAD,
+    "job_info_last_seen": last_seen("trainguard_run_job_info"),
+    "state_last_seen": last_seen(STATE),
+    "target_down": TARGET_DOWN,
     "stopped": STOPPED,
     "restarts": RESTARTS,
     "attempt": ATTEMPT,
@@ -153,26 +194,42 @@ SNIPPETS = {
     "job_stepping": JOB_STEPPING,
     "first_rank": _first(FIRST + "{" + JOB_SEL + "}", "rank"),
     "first_instance": _first(FIRST + "{" + JOB_SEL + "}", "instance"),
+    # the host of a rank on an exporter that is down too: its last trainguard_run_info
     "first_host": _first(
-        "trainguard_run_info and " + ON_RANK + " " + FIRST + "{" + JOB_SEL + "}", "host"
-    ),
-    # "oom_killer", "signal SIGTERM": from the signal handler's exit info; unknown without it
-    "first_cause": (
-        "{{ with printf `trainguard_run_exit_info and "
+        "last_over_time(trainguard_run_info[${exporter_down_active_lookback}]) and "
         + ON_RANK
         + " "
         + FIRST
         + "{"
         + JOB_SEL
-        + "}` "
-        + JOB_ARGS
-        + ' | query }}{{ . | first | label "cause" }}'
-        '{{ with . | first | label "signal" }} {{ . }}{{ end }}{{ else }}unknown{{ end }}'
+        + "}",
+        "host",
+    ),
+    # "node lost" for a rank of an exporter that is down; "oom_killer", "signal SIGTERM": from
+    # the signal handler's exit info; unknown without it
+    "first_cause": (
+        _with_first(LOST + " == 1", "node lost (its exporter is down){{ else }}")
+        + _with_first("trainguard_run_exit_info", _CAUSE + "{{ else }}")
+        + _with_first(
+            "last_over_time(trainguard_run_exit_info[${exporter_down_active_lookback}])",
+            _CAUSE + "{{ else }}unknown{{ end }}",
+        )
+        + "{{ end }}{{ end }}"
     ),
     # the ranks of the job's newest attempt, wherever they run (not its history)
     "job_ranks": query_value(
-        "count(trainguard_run_job_info{" + JOB_SEL + "} unless " + ON_RANK + " " + HISTORY + ")",
-        JOB_ARGS,
+        "count(trainguard_run_job_info{"
+        + JOB_SEL
+        + "} unless "
+        + ON_RANK
+        + " "
+        + HISTORY
+        + " or "
+        + LOST
+        + "{"
+        + JOB_SEL
+        + "})",
+        JOB_ARGS + " " + JOB_ARGS,
     ),
     "dead_nodes": query_value(
         "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
@@ -265,6 +322,15 @@ GROUP = Group(
             and on (${target_labels_across}, run) ${job_stepping}
             """,
         ),
+        # valued the rank's last-seen state: 1 running (lost with its node), 0 already dead
+        Record(
+            LOST,
+            """
+            ${job_info_last_seen}
+            * ${on_rank} group_left () ((${state_last_seen}) < 2)
+            and on (${target_labels}) ${target_down}
+            """,
+        ),
         Record(
             DEAD,
             """
@@ -272,11 +338,15 @@ GROUP = Group(
             and ${on_rank} trainguard_run_process_up == 0
             unless ${on_rank} trainguard_run_finished == 1
             unless ${on_rank} ${history}
+            or
+            ${lost} unless on (${target_labels_across}, run, job_id) ${job_stepping}
             """,
         ),
         Record(
             FIRST,
             """
+            bottomk by (${target_labels_across}, run, job_id) (1, ${dead} and ${on_rank} ${lost})
+            or on (${target_labels_across}, run, job_id)
             bottomk by (${target_labels_across}, run, job_id) (
               1,
               trainguard_run_heartbeat_timestamp_seconds
