@@ -25,11 +25,14 @@ dead when last seen, are dead ranks of their job unless the job steps on without
 elastic job that renumbered its survivors). Such a rank is named first: a node lost is what
 stops the others.
 
-The rank that died first: among the job's dead ranks, the one with the oldest last heartbeat
-whose cause is not ``signal`` in ``trainguard_run_exit_info`` (a rank its launcher stopped
-with SIGTERM after the first death is counted, not named), else the one with the oldest last
-heartbeat. Ranks that raise because a peer died (a collective's connection closed) write
-their final heartbeat after that death, so the rank that died on its own is the earliest.
+The rank that died first: a rank lost with its node, else the dead rank whose last heartbeat is
+the oldest, on one clock for every node: Prometheus' (the time of the scrape that read the
+rank's heartbeat age, minus that age, which the exporter measures on the trainer's own clock),
+never the hosts' clocks against each other (a host 50 minutes behind would name its rank).
+Ranks that raise because a peer died (a collective's connection closed) and the ranks the
+launcher stops with SIGTERM after a death write their final heartbeat after it, so the rank
+that died on its own has the oldest, whatever its cause: a rank evicted (SIGTERM from outside
+the job) before its peers failed is named, with its signal as the cause.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ HISTORY = "job_rank:trainguard_run_superseded:job_info"
 LOST = "job_rank:trainguard_run_lost:job_info"
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"
-#: the job's rank that died first (see the module's docstring), valued its last heartbeat
+#: the job's rank that died first (see the module's docstring), valued its last heartbeat on
+#: Prometheus' clock
 FIRST = "job_rank:trainguard_run_first_death:heartbeat_timestamp"
 
 ON_RANK = "on (${target_labels}, run, rank)"
@@ -162,21 +166,38 @@ JOB_CONTEXT = {
     ),
 }
 
-#: TrainingJobRestarted's ``restart`` label: the deaths the job's ranks recorded (each restart
-#: is one more on every rank), over keep_firing_for so a missed scrape does not change it; each
-#: restart is its own alert, hence its own notice. Annotations do not see templated labels: they
-#: print the same query.
-RESTARTS = (
-    "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"
-    + RUN_SEL
-    + "}[${keep_firing_for}]) and on (${target_labels}, run) trainguard_run_job_info{"
-    + JOB_SEL
-    + "})` "
-    + RUN_ARGS
-    + " "
-    + JOB_ARGS
-    + ' | query }}{{ . | first | value | printf "%.0f" }}{{ else }}1{{ end }}'
-)
+
+def _job_deaths(plus: str, window: str) -> str:
+    """Template text: the deaths the job's ranks recorded, ``plus`` an expression, else 1.
+
+    Each restart of the job is one more on every rank (recorded by the restarted process), the
+    largest over ``window`` so that a missed scrape does not change it.
+    """
+    return (
+        "{{ with printf `max(last_over_time(trainguard_run_deaths_total{"
+        + RUN_SEL
+        + "}["
+        + window
+        + "]) and on (${target_labels}, run) trainguard_run_job_info{"
+        + JOB_SEL
+        + "})"
+        + plus
+        + "` "
+        + RUN_ARGS
+        + " "
+        + JOB_ARGS
+        + ' | query }}{{ . | first | value | printf "%.0f" }}{{ else }}1{{ end }}'
+    )
+
+
+#: TrainingJobRestarted's ``restart`` label: each restart is its own alert, hence its own notice.
+#: Annotations do not see templated labels: they print the same query.
+RESTARTS = _job_deaths("", "${keep_firing_for}")
+#: TrainingJobRankDied's ``death`` label: which of the job's deaths this is (the one not yet
+#: counted by a restart), so that a job that dies again while the page of its previous death is
+#: held (keep_firing_for) is notified again, as TrainingProcessDied's ``death`` does per node;
+#: over exporter_down_active_lookback, so the page held while an exporter is down keeps it
+JOB_DEATH = _job_deaths(" + 1", "${exporter_down_active_lookback}")
 
 SNIPPETS = {
     # PromQL: the join on a rank, the dead ranks of jobs, the ranks stopped by a signal
@@ -234,6 +255,7 @@ SNIPPETS = {
     "dead_nodes": query_value(
         "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
     ),
+    # the ranks stopped by a signal after the first death (the first, evicted, is not one)
     "by_signal": query_value(
         "count("
         + DEAD
@@ -241,7 +263,11 @@ SNIPPETS = {
         + JOB_SEL
         + "} and "
         + ON_RANK
-        + ' trainguard_run_exit_info{cause="signal"})',
+        + ' trainguard_run_exit_info{cause="signal"} unless '
+        + ON_RANK
+        + " "
+        + FIRST
+        + ")",
         JOB_ARGS,
         unknown="0",
     ),
@@ -349,14 +375,11 @@ GROUP = Group(
             or on (${target_labels_across}, run, job_id)
             bottomk by (${target_labels_across}, run, job_id) (
               1,
-              trainguard_run_heartbeat_timestamp_seconds
+              (
+                timestamp(trainguard_run_heartbeat_age_seconds)
+                - trainguard_run_heartbeat_age_seconds
+              )
               * ${on_rank} group_left (job_id) ${dead}
-              unless ${on_rank} trainguard_run_exit_info{cause="signal"}
-            )
-            or on (${target_labels_across}, run, job_id)
-            bottomk by (${target_labels_across}, run, job_id) (
-              1,
-              trainguard_run_heartbeat_timestamp_seconds * ${on_rank} group_left (job_id) ${dead}
             )
             """,
         ),
@@ -378,6 +401,7 @@ GROUP = Group(
             """,
             for_="${job_death_for}",
             keep_firing_for="${keep_firing_for}",
+            labels={"death": JOB_DEATH},
             summary="""
             Job {{ $labels.job_id }} of run {{ $labels.run }}: rank ${first_rank} on
             ${first_host} died first (cause: ${first_cause}).
