@@ -26,11 +26,25 @@ from alerts.rules.recording import UNATTRIBUTED_MIN
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
-        "gpu_slowdown_for",
+        "gpu_slowdown_window",
         "10m",
         DURATION,
         "GPUHardwareSlowdown: a GPU with a training process on it held down by a hardware "
-        "reason (HW slowdown, HW thermal, HW power brake) for this long.",
+        "reason (HW slowdown, HW thermal, HW power brake) at a share of its scrapes within "
+        "this window...",
+    ),
+    Threshold(
+        "gpu_slowdown_share",
+        0.5,
+        NUMBER,
+        "GPUHardwareSlowdown: ...at least this share (a sawtooth counts: the run is that much "
+        "slower, as DCGM's violation counters measure it)...",
+    ),
+    Threshold(
+        "gpu_slowdown_for",
+        "10m",
+        DURATION,
+        "GPUHardwareSlowdown: ...and that for this long before it fires.",
     ),
     Threshold(
         "pcie_busy_ratio",
@@ -260,10 +274,20 @@ GROUP = Group(
         Alert(
             "GPUHardwareSlowdown",
             "warning",
+            # the share of the GPU's scrapes (its info series is in every one) within the
+            # window at which a hardware reason was given: a reason that clears between
+            # scrapes, or a missed scrape, does not start the count again
             expr="""
             max by (${target_labels}, gpu, uuid) (
-              trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}
+              count_over_time(
+                trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}[${gpu_slowdown_window}]
+              )
             )
+            / on (${target_labels}, gpu, uuid)
+            sum by (${target_labels}, gpu, uuid) (
+              count_over_time(trainguard_gpu_info[${gpu_slowdown_window}])
+            )
+            >= ${gpu_slowdown_share}
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${gpu_slowdown_for}",
@@ -273,10 +297,12 @@ GROUP = Group(
             while training.
             """,
             description="""
-            For ${gpu_slowdown_for} the driver has held the clocks of GPU {{ $labels.gpu
-            }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} down for a hardware
-            reason (reasons now: ${reasons}) while run(s) ${runs} train on it: they step slower, 3x
-            and more is common. Temperature ${temperature} (it slows itself at
+            The driver has held the clocks of GPU {{ $labels.gpu }}${gpu_name}, uuid {{
+            $labels.uuid }}, on {{ $labels.instance }} down for a hardware reason at {{ $value |
+            humanizePercentage }} of its scrapes over the last ${gpu_slowdown_window}
+            (threshold ${gpu_slowdown_share}, for ${gpu_slowdown_for}; reasons now: ${reasons})
+            while run(s) ${runs} train on it: they step slower, 3x and more is common.
+            Temperature ${temperature} (it slows itself at
             ${slowdown_temperature}), power ${power} (limit ${power_limit}). hw_thermal: cooling
             (fans, airflow, a blocked inlet); hw_power_brake: the chassis or PSU asserted the brake;
             hw_slowdown alone: either, or a failing board.
