@@ -62,9 +62,10 @@ SITE_WIDE: tuple[Threshold, ...] = (
         "Where the runbook lives; each alert links to <runbook_base>#<alertname lowercased>. "
         "The default is the runbook the exporter ships and serves at /runbook, on the "
         "exporter the alert is about (a job's alert across nodes: its lowest rank's exporter; "
-        "the Watchdog: localhost:9636). Set your wiki's address here "
-        "(https://wiki.example.com/trainguard), "
-        "or https:// where the exporter serves TLS.",
+        "the Watchdog: localhost:9636): right where instance is the exporter's host:port. "
+        "deploy/kubernetes/build_prometheusrule.py defaults it to the exporters' Service "
+        "instead (instance is the node's name there, with no port). Set your wiki's address "
+        "here (https://wiki.example.com/trainguard), or https:// where the exporter serves TLS.",
     ),
     Threshold(
         "slow_rules_interval",

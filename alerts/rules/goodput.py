@@ -10,11 +10,18 @@ within ``goodput_gone_after``) is in exactly one state, recorded as a 0/1 series
   spent again, at the run's pace);
 - ``restart``: no rank stepping while a rank is dead, or after a death before the restarted
   ranks' first step (restart downtime: from the death to the first step after the restart);
-- ``idle``: no rank stepping otherwise (starting up before the first step, stalled).
+- ``idle``: no rank stepping otherwise (stalled, or starting up again without a death).
+
+A job is accounted once it has begun: a rank stepped, or it died. Its start-up before the
+first step (loading a checkpoint, rendezvous, compiling) is not lost goodput.
 
 The slow group sums each state's seconds per ``slow_rules_interval`` block, then over 24h and
-7d; goodput is the productive share of them (docs/metrics.md#goodput). A job is judged across
-its nodes: by the site's target labels without ``instance``, plus ``run``.
+7d; goodput is the productive share of them (docs/metrics.md#goodput). Both sums are independent
+of the groups' evaluation cadence: a block is the share of the goodput group's evaluations in
+the state (``TICK``), and the sum over a window is scaled by the slow group's measured mean
+interval (``SLOW_TICK``), so a ruler evaluating either group at another interval, or missing an
+evaluation, records the same seconds (tests/generators/test_goodput_cadence.py). A job is judged
+across its nodes: by the site's target labels without ``instance``, plus ``run``.
 """
 
 from __future__ import annotations
@@ -63,12 +70,22 @@ STEPPING_RANK = (
 )
 CONDITIONS = (
     # unfinished, and some rank wrote a heartbeat within goodput_gone_after
+    # ...that has begun: a rank has stepped, or the job has died (then the time to its
+    # first step after the restart is restart downtime). Start-up before a job's first step
+    # (loading a checkpoint, rendezvous, compiling) is no lost goodput, and a job hung there
+    # is TrainingNoFirstStep's.
     Record(
         ACCOUNTED,
         """
         max by (${job}) (trainguard_run_finished == 0) * 0 + 1
         and on (${job})
         min by (${job}) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
+        and on (${job})
+        (
+          max by (${job}) (trainguard_run_step)
+          or
+          max by (${job}) (trainguard_run_deaths_total > 0)
+        )
         """,
     ),
     Record(STEPPING, "max by (${job}) (${stepping_rank}) * 0 + 1"),
@@ -117,6 +134,33 @@ def state(name: str) -> str:
 
 def seconds(name: str, window: str) -> str:
     return "job:trainguard_run_" + name + "_seconds:" + window
+
+
+#: one sample per evaluation of the goodput group (no labels): a block's samples of a state
+#: divided by the group's evaluations within the block is the share of the block spent in it,
+#: whatever the group's cadence and however late in the block the job appeared
+TICK = "trainguard:goodput_evaluation:tick"
+#: Prometheus' time at each evaluation of the slow group (no labels): its average interval
+#: over a window, by which the sum of the blocks over the window is scaled back to seconds
+SLOW_TICK = "trainguard:goodput_slow_evaluation:time"
+
+
+def cadence(window: str) -> str:
+    """The slow group's mean interval between evaluations over ``window``, in seconds."""
+    return "trainguard:goodput_slow_cadence_seconds:" + window
+
+
+def _cadence(window: str) -> Record:
+    # blocks of slow_rules_interval recorded every c seconds overlap (c shorter: a ruler
+    # evaluating the group more often, promtool) or leave gaps (missed evaluations): the sum
+    # of the blocks over the window is slow_rules_interval / c times the time in the state
+    tick = SLOW_TICK + "[" + window + "]"
+    return Record(
+        cadence(window),
+        "(max_over_time(" + tick + ") - min_over_time(" + tick + "))\n"
+        "/ (count_over_time(" + tick + ") - 1 > 0)\n"
+        "or vector(${slow_rules_interval_s})",
+    )
 
 
 def _state_record(name: str) -> Record:
@@ -168,6 +212,7 @@ GROUP = Group(
         ),
     },
     rules=(
+        Record(TICK, "vector(1)"),
         *CONDITIONS,
         *(_state_record(name) for name in STATES),
         # a job with a live rank now: an abandoned job's goodput is history, not a page
@@ -175,7 +220,8 @@ GROUP = Group(
             "TrainingGoodputLow",
             "warning",
             # ...that has been accounted for goodput_min_accounted at least: a job's first
-            # minutes (starting up) are not a goodput to page on
+            # minutes are not a goodput to page on; and not while no live rank has stepped yet
+            # (a restart's start-up, hung or not: TrainingNoFirstStep's, one page for it)
             expr="""
             last_over_time(job:trainguard_run_goodput:ratio_24h[${slow_rules_lookback}])
               < ${goodput_min}
@@ -186,6 +232,18 @@ GROUP = Group(
             )
             and on (${job})
             (${accounted_24h}) >= ${goodput_min_accounted_s}
+            unless on (${job})
+            (
+              max by (${job}) (
+                trainguard_run_process_up == 1
+                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              )
+              unless on (${job})
+              max by (${job}) (
+                trainguard_run_step
+                and on (${target_labels}, run, rank) trainguard_run_process_up == 1
+              )
+            )
             """,
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
@@ -209,18 +267,24 @@ SLOW = Group(
     snippets=PROMQL,
     interval="${slow_rules_interval}",
     rules=(
+        Record(SLOW_TICK, "time()"),
         *(
             Record(
                 seconds(name, "block"),
-                "avg_over_time(" + state(name) + "[${slow_rules_interval}]) "
+                "sum_over_time(" + state(name) + "[${slow_rules_interval}])\n"
+                "/ scalar(count_over_time(" + TICK + "[${slow_rules_interval}]))\n"
                 "* ${slow_rules_interval_s}",
             )
             for name in STATES
         ),
+        _cadence("24h"),
+        _cadence("7d"),
         *(
             Record(
                 seconds(name, window),
-                "sum_over_time(" + seconds(name, "block") + "[" + window + "])",
+                "sum_over_time(" + seconds(name, "block") + "[" + window + "])\n"
+                "* scalar(" + cadence(window) + ")\n"
+                "/ ${slow_rules_interval_s}",
             )
             for window in ("24h", "7d")
             for name in STATES

@@ -26,11 +26,25 @@ from alerts.rules.recording import UNATTRIBUTED_MIN
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
-        "gpu_slowdown_for",
+        "gpu_slowdown_window",
         "10m",
         DURATION,
         "GPUHardwareSlowdown: a GPU with a training process on it held down by a hardware "
-        "reason (HW slowdown, HW thermal, HW power brake) for this long.",
+        "reason (HW slowdown, HW thermal, HW power brake) at a share of its scrapes within "
+        "this window...",
+    ),
+    Threshold(
+        "gpu_slowdown_share",
+        0.5,
+        NUMBER,
+        "GPUHardwareSlowdown: ...at least this share (a sawtooth counts: the run is that much "
+        "slower, as DCGM's violation counters measure it)...",
+    ),
+    Threshold(
+        "gpu_slowdown_for",
+        "10m",
+        DURATION,
+        "GPUHardwareSlowdown: ...and that for this long before it fires.",
     ),
     Threshold(
         "pcie_busy_ratio",
@@ -135,6 +149,9 @@ SNIPPETS = {
         "{{ if $i }}, {{ end }}{{ $s.Labels.run }}{{ else }}none{{ end }}"
     ),
     "gpu_used": query_bytes("trainguard_gpu_memory_used_bytes{" + GPU_SEL + "}", GPU_ARGS),
+    "uninterruptible": query_bytes(
+        "trainguard_gpu_memory_uninterruptible_bytes{" + GPU_SEL + "}", GPU_ARGS
+    ),
     # the runs that had a process on the GPU within released_lookback
     "recent_runs_here": (
         "{{ range $i, $s := printf `max by (${target_labels}, run) (max_over_time("
@@ -257,10 +274,20 @@ GROUP = Group(
         Alert(
             "GPUHardwareSlowdown",
             "warning",
+            # the share of the GPU's scrapes (its info series is in every one) within the
+            # window at which a hardware reason was given: a reason that clears between
+            # scrapes, or a missed scrape, does not start the count again
             expr="""
             max by (${target_labels}, gpu, uuid) (
-              trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}
+              count_over_time(
+                trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}[${gpu_slowdown_window}]
+              )
             )
+            / on (${target_labels}, gpu, uuid)
+            sum by (${target_labels}, gpu, uuid) (
+              count_over_time(trainguard_gpu_info[${gpu_slowdown_window}])
+            )
+            >= ${gpu_slowdown_share}
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${gpu_slowdown_for}",
@@ -270,10 +297,12 @@ GROUP = Group(
             while training.
             """,
             description="""
-            For ${gpu_slowdown_for} the driver has held the clocks of GPU {{ $labels.gpu
-            }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} down for a hardware
-            reason (reasons now: ${reasons}) while run(s) ${runs} train on it: they step slower, 3x
-            and more is common. Temperature ${temperature} (it slows itself at
+            The driver has held the clocks of GPU {{ $labels.gpu }}${gpu_name}, uuid {{
+            $labels.uuid }}, on {{ $labels.instance }} down for a hardware reason at {{ $value |
+            humanizePercentage }} of its scrapes over the last ${gpu_slowdown_window}
+            (threshold ${gpu_slowdown_share}, for ${gpu_slowdown_for}; reasons now: ${reasons})
+            while run(s) ${runs} train on it: they step slower, 3x and more is common.
+            Temperature ${temperature} (it slows itself at
             ${slowdown_temperature}), power ${power} (limit ${power_limit}). hw_thermal: cooling
             (fans, airflow, a blocked inlet); hw_power_brake: the chassis or PSU asserted the brake;
             hw_slowdown alone: either, or a failing board.
@@ -314,19 +343,32 @@ GROUP = Group(
         # nvidia-resiliency-ext waits for exactly this before it restarts workers: memory the
         # driver did not give back after a run's last process on the GPU died. Relative to the
         # GPU's own unattributed level while the run trained (the driver's overhead, a few
-        # hundred MiB, is never attributed), so a normal end of a run never pages.
+        # hundred MiB, is never attributed), so a normal end of a run never pages. Memory a
+        # process in D state holds counts too: alive, it accounts for its memory, but once its
+        # run is gone it gives it back only when it leaves D state. Not judged where the
+        # driver lists no process and gives no Xid events (WSL): there all used memory is
+        # "unattributed", and a notebook or a game after a clean finish is not a leak.
         Alert(
             "GPUMemoryNotReleased",
             "critical",
             expr="""
             (
-              max by (${target_labels}, gpu, uuid) (trainguard_gpu_memory_unattributed_bytes)
+              max by (${target_labels}, gpu, uuid) (
+                trainguard_gpu_memory_unattributed_bytes
+                + on (${target_labels}, gpu, uuid) trainguard_gpu_memory_uninterruptible_bytes
+                or trainguard_gpu_memory_unattributed_bytes
+              )
               - on (${target_labels}, gpu, uuid)
               last_over_time(${unattributed_min}[${slow_rules_lookback}])
             ) > ${released_floor}
             and on (${target_labels}, uuid)
             max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            unless on (${target_labels}, gpu, uuid)
+            (
+              trainguard_gpu_processes == 0
+              and on (${target_labels}, gpu, uuid) trainguard_gpu_xid_events_supported == 0
+            )
             """,
             for_="${released_for}",
             keep_firing_for="${keep_firing_for}",
@@ -338,11 +380,13 @@ GROUP = Group(
             ${released_for} after the last training process on GPU {{ $labels.gpu }}${gpu_name},
             uuid {{ $labels.uuid }}, on {{ $labels.instance }} died, {{ $value | humanize1024 }}B
             more than while it trained is still in use with no live process accounting for it
-            (threshold ${released_floor_h}; used now ${gpu_used}). The next run placed on this
-            GPU will run out of memory. Runs on it in the last ${released_lookback}:
-            ${recent_runs_here}. Kill what is left of those runs (a defunct or D-state process
-            still holds the context); if nothing is left, reset the GPU or restart the driver
-            session.
+            or held by a process in uninterruptible sleep (threshold ${released_floor_h}; used
+            now ${gpu_used}; held by processes in D state: ${uninterruptible}). The next run
+            placed on this GPU will run out of memory. Runs on it in the last
+            ${released_lookback}: ${recent_runs_here}. Kill what is left of those runs (a
+            defunct process still holds the context until its parent reaps it); a process in D
+            state cannot be killed until it leaves it: if it stays, reset the GPU or reboot; if
+            nothing is left, reset the GPU or restart the driver session.
             """,
         ),
         Alert(

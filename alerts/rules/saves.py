@@ -58,7 +58,7 @@ SNIPPETS = {
         '{{ $s.Value | printf "%.0f" }}{{ else }}none counted in the last hour{{ end }}'
     ),
     "since_success": query_value(
-        "time() - max(trainguard_checkpoint_last_save_success_timestamp_seconds{" + LOC_SEL + "})",
+        "min(trainguard_checkpoint_last_save_success_age_seconds{" + LOC_SEL + "})",
         LOC_ARGS,
         "humanizeDuration",
         suffix=" ago",
@@ -84,7 +84,9 @@ GROUP = Group(
             "critical",
             # the last save failed and none succeeded since (or ever); or none succeeded for
             # factor x the usual interval, counted from the later of the last success and the
-            # current process's start (a run resumed after a long stop had no chance yet)
+            # current process's start (a run resumed after a long stop had no chance yet). The
+            # failure and success timestamps compare with each other (one host's clock); how
+            # long ago they were is the exporter's age, never time() minus a host timestamp.
             expr="""
             (
               max by (${target_labels}, run, location) (
@@ -99,19 +101,18 @@ GROUP = Group(
                 ) * 0
               )
             or
-              time()
-              - (
-                  max by (${target_labels}, run, location) (
-                    trainguard_checkpoint_last_save_success_timestamp_seconds
+              (
+                  min by (${target_labels}, run, location) (
+                    trainguard_checkpoint_last_save_success_age_seconds
                   )
-                  > on (${target_labels}, run) group_left ()
-                    max by (${target_labels}, run) (trainguard_run_start_timestamp_seconds)
+                  < on (${target_labels}, run) group_left ()
+                    min by (${target_labels}, run) (trainguard_run_start_age_seconds)
                 or
-                  max by (${target_labels}, run, location) (
-                    trainguard_checkpoint_last_save_success_timestamp_seconds
+                  min by (${target_labels}, run, location) (
+                    trainguard_checkpoint_last_save_success_age_seconds
                   ) * 0
                   + on (${target_labels}, run) group_left ()
-                    max by (${target_labels}, run) (trainguard_run_start_timestamp_seconds)
+                    min by (${target_labels}, run) (trainguard_run_start_age_seconds)
               )
               > clamp_min(
                 ${saves_overdue_factor}

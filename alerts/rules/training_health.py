@@ -151,6 +151,7 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_loss_nonfinite_streak >= ${loss_nonfinite_steps}
+              unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
             )
             """,

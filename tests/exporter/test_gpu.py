@@ -13,7 +13,8 @@ import pytest
 
 from helpers.exporter_proc import Exporter, poll, select, value
 from helpers.nvml_fake import FakeNvmlState
-from helpers.run_child import own_heartbeat, put
+from helpers.promtool_alerts import firing
+from helpers.run_child import own_heartbeat, put, sigkill
 from trainguard.run.allocator import allocator_stats
 
 GIB = 1 << 30
@@ -466,3 +467,69 @@ def test_a_failing_xid_wait_fails_the_collector_until_it_works(
         assert not failing(s) and xids(s) == {("0", "95"): 1}
         log = exp.stop()
     assert "collector gpu: Xid events: waiting for Xid events failed: Unknown Error" in log
+
+
+def _two_scrapes_series(
+    before: dict[Any, float], after: dict[Any, float], minutes: tuple[int, int]
+) -> list[dict[str, str]]:
+    """promtool input series: ``before``'s samples for minutes[0] minutes, then ``after``'s for
+    minutes[1] (a series absent from one scrape is absent then)."""
+    target = {"job": "trainguard", "instance": "gpu-host:9636"}
+    out = []
+    for key in sorted(set(before) | set(after), key=lambda k: (k[0], sorted(k[1]))):
+        name, labels = key
+        if not name.startswith("trainguard_"):
+            continue
+        parts = []
+        for samples, n in ((before, minutes[0]), (after, minutes[1])):
+            v = samples.get(key)
+            parts.append(f"_x{n}" if v is None else f"{v!r}x{n - 1}")
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted({**dict(labels), **target}.items()))
+        out.append({"series": f"{name}{{{inner}}}", "values": " ".join(parts)})
+    return out
+
+
+def test_a_zombie_rank_holding_memory_pages_memory_not_released(tmp_path: Path) -> None:
+    """A rank dies and stays <defunct> (its parent never reaps it) while the driver still lists
+    it with 71 GiB: a zombie accounts for no memory, so the GPU's unattributed memory is the
+    71 GiB, and GPUMemoryNotReleased fires on the shipped rules over the two real scrapes
+    (trained for an hour, then the zombie)."""
+    rank = sleeper()
+    uuid = "GPU-cccccccc-0000-0000-0000-000000000000"
+    state = FakeNvmlState(driver_version="550.54.15")
+    state.add_gpu(uuid, used=71 * GIB + (300 << 20), total=80 * GIB)
+    state.add_process(0, rank.pid, 71 * GIB)
+    path = state.write(tmp_path / "nvml.state")
+    heartbeats = tmp_path / "s"
+    heartbeats.mkdir()
+    put(
+        heartbeats,
+        own_heartbeat("llama-ft", pid=rank.pid, create_time=psutil.Process(rank.pid).create_time()),
+    )
+    g0 = {"gpu": "0", "uuid": uuid}
+    try:
+        with Exporter(env=state.env(path), state_dir=heartbeats) as exp:
+            alive = exp.scrape()
+            sigkill(rank.pid)  # not reaped: a zombie NVML still lists
+            assert psutil.Process(rank.pid).status() == psutil.STATUS_ZOMBIE
+            dead = poll(
+                exp,
+                lambda s: value(s, "trainguard_run_process_up", run="llama-ft", rank="0") == 0,
+            )
+    finally:
+        rank.kill()
+        rank.wait()
+    assert value(alive, "trainguard_gpu_memory_unattributed_bytes", **g0) == 300 << 20
+    assert select(alive, "trainguard_gpu_process_memory_used_bytes", run="llama-ft")
+    assert value(dead, "trainguard_gpu_processes", **g0) == 1
+    # the zombie's 71 GiB is no live process's
+    assert value(dead, "trainguard_gpu_memory_unattributed_bytes", **g0) == 71 * GIB + (300 << 20)
+    assert value(dead, "trainguard_gpu_memory_uninterruptible_bytes", **g0) == 0
+    fired = firing(
+        _two_scrapes_series(alive, dead, (60, 30)),
+        [("GPUMemoryNotReleased", 75)],
+        tmp_path,
+    )
+    alerts = fired[("GPUMemoryNotReleased", 75)]
+    assert [a[0]["uuid"] for a in alerts] == [uuid], fired
+    assert "llama-ft" in alerts[0][1]["description"]

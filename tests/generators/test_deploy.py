@@ -379,7 +379,7 @@ def test_build_prometheusrule_cli(tmp_path: Path) -> None:
         [*script, "-o", "-"], cwd=tmp_path, capture_output=True, text=True, check=False
     )
     assert run.returncode == 0, run.stderr
-    assert run.stdout == build_prometheusrule.render(RULES_FILE)
+    assert run.stdout == build_prometheusrule.render()
     check = subprocess.run(
         [*script, "--check"], cwd=tmp_path, capture_output=True, text=True, check=False
     )
@@ -419,7 +419,7 @@ def test_committed_prometheusrule_is_current() -> None:
         )
     committed = K8S / "prometheusrule.yaml"
     assert committed.exists(), "run python deploy/kubernetes/build_prometheusrule.py"
-    assert committed.read_text(encoding="utf-8") == build_prometheusrule.render(RULES_FILE), (
+    assert committed.read_text(encoding="utf-8") == build_prometheusrule.render(), (
         "prometheusrule.yaml is stale: run python deploy/kubernetes/build_prometheusrule.py"
     )
     _validate_operator_kind(_load(committed))
@@ -591,3 +591,29 @@ def test_restore_drill_cronjob_invariants() -> None:
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["checkpoints"]["readOnly"] is True
     assert str(args.path) == mounts["checkpoints"]["mountPath"]
+
+
+def test_prometheusrule_runbook_links_open_where_the_manifests_put_the_exporter() -> None:
+    """The ServiceMonitor relabels instance to the node's name, without a port, and the
+    DaemonSet has no hostPort: a link to http://<instance>/runbook opens port 80 of the node.
+    The shipped PrometheusRule links every alert to the runbook the exporters serve behind
+    their Service (its name, namespace and port, read from service.yaml), and a site's own
+    runbook base (--set runbook_base=...) replaces it."""
+    service = _load(K8S / "service.yaml")
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    port = service["spec"]["ports"][0]["port"]
+    base = f"http://{name}.{namespace}.svc:{port}/runbook#"
+    doc = _load(K8S / "prometheusrule.yaml")
+    alerts = [r for g in doc["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for rule in alerts:
+        url = rule["annotations"]["runbook_url"]
+        assert url == base + rule["alert"].lower(), url
+    wiki = build_prometheusrule.render(overrides={"runbook_base": "https://wiki.example.com/tg"})
+    urls = {
+        r["annotations"]["runbook_url"]
+        for g in yaml.safe_load(wiki)["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert urls and all(u.startswith("https://wiki.example.com/tg#") for u in urls), urls

@@ -25,7 +25,7 @@ PROMTOOL = shutil.which("promtool")
 Alert = tuple[dict[str, str], dict[str, str]]  # labels, annotations
 
 _CASE = re.compile(r"^\s*alertname: (\S+), time: (\S+), *$")
-_LABELS = re.compile(r"^\s*(Labels|Annotations):\{(.*)\}\s*$")
+_LABELS = re.compile(r"^\s*(Labels|Annotations):\{(.*)\},?\s*$")
 _PAIR = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -49,14 +49,18 @@ def firing(
     checks: Iterable[tuple[str, int]],
     workdir: Path,
     rules: Path = RULES,
+    evaluation_interval: str = "1m",
 ) -> dict[tuple[str, int], list[Alert]]:
-    """For each ``(alertname, minute)``: the alerts of that name firing at that minute."""
+    """For each ``(alertname, minute)``: the alerts of that name firing at that minute.
+
+    promtool evaluates every group at ``evaluation_interval``, whatever the group's own.
+    """
     if PROMTOOL is None:
         raise AssertionError("promtool is not on PATH")
     checks = list(checks)
     doc = {
         "rule_files": [str(rules)],
-        "evaluation_interval": "1m",
+        "evaluation_interval": evaluation_interval,
         "group_eval_order": group_order(rules),
         "tests": [
             {

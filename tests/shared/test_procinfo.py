@@ -1,5 +1,6 @@
-"""procinfo.process_exists answers what psutil.pid_exists answers (the GPU collector's "is the
-process NVML lists still there") for real processes, zombies, threads and reaped pids."""
+"""procinfo.process_state (the GPU collector's "does the process NVML lists still hold its
+memory") for real processes, zombies, threads and reaped pids: a process exactly where
+psutil.pid_exists says one exists, and a zombie one that holds nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from trainguard.shared import procinfo
 
 
 def both(pid: int) -> tuple[bool, bool]:
-    return procinfo.process_exists(pid), bool(psutil.pid_exists(pid))
+    return procinfo.process_state(pid) is not None, bool(psutil.pid_exists(pid))
 
 
 def wait_zombie(pid: int, timeout: float = 30.0) -> None:
@@ -26,15 +27,20 @@ def wait_zombie(pid: int, timeout: float = 30.0) -> None:
 
 def test_live_zombie_and_reaped() -> None:
     assert both(os.getpid()) == (True, True)
+    assert procinfo.holds_memory(procinfo.process_state(os.getpid()))
     child = subprocess.Popen(["sleep", "60"])
     try:
         assert both(child.pid) == (True, True)
+        assert procinfo.holds_memory(procinfo.process_state(child.pid))
     finally:
         child.kill()
     wait_zombie(child.pid)
-    assert both(child.pid) == (True, True)  # a zombie still holds its memory's pid
+    assert both(child.pid) == (True, True)  # a zombie still holds its pid...
+    assert procinfo.process_state(child.pid) == "Z"
+    assert not procinfo.holds_memory("Z")  # ...and nothing else
     child.wait()
     assert both(child.pid) == (False, False)
+    assert not procinfo.holds_memory(procinfo.process_state(child.pid))
 
 
 def test_a_thread_is_not_a_process() -> None:
@@ -60,5 +66,5 @@ def test_a_thread_is_not_a_process() -> None:
 
 def test_no_such_pids() -> None:
     assert both(-1) == (False, False)
-    assert procinfo.process_exists(0) == bool(psutil.pid_exists(0))
+    assert (procinfo.process_state(0) is not None) == bool(psutil.pid_exists(0))
     assert both(2**22 + 12345)[0] is False

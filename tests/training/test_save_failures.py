@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -86,6 +87,10 @@ def test_a_caught_enospc_shows_on_the_exporter(
             success = value(got, LAST_SUCCESS, **run)
             failure = value(got, LAST_FAILURE, **run)
             assert success is not None and failure is not None and failure >= success
+            # the age the rules judge: this host's clock, from the same success
+            before = time.time()
+            age = value(got, "trainguard_checkpoint_last_save_success_age_seconds", **run)
+            assert age is not None and 0 <= age <= before - success + 1
             assert child.poll() is None  # the script caught every failure and trains on
             assert log.read_text().count("caught 28") == 3 and "caught torch" in log.read_text()
             # the step goes on while the saves fail: what CheckpointSavesFailing pages on

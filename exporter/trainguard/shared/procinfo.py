@@ -165,25 +165,43 @@ def own_create_time() -> float:
     return float(psutil.Process(os.getpid()).create_time())
 
 
-def process_exists(pid: int) -> bool:
-    """Whether a process (not a thread of another) has this pid, zombies included.
+def process_state(pid: int) -> str | None:
+    """The state letter of the process with this pid (``/proc/PID/stat``), None when there is none.
 
-    This is ``psutil.pid_exists``'s answer without reading ``/proc/PID/status``.
-    ``pidfd_open`` (Linux 5.3+) answers in one system call: it refuses a pid that does not exist
-    (ESRCH) and one that is a thread, not a thread-group leader (EINVAL), and needs no
-    permission on the process. The GPU collector asks it for every process NVML lists, at every
-    scrape.
+    A thread of another process is no process here (None). ``Z`` (a zombie) and ``X`` (dead)
+    are processes that hold nothing any more: their memory, GPU contexts included, is the
+    kernel's to release, so the GPU collector counts what NVML still lists for them as memory
+    no live process accounts for. ``D`` (uninterruptible sleep) is a live process that holds
+    its memory and cannot be killed while it sleeps. ``?`` when the process exists but its
+    state cannot be read (no /proc here: it is taken as alive).
+
+    ``pidfd_open`` (Linux 5.3+) answers whether the pid is a process in one system call: it
+    refuses a pid that does not exist (ESRCH) and one that is a thread, not a thread-group
+    leader (EINVAL), and needs no permission on the process. The GPU collector asks it for
+    every process NVML lists, at every scrape.
     """
     if pid <= 0:
-        return bool(psutil.pid_exists(pid))
+        return "?" if psutil.pid_exists(pid) else None
     try:
         fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return False
+        return None
     except (AttributeError, OSError):  # not Linux, an older kernel, no pidfd here: psutil
-        return bool(psutil.pid_exists(pid))
-    os.close(fd)
-    return True
+        if not psutil.pid_exists(pid):
+            return None
+    else:
+        os.close(fd)
+    try:
+        return read_stat(pid)[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # gone since
+    except (OSError, ValueError):
+        return "?"
+
+
+def holds_memory(state: str | None) -> bool:
+    """Whether a process in this :func:`process_state` can hold memory: not gone, no zombie."""
+    return state is not None and state not in _DEAD_STATES
 
 
 def process_alive(pid: int, create_time: float, start_ticks: int | None = None) -> bool | None:

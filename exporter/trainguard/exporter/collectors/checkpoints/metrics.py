@@ -119,6 +119,14 @@ LAST_SUCCESS = MetricSpec(
     "When the last save into the location completed (the training host's clock); absent "
     "before the first.",
 )
+LAST_SUCCESS_AGE = MetricSpec(
+    "trainguard_checkpoint_last_save_success_age_seconds",
+    "gauge",
+    ("run", "location"),
+    "Seconds since the last save into the location completed, by the exporter's clock (the "
+    "training host's: rules judge how overdue a save is on it, never time() minus a host "
+    "timestamp); absent before the first.",
+)
 LAST_FAILURE = MetricSpec(
     "trainguard_checkpoint_last_save_failure_timestamp_seconds",
     "gauge",
@@ -137,5 +145,6 @@ METRICS = (
     AVAIL,
     SAVE_FAILURES,
     LAST_SUCCESS,
+    LAST_SUCCESS_AGE,
     LAST_FAILURE,
 )

@@ -3,19 +3,23 @@
 The checkpoint library folds every save's outcome into a status file per checkpoint directory in
 the state directory (:mod:`trainguard.shared.save_status`); the checkpoints collector publishes
 it per watched location here: failed saves by reason (every reason from 0, so that the first
-failure is an increase a rule sees), the last success and the last failure.
+failure is an increase a rule sees), the last success (and its age by this host's clock,
+which the rules judge) and the last failure.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from trainguard.exporter.collectors.checkpoints.metrics import (
     LAST_FAILURE,
     LAST_SUCCESS,
+    LAST_SUCCESS_AGE,
     SAVE_FAILURES,
 )
 from trainguard.exporter.collectors.checkpoints.verdicts import Families
+from trainguard.exporter.runs.rows import age
 from trainguard.exporter.runs.targets import CheckpointTarget, ownership_problem
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.fileio import UntrustedFileError, read_untrusted
@@ -73,5 +77,7 @@ def publish(
         return
     if status.last_success is not None:
         families[LAST_SUCCESS.name].add_metric(labels, status.last_success)
+        # after the status was read: the age is >= 0 on this host's one clock
+        families[LAST_SUCCESS_AGE.name].add_metric(labels, age(time.time(), status.last_success))
     if status.last_failure is not None:
         families[LAST_FAILURE.name].add_metric(labels, status.last_failure)

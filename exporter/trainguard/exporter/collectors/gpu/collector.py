@@ -30,6 +30,7 @@ from trainguard.exporter.collectors.gpu.metrics import (
     PROCESSES_UNKNOWN,
     RUN_MEMORY,
     UNATTRIBUTED,
+    UNINTERRUPTIBLE,
     XID_ERRORS,
     XID_SUPPORTED,
 )
@@ -196,10 +197,10 @@ class GpuCollector(Collector):
             # but no process is said to belong to no run, and no run's memory is summed
             scrape.error(f"processes not attributed to runs: {exc}")
             pid_runs = None
-        alive: dict[int, bool] = {}  # a process on several GPUs is looked up once
+        states: dict[int, str | None] = {}  # a process on several GPUs is looked up once
         for dev in devices:
             try:
-                self._gather_device(dev, pid_runs, families, run_memory, alive)
+                self._gather_device(dev, pid_runs, families, run_memory, states)
             except pynvml.NVMLError as exc:
                 scrape.error(f"GPU {dev.index} ({dev.uuid}): {exc}")
                 failed = True
@@ -240,7 +241,7 @@ class GpuCollector(Collector):
         pid_runs: Mapping[int, tuple[str, str]] | None,
         families: dict[str, Any],
         run_memory: dict[tuple[str, str, str], int | None],
-        alive: dict[int, bool],
+        states: dict[int, str | None],
     ) -> None:
         mem = pynvml.nvmlDeviceGetMemoryInfo(dev.handle)
         used_by_pid: dict[int, int | None] = {}
@@ -258,6 +259,7 @@ class GpuCollector(Collector):
         families[MEMORY_USED.name].add_metric(labels, mem.used)
         unknown = 0
         attributed = 0
+        uninterruptible = 0
         for pid, used in sorted(used_by_pid.items()):
             owner = pid_runs.get(pid) if pid_runs is not None else None
             if owner is not None:
@@ -271,11 +273,13 @@ class GpuCollector(Collector):
                 families[PROCESS_MEMORY.name].add_metric(
                     [*labels, str(pid), owner[0] if owner else ""], used
                 )
-            exists = alive.get(pid)
-            if exists is None:
-                exists = alive[pid] = procinfo.process_exists(pid)
-            if exists:
+            if pid not in states:
+                states[pid] = procinfo.process_state(pid)
+            # a zombie's or a gone process's memory is no live process's: unattributed
+            if procinfo.holds_memory(states[pid]):
                 attributed += used
+                if states[pid] == "D":
+                    uninterruptible += used
         families[PROCESSES.name].add_metric(labels, len(used_by_pid))
         families[PROCESSES_UNKNOWN.name].add_metric(labels, unknown)
         watcher = self._xid_watcher
@@ -283,3 +287,4 @@ class GpuCollector(Collector):
             families[XID_SUPPORTED.name].add_metric(labels, 1 if watcher.supported[dev.uuid] else 0)
         if unknown == 0:
             families[UNATTRIBUTED.name].add_metric(labels, max(mem.used - attributed, 0))
+            families[UNINTERRUPTIBLE.name].add_metric(labels, uninterruptible)

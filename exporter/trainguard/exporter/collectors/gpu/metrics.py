@@ -58,8 +58,16 @@ UNATTRIBUTED = MetricSpec(
     "trainguard_gpu_memory_unattributed_bytes",
     "gauge",
     ("gpu", "uuid"),
-    "Device memory used minus what live processes account for; absent when any process's "
-    "memory is unknown.",
+    "Device memory used minus what live processes account for (a zombie's or a gone "
+    "process's memory is not accounted for); absent when any process's memory is unknown.",
+)
+UNINTERRUPTIBLE = MetricSpec(
+    "trainguard_gpu_memory_uninterruptible_bytes",
+    "gauge",
+    ("gpu", "uuid"),
+    "Device memory the driver attributes to listed processes in uninterruptible sleep (D "
+    "state: they cannot be killed while in it, often a process stuck in the driver on its "
+    "way out); absent when any process's memory is unknown.",
 )
 XID_ERRORS = MetricSpec(
     "trainguard_gpu_xid_errors_total",
@@ -91,6 +99,7 @@ OWN = (
     PROCESSES,
     PROCESSES_UNKNOWN,
     UNATTRIBUTED,
+    UNINTERRUPTIBLE,
     RUN_MEMORY,
     XID_ERRORS,
     XID_SUPPORTED,
