@@ -33,6 +33,11 @@ Ranks that raise because a peer died (a collective's connection closed) and the 
 launcher stops with SIGTERM after a death write their final heartbeat after it, so the rank
 that died on its own has the oldest, whatever its cause: a rank evicted (SIGTERM from outside
 the job) before its peers failed is named, with its signal as the cause.
+
+Longer than 400 lines because the job's truth (its attempts, the ranks that are history, the
+ranks lost with their node) must be recorded in this group, so that its alerts read them at the
+same evaluation: Prometheus evaluates groups independently, and a record of another group is up
+to an interval late.
 """
 
 from __future__ import annotations
