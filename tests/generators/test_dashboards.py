@@ -108,6 +108,17 @@ METRICS_WITH_RUN = {
     "trainguard_checkpoint_partial_files",
     "trainguard_checkpoint_oldest_partial_age_seconds",
     "trainguard_checkpoint_filesystem_avail_bytes",
+    "trainguard_checkpoint_unrecorded_files",
+    "trainguard_checkpoint_unknown_mtime_files",
+    "trainguard_checkpoint_location_up",
+    "trainguard_checkpoint_last_save_success_timestamp_seconds",
+    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
+    "trainguard_checkpoint_restore_verified_step",
+    "trainguard_checkpoint_restore_last_check_success",
+    "trainguard_run_scalar",
+    "trainguard_run_loss_nonfinite_streak",
+    "trainguard_run_start_timestamp_seconds",
+    "trainguard_run_start_age_seconds",
 }
 BYTE_UNITS = {"bytes", "decbytes", "percentunit"}  # a ratio of two byte counts is a percentage
 TIME_UNITS = {"s", "ms", "dtdurations", "dateTimeAsIso"}
@@ -363,7 +374,8 @@ def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
     ghost = gpu["Driver vs allocator memory per rank"]["targets"]
     assert any("ghost gap" in t["legendFormat"] for t in ghost)
     ckpt = by_uid["trainguard-checkpoints"]
-    assert any("predict_linear" in t["expr"] for t in ckpt["Free space and 4h forecast"]["targets"])
+    forecast = ckpt["Free space and 24h forecast"]["targets"]  # volume_fill_horizon
+    assert any("predict_linear" in t["expr"] and "[6h], 86400)" in t["expr"] for t in forecast)
 
 
 # --- query extraction -------------------------------------------------------------------------
