@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from grafana import generate
@@ -209,6 +210,26 @@ def test_generate_runs_as_a_script_from_anywhere(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_generate_without_the_sdk_says_what_to_install(tmp_path: Path) -> None:
+    """A plain install (no `dashboards` extra): one line naming the extra, not a traceback."""
+    script = REPO / "grafana" / "generate.py"
+    hide_sdk = (
+        "import runpy, sys; sys.modules['grafana_foundation_sdk'] = None; "
+        f"sys.argv = [{str(script)!r}, '-o', {str(tmp_path)!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", hide_sdk], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"grafana/generate.py: error: {generate.INSTALL_HINT}\n"
+    assert "pip install '.[dashboards]'" in result.stderr
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    sdk = extras["project"]["optional-dependencies"]["dashboards"]
+    assert [d for d in sdk if d.startswith("grafana-foundation-sdk==")] == sdk
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_alert_names_come_from_the_rules_file(tmp_path: Path) -> None:

@@ -169,7 +169,9 @@ def test_every_dashboard_query_returns_data(
                     f"--state-dir={stack.state_dir}",
                     f"--log-file={log}",
                 ],
-                env=child_env(),
+                # the checkpoint library records each save's outcome where the exporter reads
+                # it (the saves table, time since the last successful save)
+                env=child_env({"TRAINGUARD_STATE_DIR": str(stack.state_dir)}),
             )
         )
         (ckpt / "step_999999.pt.part").parent.mkdir(parents=True, exist_ok=True)
