@@ -1,6 +1,6 @@
 """The one convention of trainguard's generators: write by default, ``--check`` for staleness.
 
-The generators are ``alerts/build.py``, ``grafana/generate.py`` and
+The generators are ``alerts/build.py``, ``grafana/generate.py``, ``mixin/build.py`` and
 ``deploy/kubernetes/build_prometheusrule.py``. Each writes its committed output by default,
 ``-o/--output`` writes elsewhere (``-``: standard output, for a single file), and ``--check``
 writes nothing and exits 1 when the committed output is stale, naming the command that

@@ -34,16 +34,36 @@ if __package__ in (None, ""):  # run as a script: make `grafana` and `alerts` im
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
-from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from alerts import site as sites
-from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
-from grafana.boards import checkpoints, gpu_memory, runs
+PROGRAM = "grafana/generate.py"
+#: what to install where the SDK is missing (pyproject.toml's `dashboards` extra)
+INSTALL_HINT = (
+    "the dashboards are built with grafana-foundation-sdk, which is not installed: in the "
+    "trainguard checkout, pip install '.[dashboards]' (or pip install 'trainguard[dashboards]')"
+)
+
+try:
+    from grafana_foundation_sdk.builders import dashboard as db
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+except ModuleNotFoundError as exc:  # a plain install: say what to install, not a traceback
+    if exc.name is None or not exc.name.startswith("grafana_foundation_sdk"):
+        raise
+    if __name__ == "__main__":
+        sys.stderr.write(f"{PROGRAM}: error: {INSTALL_HINT}\n")
+        sys.exit(2)
+    raise ModuleNotFoundError(INSTALL_HINT, name=exc.name) from exc
+
+from alerts import site as sites  # noqa: E402 - after the SDK's check
+from alerts.output import (  # noqa: E402
+    add_output_arguments,
+    fail,
+    regenerate_command,
+    write_or_check,
+)
+from grafana.boards import checkpoints, gpu_memory, runs  # noqa: E402
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
 RULES_FILE = Path(__file__).resolve().parents[1] / "alerts" / "trainguard.rules.yml"
-PROGRAM = "grafana/generate.py"
 
 # Alert names go into a PromQL regex unescaped: plain identifiers only.
 _ALERT_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -158,8 +158,9 @@ def ts(
 ) -> timeseries.Panel:
     """A time series panel.
 
-    ``dashed`` is a regexp of series drawn as a dashed line without fill (a limit, a forecast);
-    ``colors`` maps a series regexp to a fixed colour.
+    Thresholds other than the all-green default are drawn as dashed lines (where an alert
+    judges), not only as colours. ``dashed`` is a regexp of series drawn as a dashed line
+    without fill (a limit, a forecast); ``colors`` maps a series regexp to a fixed colour.
     """
     p = (
         timeseries.Panel()
@@ -178,6 +179,12 @@ def ts(
         .line_width(1)
         .span_nulls(False)
     )
+    if tuple(thresholds) != tuple(OK_THRESHOLDS):
+        p = p.thresholds_style(
+            common_builders.GraphThresholdsStyleConfig().mode(
+                common.GraphThresholdsStyleMode.DASHED
+            )
+        )
     if bars:
         p = p.draw_style(common.GraphDrawStyle.BARS).fill_opacity(60)
     if stacked:

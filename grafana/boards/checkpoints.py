@@ -10,18 +10,20 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
 from alerts.site import Site
+from grafana.boards import saves
+from grafana.boards.saves import PER_LOCATION, REACHABLE_MAPPINGS, by_loc, reachable
 from grafana.dashboard import dashboard
-from grafana.panels import NONZERO_IS_BAD, Panel, Steps, stat_panel, table_panel, ts
+from grafana.panels import (
+    NONZERO_IS_BAD,
+    Panel,
+    Steps,
+    stat_panel,
+    table_panel,
+    ts,
+)
 from grafana.promql import IR, Promql
 
 UID = "trainguard-checkpoints"
-
-PER_LOCATION = "{{run}} {{location}}"
-
-
-def by_loc(q: Promql, metric: str) -> str:
-    """One value per run and location: several exporters may see the same shared directory."""
-    return q.by("run, location", metric)
 
 
 def age(q: Promql) -> str:
@@ -58,6 +60,22 @@ PROBLEM_FILES: list[tuple[str, str, str, Steps]] = [
         "is CheckpointPartialOrphaned.",
         ((None, "green"), (1, "orange")),
     ),
+    (
+        "Unrecorded files",
+        "trainguard_checkpoint_unrecorded_files",
+        "Checkpoint files with no size recorded at write time (written without "
+        "trainguard.checkpoint): they cannot be judged, and never count as complete unless the "
+        "location trusts them (trust_unrecorded). Lasting where it does not trust them is "
+        "CheckpointUnrecordedFiles.",
+        ((None, "green"), (1, "orange")),
+    ),
+    (
+        "Unknown-mtime files",
+        "trainguard_checkpoint_unknown_mtime_files",
+        "Files and .part files whose modification time is unknown (0): never judged old, "
+        "truncated or complete. Lasting is CheckpointUnknownMtime.",
+        ((None, "green"), (1, "orange")),
+    ),
 ]
 
 
@@ -75,6 +93,7 @@ def overview(q: Promql) -> list[Panel]:
             by_loc(q, "trainguard_checkpoint_bytes"),
             *(by_loc(q, metric) for _, metric, _, _ in PROBLEM_FILES),
             free(q),
+            reachable(q),
         ],
         columns={
             "run": ("Run", ""),
@@ -87,7 +106,16 @@ def overview(q: Promql) -> list[Panel]:
             "Value #F": ("Truncated", "none"),
             "Value #G": ("Hash mismatch", "none"),
             "Value #H": ("Partial", "none"),
-            "Value #I": ("Free space", "bytes"),
+            "Value #I": ("Unrecorded", "none"),
+            "Value #J": ("Unknown mtime", "none"),
+            "Value #K": ("Free space", "bytes"),
+            "Value #L": ("Reachable", "none"),
+        },
+        extra={
+            "Value #L": [
+                DynamicConfigValue(id_val="mappings", value=REACHABLE_MAPPINGS),
+                DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-text"}),
+            ]
         },
     )
     totals = [
@@ -97,11 +125,25 @@ def overview(q: Promql) -> list[Panel]:
             "none",
             (f"sum({by_loc(q, metric)}) or vector(0)", title.lower()),
             thresholds=steps,
-            w=8,
+            w=4,
         )
         for title, metric, description, steps in PROBLEM_FILES
     ]
-    return [locations, *totals]
+    unreachable = stat_panel(
+        "Unreachable locations",
+        "Locations whose directory or manifest could not be read at the last scrape "
+        "(trainguard_checkpoint_location_up 0: unmounted, permissions, a hung filesystem). An "
+        "unreachable location is never judged stale or complete: see its log line.",
+        "none",
+        (
+            f"count(min {q.group_by('run, location')} "
+            f"(trainguard_checkpoint_location_up{{{IR}}}) == 0) or vector(0)",
+            "unreachable",
+        ),
+        thresholds=NONZERO_IS_BAD,
+        w=4,
+    )
+    return [locations, *totals, unreachable]
 
 
 def progress(q: Promql) -> list[Panel]:
@@ -126,10 +168,12 @@ def progress(q: Promql) -> list[Panel]:
         ),
         ts(
             "Checkpoint age per location",
-            "Seconds since the newest complete checkpoint per run and location was written "
-            "(CheckpointStale).",
+            "Seconds since the newest complete checkpoint per run and location was written. "
+            f"Older than {q.site.shown('checkpoint_stale')} while the run trains is "
+            "CheckpointStale.",
             "s",
             [(age(q), PER_LOCATION)],
+            thresholds=((None, "green"), (q.site.seconds("checkpoint_stale"), "red")),
             minimum=0,
         ),
     ]
@@ -207,55 +251,78 @@ def integrity(q: Promql) -> list[Panel]:
         ts(
             "Oldest partial file age",
             "Age of the oldest .part file per run and location. A save in progress is young; "
-            "one that keeps ageing was abandoned by a crash (CheckpointPartialOrphaned).",
+            "one that keeps ageing was abandoned by a crash: older than "
+            f"{q.site.shown('partial_orphaned')} is CheckpointPartialOrphaned.",
             "s",
             [(by_loc(q, "trainguard_checkpoint_oldest_partial_age_seconds"), PER_LOCATION)],
+            thresholds=((None, "green"), (q.site.seconds("partial_orphaned"), "red")),
             minimum=0,
         ),
     ]
 
 
 def storage(q: Promql) -> list[Panel]:
-    """Free space, when it runs out, and what the checkpoints take."""
+    """Free space, when it runs out, and what the checkpoints take.
+
+    The forecast and the time until full are CheckpointVolumeFillingUp's: the trend over its
+    ``volume_fill_window``, judged against its ``volume_fill_horizon``; the lines under the free
+    space are its ``volume_fill_min_checkpoints`` and CheckpointWillNotFit's margin.
+    """
+    site = q.site
+    window = site.duration("volume_fill_window")
+    horizon, horizon_s = site.shown("volume_fill_horizon"), site.seconds("volume_fill_horizon")
+    margin = site.number("checkpoint_fit_margin")
+    room = site.number("volume_fill_min_checkpoints")
+    avail = f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}"
     return [
         ts(
-            "Free space and 4h forecast",
+            f"Free space and {horizon} forecast",
             "Free bytes on the volume of each checkpoint location, and the linear forecast "
-            "4 hours ahead from the last hour's trend (dashed; predict_linear). A forecast "
-            "at or below 0 means the volume fills before then (CheckpointVolumeFillingUp). "
-            "'largest checkpoint' is the largest of the location's newest checkpoints: free "
-            "space below it (times a margin) means the next save will not fit "
+            f"{horizon} ahead from the last {window}'s trend (dashed; predict_linear). A "
+            f"forecast below 0 while free space is below {room} average checkpoints"
+            " (dashed 'room for') is CheckpointVolumeFillingUp. Free space "
+            f"below {site.shown('checkpoint_fit_margin')} times the location's largest newest "
+            "checkpoint (dashed 'largest checkpoint') means the next save will not fit "
             "(CheckpointWillNotFit).",
             "bytes",
             [
                 (free(q), f"{PER_LOCATION} free"),
                 (
-                    q.by("run, location", "trainguard_checkpoint_size_bytes", "max"),
-                    f"{PER_LOCATION} largest checkpoint",
+                    f"{margin} * "
+                    + q.by("run, location", "trainguard_checkpoint_size_bytes", "max"),
+                    f"{PER_LOCATION} largest checkpoint x {site.shown('checkpoint_fit_margin')}",
                 ),
                 (
-                    f"min {q.group_by('run, location')} (predict_linear("
-                    f"trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h], 4 * 3600))",
-                    f"{PER_LOCATION} forecast +4h",
+                    f"{room} * {q.by('run, location', 'trainguard_checkpoint_bytes')}\n"
+                    f"/ {q.join_on('run, location')} "
+                    f"({q.by('run, location', 'trainguard_checkpoint_files')} > 0)",
+                    f"{PER_LOCATION} room for {site.shown('volume_fill_min_checkpoints')} "
+                    "checkpoints",
+                ),
+                (
+                    f"min {q.group_by('run, location')} "
+                    f"(predict_linear({avail}[{window}], {horizon_s}))",
+                    f"{PER_LOCATION} forecast +{horizon}",
                 ),
             ],
-            dashed="/forecast/",
+            dashed="/forecast|largest checkpoint|room for/",
         ),
         ts(
             "Time until volume is full",
-            "Free bytes divided by the rate they shrank at over the last hour (only where "
-            "they shrink). A rough estimate; it resets when old checkpoints are pruned.",
+            f"Free bytes divided by the rate they shrank at over the last {window} (only where "
+            f"they shrink). Below {horizon} (red) is CheckpointVolumeFillingUp's forecast; it "
+            "resets when old checkpoints are pruned.",
             "s",
             [
                 (
                     f"min {q.group_by('run, location')} (\n"
-                    f"  trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}\n"
-                    f"  / (-deriv(trainguard_checkpoint_filesystem_avail_bytes{{{IR}}}[1h]) > 0)\n"
+                    f"  {avail}\n"
+                    f"  / (-deriv({avail}[{window}]) > 0)\n"
                     ")",
                     PER_LOCATION,
                 )
             ],
-            thresholds=((None, "red"), (6 * 3600, "orange"), (24 * 3600, "green")),
+            thresholds=((None, "red"), (horizon_s, "green")),
             minimum=0,
         ),
         ts(
@@ -286,6 +353,7 @@ def build(site: Site) -> db.Dashboard:
         [
             ("Overview", overview(q)),
             ("Progress", progress(q)),
+            ("Saves, restore drills and reachability", saves.panels(q)),
             ("Integrity", integrity(q)),
             ("Storage", storage(q)),
         ],

@@ -149,7 +149,8 @@ def runs(q: Promql) -> list[Panel]:
             "Allocator retries, OOMs and snapshots",
             "Per interval: cudaMalloc retries (the allocator freed its cache to satisfy a "
             "request: AllocatorRetrying), out-of-memory errors (AllocatorOOM) and memory "
-            "snapshots (any reason: oom, periodic, requested).",
+            "snapshots (any reason: oom, periodic, requested; OOM snapshots alone, dumped by "
+            "run.capture_oom(), also count as an OOM for AllocatorOOM).",
             "none",
             [
                 (
@@ -175,6 +176,12 @@ def runs(q: Promql) -> list[Panel]:
                         "$__rate_interval",
                     ),
                     f"{PER_RANK} snapshots",
+                ),
+                (
+                    increase(
+                        q, "run, rank", "trainguard_run_memory_snapshots_total", "$__rate_interval"
+                    ),
+                    f"{PER_RANK} OOM snapshots",
                 ),
             ],
             bars=True,

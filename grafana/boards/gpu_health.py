@@ -17,6 +17,7 @@ LINK = "instance, gpu, uuid"
 
 def panels(q: Promql) -> list[Panel]:
     """The section's panels, in dashboard order."""
+    ecc_window = q.site.shown("ecc_window")
     return [
         table_panel(
             "GPU health now",
@@ -110,20 +111,21 @@ def panels(q: Promql) -> list[Panel]:
             dashed="/ limit$/",
         ),
         ts(
-            "ECC errors per hour",
-            "Memory errors per GPU over the last hour: corrected ones are ECC doing its job (a "
+            f"ECC errors per {ecc_window}",
+            f"Memory errors per GPU over the last {ecc_window}: corrected ones are ECC doing its "
+            "job (a "
             "fast rise precedes row remaps); any uncorrectable one pages "
             "(GPUUncorrectableMemoryErrors).",
             "none",
             [
                 (
                     f"sum {q.group_by('instance, gpu')} (increase("
-                    f"trainguard_gpu_ecc_corrected_errors_total{{{I}}}[1h]))",
+                    f"trainguard_gpu_ecc_corrected_errors_total{{{I}}}[{ecc_window}]))",
                     f"{PER_GPU} corrected",
                 ),
                 (
                     f"sum {q.group_by('instance, gpu')} (increase("
-                    f"trainguard_gpu_ecc_uncorrected_errors_total{{{I}}}[1h]))",
+                    f"trainguard_gpu_ecc_uncorrected_errors_total{{{I}}}[{ecc_window}]))",
                     f"{PER_GPU} uncorrectable",
                 ),
             ],

@@ -8,7 +8,7 @@ from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.models.dashboard import DynamicConfigValue
 
 from alerts.site import Site
-from grafana.boards import runs_jobs, stuck
+from grafana.boards import exporters, loss, runs_jobs, stuck
 from grafana.dashboard import dashboard
 from grafana.panels import (
     NONZERO_IS_BAD,
@@ -19,7 +19,7 @@ from grafana.panels import (
     ts,
     value_mappings,
 )
-from grafana.promql import IR, I, Promql
+from grafana.promql import IR, Promql
 
 UID = "trainguard-runs"
 
@@ -135,8 +135,8 @@ def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
         ),
         table_panel(
             "Runs now",
-            "One row per run and rank: where it runs, its state, step, throughput and how old "
-            "its heartbeat is. State: 0 dead, 1 alive, 2 finished.",
+            "One row per run and rank: where it runs, its state, step, throughput, how old "
+            "its heartbeat is and when its process started. State: 0 dead, 1 alive, 2 finished.",
             [
                 q.by("run, rank, host, pid", "trainguard_run_info"),
                 run_state(q),
@@ -144,6 +144,8 @@ def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
                 steps_per_min(q),
                 q.by("run, rank", HEARTBEAT_AGE),
                 q.by("run, rank", "trainguard_run_heartbeat_timestamp_seconds") + " * 1000",
+                q.by("run, rank", "trainguard_run_start_timestamp_seconds") + " * 1000",
+                q.by("run, rank", "trainguard_run_start_age_seconds"),
             ],
             columns={
                 "run": ("Run", ""),
@@ -155,6 +157,8 @@ def status(q: Promql, alert_names: Sequence[str]) -> list[Panel]:
                 "Value #D": ("Steps/min", "none"),
                 "Value #E": ("Heartbeat age", "s"),
                 "Value #F": ("Last heartbeat", "dateTimeAsIso"),
+                "Value #G": ("Started", "dateTimeAsIso"),
+                "Value #H": ("Up for", "s"),
             },
             hide=("Value #A",),
             extra={
@@ -175,6 +179,8 @@ def progress(q: Promql) -> list[Panel]:
     site = q.site
     baseline = site.duration("throughput_baseline")
     stall_s = site.seconds("stall")
+    log_stale_s = site.seconds("log_stale")
+    first_step_s = site.seconds("first_step")
     return [
         ts(
             "Step",
@@ -223,7 +229,8 @@ def progress(q: Promql) -> list[Panel]:
         ts(
             "Log age",
             "Seconds since the run's configured log file was last modified (runs with a "
-            "log_file only). The watchdog that used to fire 20 minutes late (TrainingLogStale).",
+            f"log_file only). Unchanged for {site.shown('log_stale')} while the run is alive "
+            "is TrainingLogStale (longer for a run whose usual step interval is longer).",
             "s",
             [
                 (
@@ -231,7 +238,25 @@ def progress(q: Promql) -> list[Panel]:
                     "{{run}}",
                 )
             ],
-            thresholds=((None, "green"), (600, "orange"), (1200, "red")),
+            # red where TrainingLogStale judges, orange half way
+            thresholds=((None, "green"), (log_stale_s // 2, "orange"), (log_stale_s, "red")),
+            minimum=0,
+        ),
+        ts(
+            "Up without a first step",
+            "Seconds since each rank's process started (trainguard_run_start_age_seconds), for "
+            "ranks that have not reported a step yet: data loading, compilation, a hang before "
+            f"training. Longer than {site.shown('first_step')} while alive is "
+            "TrainingNoFirstStep (TrainingJobNoFirstStep for a job's ranks).",
+            "s",
+            [
+                (
+                    f"{q.by('run, rank', 'trainguard_run_start_age_seconds')}\n"
+                    f"unless {q.join_on('run, rank')} {q.by('run, rank', 'trainguard_run_step')}",
+                    PER_RANK,
+                )
+            ],
+            thresholds=((None, "green"), (first_step_s, "red")),
             minimum=0,
         ),
     ]
@@ -243,7 +268,8 @@ def checkpoints(q: Promql) -> list[Panel]:
         ts(
             "Last checkpoint age per location",
             "Seconds since the newest COMPLETE checkpoint of each run at each location (primary "
-            "or a mirror). Max over exporters that see the same (shared) directory.",
+            "or a mirror). Max over exporters that see the same (shared) directory. Older than "
+            f"{q.site.shown('checkpoint_stale')} while the run trains is CheckpointStale.",
             "s",
             [
                 (
@@ -252,6 +278,7 @@ def checkpoints(q: Promql) -> list[Panel]:
                     PER_LOCATION,
                 )
             ],
+            thresholds=((None, "green"), (q.site.seconds("checkpoint_stale"), "red")),
             minimum=0,
         ),
         ts(
@@ -318,54 +345,6 @@ def deaths(q: Promql) -> list[Panel]:
     ]
 
 
-def exporter(q: Promql) -> list[Panel]:
-    """The exporters themselves: collectors failing or slow, versions, scrapeable or not."""
-    build_info = f"last_over_time(trainguard_exporter_build_info{{{I}}}[1d])"
-    return [
-        state_timeline(
-            "Collector success",
-            "Whether each collector of each exporter succeeded at its last scrape. One failing "
-            "collector does not hide the others (TrainguardCollectorFailing).",
-            (
-                q.by("instance, collector", "trainguard_collector_success", "min", I),
-                "{{instance}} {{collector}}",
-            ),
-            value_mappings(("failing", "red"), ("ok", "green")),
-            w=12,
-        ),
-        ts(
-            "Collector duration",
-            "Time each collector took at scrape time. A slow NFS stat shows up here first.",
-            "s",
-            [
-                (
-                    q.by("instance, collector", "trainguard_collector_duration_seconds", "max", I),
-                    "{{instance}} {{collector}}",
-                )
-            ],
-            minimum=0,
-        ),
-        table_panel(
-            "Exporters",
-            "Exporters seen in the time range, their version and whether Prometheus can scrape "
-            "them now (up).",
-            [
-                f"max {q.group_by('instance, version')} ({build_info})",
-                f"max {q.group_by('instance')} "
-                f"(up{{{I}}} and {q.join_on('instance, job')} {build_info})",
-            ],
-            columns={
-                "instance": ("Exporter", ""),
-                "version": ("Version", ""),
-                "Value #B": ("Up", "none"),
-            },
-            hide=("Value #A",),
-            thresholds=((None, "red"), (1, "green")),
-            h=6,
-        ),
-    ]
-
-
 def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
     """The dashboard for the site's thresholds and target labels.
 
@@ -379,9 +358,10 @@ def build(site: Site, alert_names: Sequence[str]) -> db.Dashboard:
         [
             ("Status", [*status(q, alert_names), *stuck.panels(q)]),
             ("Progress", progress(q)),
+            ("Training health", loss.panels(q)),
             ("Checkpoints", checkpoints(q)),
             ("Deaths", deaths(q)),
             ("Jobs: who is slow, goodput", runs_jobs.panels(q)),
-            ("Exporter", exporter(q)),
+            ("Exporter", exporters.panels(q)),
         ],
     )

@@ -27,7 +27,8 @@ def per_step(q: Promql, counter: str) -> str:
 
 def _job(q: Promql, metric: str) -> str:
     """A job's recorded series; recorded every slow_rules_interval: looked back over 3."""
-    return f"max {q.group_by('run')} (last_over_time({metric}{{{IR}}}[15m]))"
+    lookback = q.site.duration("slow_rules_lookback")
+    return f"max {q.group_by('run')} (last_over_time({metric}{{{IR}}}[{lookback}]))"
 
 
 def panels(q: Promql) -> list[Panel]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from grafana import generate
@@ -108,6 +109,17 @@ METRICS_WITH_RUN = {
     "trainguard_checkpoint_partial_files",
     "trainguard_checkpoint_oldest_partial_age_seconds",
     "trainguard_checkpoint_filesystem_avail_bytes",
+    "trainguard_checkpoint_unrecorded_files",
+    "trainguard_checkpoint_unknown_mtime_files",
+    "trainguard_checkpoint_location_up",
+    "trainguard_checkpoint_last_save_success_timestamp_seconds",
+    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
+    "trainguard_checkpoint_restore_verified_step",
+    "trainguard_checkpoint_restore_last_check_success",
+    "trainguard_run_scalar",
+    "trainguard_run_loss_nonfinite_streak",
+    "trainguard_run_start_timestamp_seconds",
+    "trainguard_run_start_age_seconds",
 }
 BYTE_UNITS = {"bytes", "decbytes", "percentunit"}  # a ratio of two byte counts is a percentage
 TIME_UNITS = {"s", "ms", "dtdurations", "dateTimeAsIso"}
@@ -198,6 +210,26 @@ def test_generate_runs_as_a_script_from_anywhere(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_generate_without_the_sdk_says_what_to_install(tmp_path: Path) -> None:
+    """A plain install (no `dashboards` extra): one line naming the extra, not a traceback."""
+    script = REPO / "grafana" / "generate.py"
+    hide_sdk = (
+        "import runpy, sys; sys.modules['grafana_foundation_sdk'] = None; "
+        f"sys.argv = [{str(script)!r}, '-o', {str(tmp_path)!r}]; "
+        f"runpy.run_path({str(script)!r}, run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", hide_sdk], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"grafana/generate.py: error: {generate.INSTALL_HINT}\n"
+    assert "pip install '.[dashboards]'" in result.stderr
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    sdk = extras["project"]["optional-dependencies"]["dashboards"]
+    assert [d for d in sdk if d.startswith("grafana-foundation-sdk==")] == sdk
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_alert_names_come_from_the_rules_file(tmp_path: Path) -> None:
@@ -363,7 +395,8 @@ def test_expected_panels_present(committed: dict[str, dict[str, Any]]) -> None:
     ghost = gpu["Driver vs allocator memory per rank"]["targets"]
     assert any("ghost gap" in t["legendFormat"] for t in ghost)
     ckpt = by_uid["trainguard-checkpoints"]
-    assert any("predict_linear" in t["expr"] for t in ckpt["Free space and 4h forecast"]["targets"])
+    forecast = ckpt["Free space and 24h forecast"]["targets"]  # volume_fill_horizon
+    assert any("predict_linear" in t["expr"] and "[6h], 86400)" in t["expr"] for t in forecast)
 
 
 # --- query extraction -------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
 from helpers.tmpfs import try_mount, unmount
 from helpers.wait import wait_for
 from trainguard import checkpoint
+from trainguard.checkpoint import outcomes
+from trainguard.exporter.collectors.restore.result import Result, write_result
 from trainguard.run.allocator import allocator_stats
 from trainguard.shared.heartbeat.record import SnapshotRecord, SnapshotState, Stuck
 
@@ -68,7 +70,9 @@ class Filler(threading.Thread):
                 f.flush()
 
 
-def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
+def test_every_dashboard_query_returns_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ckpt, mirror = tmp_path / "ckpt", tmp_path / "mirror"
     log = tmp_path / "train.log"
     volume = tmp_path / "volume"
@@ -126,6 +130,17 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
                 ),
             ),
         )
+        # a rank up without a first step yet (the "Up without a first step" panel)
+        put(
+            stack.state_dir,
+            own_heartbeat(
+                "no-step",
+                pid=sleeper.pid,
+                create_time=psutil.Process(sleeper.pid).create_time(),
+                step=None,
+                step_time=None,
+            ),
+        )
         stack.nvml.add_process(0, sleeper.pid, 12 * GIB)
         # a second GPU where one process's memory is not available (WDDM): its unattributed
         # memory is unknown, while GPU 0 still has a value
@@ -154,7 +169,9 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
                     f"--state-dir={stack.state_dir}",
                     f"--log-file={log}",
                 ],
-                env=child_env(),
+                # the checkpoint library records each save's outcome where the exporter reads
+                # it (the saves table, time since the last successful save)
+                env=child_env({"TRAINGUARD_STATE_DIR": str(stack.state_dir)}),
             )
         )
         (ckpt / "step_999999.pt.part").parent.mkdir(parents=True, exist_ok=True)
@@ -164,6 +181,29 @@ def test_every_dashboard_query_returns_data(tmp_path: Path) -> None:
         checkpoint.save(os.urandom(4096), damaged)
         os.truncate(damaged, 1000)
         os.utime(damaged, (time.time() - 600, time.time() - 600))
+        # a failed save into the "filling" run's location, recorded as the checkpoint library
+        # records it (the saves table's last failure)
+        monkeypatch.setenv("TRAINGUARD_STATE_DIR", str(stack.state_dir))
+        outcomes.record_failure(volume / "ckpt", OSError(28, "No space left on device"))
+        # a restore drill of the toy's primary whose last check failed after an earlier one
+        # loaded step 20 (the restore columns)
+        now = time.time()
+        write_result(
+            stack.state_dir,
+            Result(
+                path=str(ckpt),
+                run="toy",
+                location="primary",
+                time=now,
+                ok=False,
+                reason="does not load",
+                checkpoint="step_40.pt",
+                step=40,
+                verified_step=20,
+                verified_time=now - 60,
+                verified_checkpoint="step_20.pt",
+            ),
+        )
         # a run that dies twice: deaths, last death step and TrainingProcessDied in ALERTS.
         # Each victim is killed only once its heartbeat on disk carries a step (and the deaths
         # before it): the next victim records the death with that step, which is what the

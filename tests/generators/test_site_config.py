@@ -35,6 +35,12 @@ SITE = [
     "leak_horizon=12h",
     "--set",
     "stall=30m",
+    "--set",
+    "log_stale=1h",
+    "--set",
+    "volume_fill_window=12h",
+    "--set",
+    "volume_fill_horizon=2d",
 ]
 THROUGHPUT = {"throughput_baseline": "12h"}  # from a --config file: the two sources combine
 
@@ -103,6 +109,23 @@ def test_panels_draw_the_site_thresholds(
     usual = _panel(dashboards, runs, "Steps per minute")["targets"][1]
     assert usual["legendFormat"].endswith("usual (p90 12h)")
     assert usual["expr"].endswith(")[12h:1m])")
+
+    # the two panels that contradicted their alerts with literals
+    log_age = _panel(dashboards, runs, "Log age")
+    assert _steps(log_age) == [(None, "green"), (1800, "orange"), (3600, "red")]
+    assert "Unchanged for 1h while the run is alive is TrainingLogStale" in log_age["description"]
+    ckpt = "trainguard-checkpoints"
+    until_full = _panel(dashboards, ckpt, "Time until volume is full")
+    assert _steps(until_full) == [(None, "red"), (2 * 86400, "green")]
+    assert "deriv(trainguard_checkpoint_filesystem_avail_bytes{" in until_full["targets"][0]["expr"]
+    assert "[12h]) > 0)" in until_full["targets"][0]["expr"]
+    forecast = _panel(dashboards, ckpt, "Free space and 2d forecast")["targets"][3]["expr"]
+    assert "[12h], 172800))" in forecast
+    # ...as CheckpointVolumeFillingUp's prediction
+    assert re.search(
+        r"predict_linear\(\s+trainguard_checkpoint_filesystem_avail_bytes\[12h\],\s+172800\s+\)",
+        rules,
+    )
 
 
 def test_both_generators_take_the_same_options(
