@@ -88,9 +88,18 @@ def devices(q: Promql) -> list[Panel]:
             "Device memory in use that no live process accounts for (device used minus the sum "
             "of live processes' memory). A few hundred MiB per GPU is driver overhead; more, "
             "sustained, is memory held after a crash (GPUUnattributedMemory). No value while "
-            "a process's memory is unknown.",
+            "a process's memory is unknown. Dashed: memory held by processes in uninterruptible "
+            "sleep (D state, waiting on the driver or a filesystem): after the run's death, "
+            "GPUMemoryNotReleased counts it as not given back.",
             "bytes",
-            [(f"trainguard_gpu_memory_unattributed_bytes{{{I}}}", PER_GPU)],
+            [
+                (f"trainguard_gpu_memory_unattributed_bytes{{{I}}}", PER_GPU),
+                (
+                    f"trainguard_gpu_memory_uninterruptible_bytes{{{I}}}",
+                    f"{PER_GPU} in D state",
+                ),
+            ],
+            dashed="/D state$/",
             thresholds=((None, "green"), (unattributed_floor, "red")),
             minimum=0,
         ),

@@ -54,6 +54,26 @@ def panels(q: Promql) -> list[Panel]:
             dashed="/data$/",
         ),
         ts(
+            "Job attempt per rank",
+            "The attempt each rank's process belongs to (trainguard_run_job_attempt: Slurm's "
+            "SLURM_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT), per job across its "
+            "nodes. A requeue or an elastic restart starts a newer attempt, often on other "
+            "nodes; the heartbeats an older attempt left behind are history, never a death of "
+            "the job (TrainingJobRankDied judges the newest attempt only).",
+            "none",
+            [
+                (
+                    f"max {q.group_by('run, rank, job_id')} (\n"
+                    f"  trainguard_run_job_attempt{{{IR}}}\n"
+                    f"  * {q.join_on('job, instance, run, rank')} group_left (job_id)\n"
+                    f"  trainguard_run_job_info{{{IR}}}\n"
+                    ")",
+                    "{{run}} job {{job_id}} rank {{rank}}",
+                )
+            ],
+            minimum=0,
+        ),
+        ts(
             "Goodput per job",
             "Share of the job's accounted time spent on productive steps, over the last 24h "
             "and 7d (recording rules job:trainguard_run_goodput:ratio_24h and _7d). Lost: "

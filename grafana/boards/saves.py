@@ -83,7 +83,9 @@ def panels(q: Promql) -> list[Panel]:
         ),
         ts(
             "Time since last successful save",
-            "Seconds since the last save into each location completed. Dashed: when it is "
+            "Seconds since the last save into each location completed, by the training host's "
+            "clock (the exporter's age: never thrown off by skew between that host and "
+            "Prometheus). Dashed: when it is "
             f"overdue, {site.shown('saves_overdue_factor')} times the location's usual "
             f"interval between successful saves over {cadence}, at least "
             f"{site.shown('saves_overdue_min')}; past it while the run steps is "
@@ -91,7 +93,10 @@ def panels(q: Promql) -> list[Panel]:
             "later).",
             "s",
             [
-                (f"time() - {success}", PER_LOCATION),
+                (
+                    q.by("run, location", "trainguard_checkpoint_last_save_success_age_seconds"),
+                    PER_LOCATION,
+                ),
                 (f"clamp_min({factor} * {interval}, {floor})", f"{PER_LOCATION} overdue after"),
             ],
             dashed="/overdue after/",

@@ -24,6 +24,8 @@ import yaml
 from grafana import generate
 from helpers import dashboard_queries as queries
 from helpers.paths import REPO
+from trainguard.exporter.collectors import COLLECTORS
+from trainguard.exporter.scrape.collector import FRAMEWORK_METRICS
 
 UIDS = {
     "trainguard-runs": "Training runs",
@@ -32,95 +34,11 @@ UIDS = {
 }
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
-# The metric contract (docs/metrics.md). Metrics with a `run` label must be filtered on $run.
-METRICS_WITHOUT_RUN = {
-    "trainguard_exporter_build_info",
-    "trainguard_collector_success",
-    "trainguard_collector_duration_seconds",
-    "trainguard_gpu_info",
-    "trainguard_gpu_memory_total_bytes",
-    "trainguard_gpu_memory_used_bytes",
-    "trainguard_gpu_processes",
-    "trainguard_gpu_processes_memory_unknown",
-    "trainguard_gpu_xid_errors_total",
-    "trainguard_gpu_memory_unattributed_bytes",
-    "trainguard_process_count",
-    # GPU health (exporter/collectors/gpu/health/)
-    "trainguard_gpu_clock_event_reason",
-    "trainguard_gpu_pcie_link_generation",
-    "trainguard_gpu_pcie_link_generation_max",
-    "trainguard_gpu_pcie_link_width",
-    "trainguard_gpu_pcie_link_width_max",
-    "trainguard_gpu_utilization_ratio",
-    "trainguard_gpu_temperature_celsius",
-    "trainguard_gpu_temperature_slowdown_celsius",
-    "trainguard_gpu_power_usage_watts",
-    "trainguard_gpu_power_limit_watts",
-    "trainguard_gpu_ecc_corrected_errors_total",
-    "trainguard_gpu_ecc_uncorrected_errors_total",
-    "trainguard_gpu_row_remap_pending",
-    "trainguard_gpu_row_remap_failed",
-    "trainguard_gpu_retired_pages_total",
-    "trainguard_gpu_retired_pages_pending",
-    "trainguard_gpu_nvlink_errors_total",
-}
-METRICS_WITH_RUN = {
-    "trainguard_gpu_process_memory_used_bytes",
-    "trainguard_run_info",
-    "trainguard_run_process_up",
-    "trainguard_run_finished",
-    "trainguard_run_step",
-    "trainguard_run_heartbeat_timestamp_seconds",
-    "trainguard_run_heartbeat_age_seconds",
-    "trainguard_run_step_age_seconds",
-    "trainguard_run_log_modified_timestamp_seconds",
-    "trainguard_run_gpu_memory_used_bytes",
-    "trainguard_run_allocator_allocated_bytes",
-    "trainguard_run_allocator_reserved_bytes",
-    "trainguard_run_allocator_max_allocated_bytes",
-    "trainguard_run_allocator_inactive_split_bytes",
-    "trainguard_run_allocator_alloc_retries_total",
-    "trainguard_run_allocator_ooms_total",
-    "trainguard_run_allocator_device_info",
-    "trainguard_run_allocator_device_total_bytes",
-    "trainguard_run_memory_snapshots_total",
-    "trainguard_run_memory_snapshot_dumps_total",
-    "trainguard_run_memory_snapshot_failures_total",
-    "trainguard_run_memory_history_recording",
-    "trainguard_run_memory_snapshot_timestamp_seconds",
-    "trainguard_run_deaths_total",
-    "trainguard_run_data_wait_seconds_total",
-    "trainguard_run_compute_seconds_total",
-    "trainguard_run_timed_steps_total",
-    "trainguard_run_last_death_step",
-    "trainguard_run_last_death_timestamp_seconds",
-    "trainguard_run_last_death_age_seconds",
-    "trainguard_run_last_death_info",
-    "trainguard_run_stuck_info",
-    "trainguard_checkpoint_last_step",
-    "trainguard_checkpoint_last_timestamp_seconds",
-    "trainguard_checkpoint_files",
-    "trainguard_checkpoint_bytes",
-    "trainguard_checkpoint_size_bytes",
-    "trainguard_checkpoint_expected_size_bytes",
-    "trainguard_checkpoint_truncated_files",
-    "trainguard_checkpoint_hash_mismatch_files",
-    "trainguard_checkpoint_newest_damaged_step",
-    "trainguard_checkpoint_partial_files",
-    "trainguard_checkpoint_oldest_partial_age_seconds",
-    "trainguard_checkpoint_filesystem_avail_bytes",
-    "trainguard_checkpoint_unrecorded_files",
-    "trainguard_checkpoint_unknown_mtime_files",
-    "trainguard_checkpoint_location_up",
-    "trainguard_checkpoint_last_save_success_timestamp_seconds",
-    "trainguard_checkpoint_last_save_failure_timestamp_seconds",
-    "trainguard_checkpoint_restore_verified_step",
-    "trainguard_checkpoint_restore_last_check_success",
-    "trainguard_run_scalar",
-    "trainguard_run_loss_nonfinite_streak",
-    "trainguard_run_start_timestamp_seconds",
-    "trainguard_run_start_age_seconds",
-}
+# The metric contract (docs/metrics.md, checked against the code by test_metrics_doc.py), from
+# the code's own specs. Metrics with a `run` label must be filtered on $run.
+_CONTRACT = [*FRAMEWORK_METRICS, *(spec for c in COLLECTORS for spec in c.metrics)]
+METRICS_WITH_RUN = {spec.name for spec in _CONTRACT if "run" in spec.labels}
+METRICS_WITHOUT_RUN = {spec.name for spec in _CONTRACT if "run" not in spec.labels}
 BYTE_UNITS = {"bytes", "decbytes", "percentunit"}  # a ratio of two byte counts is a percentage
 TIME_UNITS = {"s", "ms", "dtdurations", "dateTimeAsIso"}
 

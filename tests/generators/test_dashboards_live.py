@@ -170,8 +170,15 @@ def test_every_dashboard_query_returns_data(
                     f"--log-file={log}",
                 ],
                 # the checkpoint library records each save's outcome where the exporter reads
-                # it (the saves table, time since the last successful save)
-                env=child_env({"TRAINGUARD_STATE_DIR": str(stack.state_dir)}),
+                # it (the saves table, time since the last successful save); a Slurm job once
+                # requeued: its job and attempt (the job panels)
+                env=child_env(
+                    {
+                        "TRAINGUARD_STATE_DIR": str(stack.state_dir),
+                        "SLURM_JOB_ID": "4242",
+                        "SLURM_RESTART_COUNT": "1",
+                    }
+                ),
             )
         )
         (ckpt / "step_999999.pt.part").parent.mkdir(parents=True, exist_ok=True)
