@@ -54,6 +54,29 @@ def head_end(buffer: bytes | bytearray) -> tuple[int, int]:
     return -1, -1
 
 
+def take_head(buffer: bytearray) -> bytes | None:
+    """Take the next request's head off the front of ``buffer``; None until it has all come.
+
+    Blank lines before a request line are skipped (RFC 9112 2.2); a head over
+    :data:`MAX_HEAD_BYTES` is a 431.
+    """
+    while True:
+        size, taken = head_end(buffer)
+        if size > MAX_HEAD_BYTES or (size < 0 and len(buffer) > MAX_HEAD_BYTES):
+            raise BadRequest(
+                "431 Request Header Fields Too Large",
+                f"a request line and headers of over {MAX_HEAD_BYTES} bytes",
+            )
+        if size < 0:
+            return None
+        head = bytes(buffer[:size])
+        del buffer[:taken]
+        while head[:1] == b"\n" or head[:2] == b"\r\n":  # empty lines, not a lone CR
+            head = head[1:] if head[:1] == b"\n" else head[2:]
+        if head:
+            return head
+
+
 class Request:
     """One parsed request: what the WSGI environ is made of, and whether to keep the connection."""
 

@@ -43,7 +43,7 @@ from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
-from trainguard.exporter.http.request import MAX_HEAD_BYTES, BadRequest, Request, head_end
+from trainguard.exporter.http.request import BadRequest, Request, take_head
 
 log = logging.getLogger(__name__)
 
@@ -217,19 +217,10 @@ class _Connection(socketserver.BaseRequestHandler):
         elif not buffer:
             conns.move(sock, conns.idle)
         while True:
-            size, taken = head_end(buffer)
-            if size > MAX_HEAD_BYTES or (size < 0 and len(buffer) > MAX_HEAD_BYTES):
-                raise BadRequest(
-                    "431 Request Header Fields Too Large",
-                    f"a request line and headers of over {MAX_HEAD_BYTES} bytes",
-                )
-            if size >= 0:
-                head = bytes(buffer[:size]).lstrip(b"\r\n")
-                del buffer[:taken]
-                if head:
-                    conns.move(sock, conns.busy)
-                    return head
-                continue  # blank lines before a request line are allowed (RFC 9112, 2.2)
+            head = take_head(buffer)
+            if head is not None:
+                conns.move(sock, conns.busy)
+                return head
             if buffer and not started:
                 # a request started: the whole head within the head timeout, so that one
                 # byte every few seconds can't hold the connection open for ever
