@@ -121,7 +121,7 @@ def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
                 assert get(exp.url + "/metrics", client_ctx(pki)) == 200
             # answered while every stalled client still held its connection: a server that
             # waited for them (a handshake in the accept loop) would have answered only after
-            # dropping each of them at its client timeout (CLIENT_TIMEOUT_SECONDS)
+            # dropping each of them at its head timeout (HEAD_TIMEOUT_SECONDS, 10 s)
             for s in stalled:
                 s.setblocking(False)
                 with pytest.raises(BlockingIOError):
