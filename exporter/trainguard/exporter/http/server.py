@@ -11,7 +11,8 @@ requests), and a request is parsed by :mod:`~trainguard.exporter.http.request`.
 
 Why a new connection is never refused: anyone who reaches the port can open connections, and a
 server that turns away the newest one when full lets a few hundred idle sockets lock Prometheus
-out. So a connection over :data:`MAX_CONNECTIONS` makes room: the kept-alive connection idle
+out. So a connection over :data:`MAX_CONNECTIONS` makes room
+(:mod:`~trainguard.exporter.http.connections`): the kept-alive connection idle
 longest between two requests is closed, else the one whose request head (or, new, its wait for
 one) started earliest; never the newest, nor one whose request is being answered. A request
 head (and a TLS handshake) must arrive whole within :data:`HEAD_TIMEOUT_SECONDS` of its first
@@ -31,18 +32,17 @@ import contextlib
 import errno
 import io
 import logging
-import resource
 import socket
 import socketserver
 import ssl
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
+from trainguard.exporter.http.connections import Connections, raise_open_files_limit
 from trainguard.exporter.http.request import BadRequest, Request, take_head
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,6 @@ RESERVED_FILES = 256
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-
-
-def raise_open_files_limit() -> int:
-    """Raise the soft limit on open files to the hard one, as Go's runtime does; the limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 class _Date:
@@ -116,69 +106,6 @@ def environ(request: Request, server: ExporterHTTPServer, client: Any) -> dict[s
         if key not in ("content-type", "content-length"):
             env["HTTP_" + key.upper().replace("-", "_")] = value
     return env
-
-
-class _Connections:
-    """The open connections by what they are doing, oldest first: whom to close to make room.
-
-    Three insertion-ordered dicts (a socket moved to the end of its dict when its state
-    changes), so that the oldest idle or reading connection is found in constant time.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.idle: dict[socket.socket, None] = {}
-        self.reading: dict[socket.socket, None] = {}
-        self.busy: dict[socket.socket, None] = {}
-
-    def __len__(self) -> int:
-        return len(self.idle) + len(self.reading) + len(self.busy)
-
-    def move(self, sock: socket.socket, to: dict[socket.socket, None]) -> None:
-        with self.lock:
-            if self._drop(sock):  # not if it was closed to make room meanwhile
-                to[sock] = None
-
-    def _drop(self, sock: socket.socket) -> bool:
-        return any(group.pop(sock, 0) is None for group in (self.idle, self.reading, self.busy))
-
-    def remove(self, sock: socket.socket) -> None:
-        with self.lock:
-            self._drop(sock)
-
-    def admit(self, sock: socket.socket, limit: int) -> None:
-        """Count ``sock`` in (as reading its first head), making room first if ``limit`` are open.
-
-        The room is the longest idle connection's, else the one reading a head (or a new one
-        waiting for its first) that started earliest: never the newest connection.
-        """
-        victim = None
-        with self.lock:
-            if len(self) >= limit:
-                for group in (self.idle, self.reading):
-                    if group:
-                        victim = next(iter(group))
-                        del group[victim]
-                        break
-            self.reading[sock] = None
-        if victim is not None:
-            _kick(victim)
-
-    def evict_one(self) -> None:
-        """Close the longest idle connection (for an accept that ran out of files)."""
-        with self.lock:
-            victim = next(iter(self.idle), None)
-            self.idle.pop(victim, None)  # type: ignore[arg-type]
-        if victim is not None:
-            _kick(victim)
-
-
-def _kick(sock: socket.socket) -> None:
-    """End a connection whose thread may be blocked reading it: its read returns at once."""
-    with contextlib.suppress(OSError):
-        # the plain socket's shutdown, on an SSLSocket too (its own drops the TLS object
-        # under the reading thread)
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class _Connection(socketserver.BaseRequestHandler):
@@ -333,7 +260,7 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.ssl_context = ssl_context
         self.date = _Date()
         self.closing = False
-        self.connections = _Connections()
+        self.connections = Connections()
         #: when each connection not yet in its thread was accepted (its first head's deadline)
         self.accepted: dict[socket.socket, float] = {}
         self.open_files = raise_open_files_limit()
@@ -372,9 +299,11 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         try:
             if isinstance(request, ssl.SSLSocket):
                 try:
-                    request.do_handshake()  # within the head timeout set at the accept
+                    # the socket's timeout, set at the accept, bounds the whole handshake, not
+                    # each read (CPython's do_handshake keeps one deadline for its loop)
+                    request.do_handshake()
                 except (OSError, ssl.SSLError):
-                    return  # a client that can't complete TLS gets nothing
+                    return  # a client that can't complete TLS in time gets nothing
             super().finish_request(request, client_address)
         finally:
             self.accepted.pop(request, None)
