@@ -349,12 +349,16 @@ class Running:
         self.close()
 
 
-def ours(env: dict[str, str]) -> Running:
+def ours(env: dict[str, str], server: str = "ours") -> Running:
+    """Our exporter; ``server``: another HTTP server under it (bench/http_variants.py)."""
     port = free_port()
     cmd = [
         sys.executable,
-        "-m",
-        "trainguard",
+        *(
+            ["-m", "trainguard"]
+            if server == "ours"
+            else [str(REPO / "bench" / "http_variants.py"), server]
+        ),
         f"--web.listen-address=127.0.0.1:{port}",
         f"--state.dir={env['BENCH_STATE_DIR']}",
         f"--config.file={env['BENCH_CONFIG']}",
@@ -648,12 +652,19 @@ def bench_nvitop(
             empty = Path(env["BENCH_STATE_DIR"]).parent / "empty-state"
             gpu_env["BENCH_STATE_DIR"] = str(empty)
             nv_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "BENCH_STATE_DIR")}
+            servers = args.http_servers.split(",")
             slot = out.setdefault(cfg, {"ours": [], "nvitop": []})
             pair: list[tuple[str, Callable[[], Running], str, dict[str, str], str]] = [
                 ("ours", lambda e=gpu_env: ours(e), sys.executable, gpu_env, OURS_COLLECT),  # type: ignore[misc]
                 ("nvitop", lambda e=nv_env: nvitop(args.nvitop_python, e), args.nvitop_python,  # type: ignore[misc]
                  nv_env, NVITOP_COLLECT),
+            ] + [
+                (f"ours+{v}", lambda e=gpu_env, v=v: ours(e, v), sys.executable, gpu_env,  # type: ignore[misc]
+                 OURS_COLLECT)
+                for v in servers if v != "ours"
             ]  # fmt: skip
+            for who, *_ in pair:
+                slot.setdefault(who, [])
             if rnd % 2:
                 pair.reverse()
             for who, start, python, e, code in pair:
@@ -728,8 +739,29 @@ def nvitop_table(res: dict[Config, dict[str, dict[str, float]]]) -> str:
         "collect nvitop/ours | RSS nvitop/ours |",
         "|---|---|---|---|---|---|---|",
     ]
+    variants = [w for c in res for w in res[c] if w.startswith("ours+")]
+    variants = list(dict.fromkeys(variants))
+    server_ratios = [
+        "| GPUs | GPU processes | server | CPU/scrape ratio to nvitop (goal <= 0.1) | "
+        "p99 ratio to nvitop (goal <= 0.2) | p50 ms | p99 ms | CPU ms/scrape |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in sorted(res, key=lambda c: (c.gpus, c.procs)):
-        for who in ("ours", "nvitop"):
+        n = res[c]["nvitop"]
+        for who in ("ours", *variants):
+            r = res[c].get(who)
+            if r is None:
+                continue
+            server_ratios.append(
+                f"| {c.gpus} | {c.procs} | {who} | "
+                f"{r['cpu_ms_per_scrape'] / n['cpu_ms_per_scrape']:.3f} | "
+                f"{r['p99_ms'] / n['p99_ms']:.3f} | {fmt(r['p50_ms'])} | {fmt(r['p99_ms'])} | "
+                f"{fmt(r['cpu_ms_per_scrape'])} |"
+            )
+    for c in sorted(res, key=lambda c: (c.gpus, c.procs)):
+        for who in ("ours", "nvitop", *variants):
+            if who not in res[c]:
+                continue
             r = res[c][who]
             lines.append(
                 f"| {c.gpus} | {c.procs} | {who} | {fmt(r['p50_ms'])} / {fmt(r['p99_ms'])} | "
@@ -743,7 +775,8 @@ def nvitop_table(res: dict[Config, dict[str, dict[str, float]]]) -> str:
             f"{n['cpu_ms_per_scrape'] / o['cpu_ms_per_scrape']:.2f}x | "
             f"{n['collect_ms'] / o['collect_ms']:.2f}x | {n['rss_mb'] / o['rss_mb']:.2f}x |"
         )
-    return "\n".join(lines) + "\n\n" + "\n".join(ratios)
+    out = "\n".join(lines) + "\n\n" + "\n".join(ratios)
+    return out + ("\n\n" + "\n".join(server_ratios) if variants else "")
 
 
 def cpu_model() -> str:
@@ -793,6 +826,12 @@ def main() -> None:
     )
     p.add_argument("--only", choices=["ours", "nvitop", "profile"], help="run one part")
     p.add_argument("--json", type=Path, help="write the medians here")
+    p.add_argument(
+        "--http-servers",
+        default="ours",
+        help="in the nvitop comparison, also our exporter under these servers (comma-separated "
+        "of cheroot, waitress, h11: bench/http_variants.py), each as a ratio to nvitop-exporter",
+    )
     p.add_argument("--no-isolation", action="store_true", help="(for debugging only)")
     args = p.parse_args()
     if args.quick:

@@ -87,8 +87,8 @@ def test_pipelined_requests_are_answered_in_order(server: httpserver.ExporterHTT
     out = exchange(
         server,
         b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
-        b"POST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyz"
-        b"\r\nGET /c HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nxyz"
+        b"\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     )
     bodies = re.findall(rb"\r\n\r\n(\w+ /\w\? x= input=b'\w*'\n)", out)
     assert bodies == [
@@ -114,7 +114,7 @@ def test_http_1_0_closes_unless_asked_to_keep_alive(
 
 
 def test_head_has_the_length_and_no_body(server: httpserver.ExporterHTTPServer) -> None:
-    out = exchange(server, b"HEAD /h HTTP/1.1\r\nConnection: close\r\n\r\n")
+    out = exchange(server, b"HEAD /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     head, _, body = out.partition(b"\r\n\r\n")
     assert b"Content-Length: 22\r\n" in head
     assert body == b""
@@ -124,12 +124,14 @@ def test_head_has_the_length_and_no_body(server: httpserver.ExporterHTTPServer) 
     ("request_bytes", "status"),
     [
         (b"GET /\r\n\r\n", b"400 Bad Request"),
-        (b"GET / HTTP/1.1\r\nno colon here\r\n\r\n", b"400 Bad Request"),
-        (b"GET / HTTP/1.1\r\nX-A : b\r\n\r\n", b"400 Bad Request"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n", b"400 Bad Request"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-A : b\r\n\r\n", b"400 Bad Request"),
         (b"GET / HTTP/2.0\r\n\r\n", b"505 HTTP Version Not Supported"),
-        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", b"411 Length Required"),
-        (b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", b"413 Content Too Large"),
-        (b"POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400 Bad Request"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+         b"411 Length Required"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n",
+         b"413 Content Too Large"),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400 Bad Request"),
         (b"GET / HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", b"431 Request Header Fields"),
     ],
 )  # fmt: skip
@@ -150,41 +152,102 @@ def test_an_app_that_raises_is_a_500_not_a_dead_server(caplog: pytest.LogCapture
     srv = make_http_server("127.0.0.1:0", broken)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        assert exchange(srv, b"GET /boom HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 500 ")
-        assert b"200 OK" in exchange(srv, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert exchange(srv, b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 500 ")
+        assert b"200 OK" in exchange(
+            srv, b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
         assert "boom" in caplog.text
     finally:
         srv.shutdown()
         srv.server_close()
 
 
-def test_connections_over_the_cap_are_closed_at_once(
+def still_open(s: socket.socket) -> bool:
+    """Whether the server has neither answered nor closed ``s`` (nothing to read yet)."""
+    s.setblocking(False)
+    try:
+        s.recv(1)
+    except BlockingIOError:
+        return True
+    finally:
+        s.setblocking(True)
+    return False
+
+
+def test_a_connection_over_the_cap_closes_the_longest_idle_one_and_is_served(
     server: httpserver.ExporterHTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(httpserver, "MAX_CONNECTIONS", 3)
-    held = [socket.create_connection(("127.0.0.1", port(server)), timeout=30) for _ in range(3)]
-    for s in held:  # each answered, and kept open
-        s.sendall(b"GET / HTTP/1.1\r\n\r\n")
-        assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
-    with socket.create_connection(("127.0.0.1", port(server)), timeout=30) as over:
-        assert over.recv(1) == b""  # closed without an answer
-    held.pop().close()
+    conns = server.connections
+    a, b, c = (socket.create_connection(("127.0.0.1", port(server)), timeout=30) for _ in "abc")
+    socks = [a, b, c]
+    try:
+        for i, s in enumerate(socks):  # each answered, and kept open: idle, a the longest
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
+            wait_for(lambda i=i: len(conns.idle) == i + 1, what="the answered ones to be idle")
+        d = socket.create_connection(("127.0.0.1", port(server)), timeout=30)
+        socks.append(d)
+        assert a.recv(1) == b""  # a made room, unanswered
+        d.sendall(b"GET /d HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert d.recv(65536).startswith(b"HTTP/1.1 200 OK")
+        wait_for(lambda: len(conns.idle) == 3, what="b, c and d to be idle")
+        # b starts a request and stops half-way: idle ones go before it
+        b.sendall(b"GET /b HTTP/1.1\r\n")
+        wait_for(lambda: len(conns.reading) == 1, what="b's head to be seen as started")
+        e = socket.create_connection(("127.0.0.1", port(server)), timeout=30)
+        socks.append(e)
+        assert c.recv(1) == b""  # c, the longest idle, made room
+        assert still_open(b)
+        e.sendall(b"GET /e HTTP/1.1\r\n")  # now b and e are mid-head, d idle
+        wait_for(lambda: len(conns.reading) == 2, what="e's head to be seen as started")
+        f = socket.create_connection(("127.0.0.1", port(server)), timeout=30)
+        socks.append(f)
+        assert d.recv(1) == b""  # d, idle since its answer, before either half-sent head
+        assert still_open(b) and still_open(e)
+        g = socket.create_connection(("127.0.0.1", port(server)), timeout=30)
+        socks.append(g)
+        assert b.recv(1) == b""  # then the head that started first (f, new, started later)
+        for s in (f, g):  # the newest connections are served
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for s in socks:
+            s.close()
 
-    def served() -> bool:
-        try:
-            return b"200 OK" in exchange(server, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
-        except ConnectionResetError:
-            return False
 
-    wait_for(served, what="a connection to be served once one of the three closed")
-    for s in held:
-        s.close()
+def test_a_connection_being_answered_is_never_closed_to_make_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slow answer (a collector at its deadline) keeps its connection: the new one waits."""
+    monkeypatch.setattr(httpserver, "MAX_CONNECTIONS", 1)
+    release = threading.Event()
+
+    def slow(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ["PATH_INFO"] == "/slow":
+            release.wait(60)
+        return app(environ, start_response)
+
+    srv = make_http_server("127.0.0.1:0", slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with socket.create_connection(("127.0.0.1", port(srv)), timeout=30) as busy:
+            busy.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+            wait_for(lambda: len(srv.connections.busy) == 1, what="the slow request to start")
+            out = exchange(srv, b"GET /new HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert b"GET /new?" in out  # admitted over the cap, and served
+            release.set()
+            assert busy.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
 
 
-def test_a_request_trickled_byte_by_byte_is_dropped_at_the_client_timeout(
+def test_a_request_trickled_byte_by_byte_is_dropped_at_the_head_timeout(
     server: httpserver.ExporterHTTPServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(httpserver, "CLIENT_TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(httpserver, "HEAD_TIMEOUT_SECONDS", 1.0)
     with socket.create_connection(("127.0.0.1", port(server)), timeout=30) as s:
         started = time.monotonic()
         s.sendall(b"GET / HTTP/1.1\r\n")

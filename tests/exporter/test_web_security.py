@@ -7,6 +7,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,6 +16,8 @@ import bcrypt
 import pytest
 
 from helpers.exporter_proc import Exporter, child_env
+from trainguard.exporter.http import server as httpserver
+from trainguard.exporter.http.app import make_http_server
 from trainguard.exporter.http.webconfig import WebConfigError, load_web_config
 
 
@@ -121,7 +124,7 @@ def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
                 assert get(exp.url + "/metrics", client_ctx(pki)) == 200
             # answered while every stalled client still held its connection: a server that
             # waited for them (a handshake in the accept loop) would have answered only after
-            # dropping each of them at its client timeout (CLIENT_TIMEOUT_SECONDS)
+            # dropping each of them at its head timeout (HEAD_TIMEOUT_SECONDS, 10 s)
             for s in stalled:
                 s.setblocking(False)
                 with pytest.raises(BlockingIOError):
@@ -129,6 +132,43 @@ def test_slow_clients_do_not_block_scrapes(tmp_path: Path, pki: Path) -> None:
         finally:
             for s in stalled:
                 s.close()
+
+
+def test_a_tls_handshake_trickled_byte_by_byte_is_dropped_at_the_head_timeout(
+    pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handshake is bounded as a whole, not per read: a ClientHello sent a byte every
+    0.1 s must not hold its thread for as long as the client cares to keep going (CPython's
+    do_handshake keeps one deadline, the socket's timeout; this holds the server to it)."""
+    monkeypatch.setattr(httpserver, "HEAD_TIMEOUT_SECONDS", 1.0)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki / "server.crt"), str(pki / "server.key"))
+    srv = make_http_server("127.0.0.1:0", lambda env, start: [b""], ctx)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    out = ssl.MemoryBIO()
+    tls = client_ctx(pki).wrap_bio(ssl.MemoryBIO(), out, server_hostname="127.0.0.1")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    hello = out.read()  # a real ClientHello, a few hundred bytes
+    try:
+        with socket.create_connection(("127.0.0.1", int(srv.server_address[1])), timeout=30) as s:
+            s.settimeout(0.1)
+            closed = False
+            for i in range(len(hello)):
+                try:
+                    s.sendall(hello[i : i + 1])
+                    if s.recv(1) == b"":
+                        closed = True
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = True
+                    break
+            assert closed, f"the server was still reading a handshake of {len(hello)} bytes"
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.mark.parametrize(

@@ -7,56 +7,61 @@ of the exporter's time holding the interpreter, and the whole change cut its CPU
 quarter (bench/RESULTS.md, "seventh pass"). Prometheus keeps one connection per target open
 between scrapes (Go's transport), as node_exporter's server does: here a connection keeps its
 thread for as long as its client keeps it open (at most :data:`IDLE_TIMEOUT_SECONDS` between two
-requests), and a request is parsed with a few byte operations. A slow or stuck client holds only
-its own thread, TLS handshakes included (they happen on that thread, not in the accept loop),
-and at most :data:`MAX_CONNECTIONS` connections are open at once.
+requests), and a request is parsed by :mod:`~trainguard.exporter.http.request`.
 
-Only what the exporter's pages need is spoken: GET, HEAD and OPTIONS (a request body is read
-and discarded when its length is given), no chunked request bodies, no ``Expect`` handling,
-no HTTP/2 (the web config refuses to ask for it).
+Why a new connection is never refused: anyone who reaches the port can open connections, and a
+server that turns away the newest one when full lets a few hundred idle sockets lock Prometheus
+out. So a connection over :data:`MAX_CONNECTIONS` makes room
+(:mod:`~trainguard.exporter.http.connections`): the kept-alive connection idle
+longest between two requests is closed, else the one whose request head (or, new, its wait for
+one) started earliest; never the newest, nor one whose request is being answered. A request
+head (and a TLS handshake) must arrive whole within :data:`HEAD_TIMEOUT_SECONDS` of its first
+byte (of the connection, for the first request), as Go's ``ReadHeaderTimeout``, so that a
+half-sent head, trickled or not, holds its thread briefly. The process's soft limit on open
+files is raised to its hard limit at start, as Go's runtime does for every Go exporter, so that
+the cap, not the file limit, is what fills.
+
+Only what the exporter's pages need is spoken: GET, HEAD, OPTIONS (a body is read and dropped
+when its length is given); no chunked bodies, no ``Expect``, no HTTP/2 (the web config refuses
+it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import socket
 import socketserver
 import ssl
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import unquote
 
+from trainguard.exporter.http.connections import Connections, raise_open_files_limit
+from trainguard.exporter.http.request import BadRequest, Request, take_head
+
 log = logging.getLogger(__name__)
 
-#: a client that sends nothing for this long mid-request (or mid-handshake) is dropped, so that
-#: it can't hold a thread forever
+#: a request head (and a TLS handshake) must arrive whole within this of its first byte, and a
+#: new connection's first head within this of its accept (Prometheus sends a head at once)
+HEAD_TIMEOUT_SECONDS = 10.0
+#: a client that sends nothing for this long mid-body is dropped
 CLIENT_TIMEOUT_SECONDS = 30.0
 #: an open connection with no request for this long is closed (Prometheus scrapes far more
 #: often; a client that comes back later reconnects, as Go's transport does on its own)
 IDLE_TIMEOUT_SECONDS = 120.0
-#: connections open at once (a thread each); one over is closed at once
-MAX_CONNECTIONS = 256
-#: the request line and headers, at most (Go's net/http allows 1 MiB; no scrape sends 1 KiB)
-MAX_HEAD_BYTES = 64 * 1024
-#: a request body, at most (the exporter's pages take none: it is read and dropped)
-MAX_BODY_BYTES = 64 * 1024
+#: connections (threads) open at once; one more closes the longest idle one to make room
+MAX_CONNECTIONS = 4096
+#: open files kept free of connections (the collectors read files, TLS reads certificates)
+RESERVED_FILES = 256
 
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
-
-
-class _BadRequest(Exception):
-    """A request this server answers with ``status`` and then closes the connection on."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class _Date:
@@ -73,77 +78,34 @@ class _Date:
         return self._value
 
 
-class _Request:
-    """One parsed request: what the WSGI environ is made of, and whether to keep the connection."""
-
-    __slots__ = ("body", "headers", "keep_alive", "method", "target", "version")
-
-    def __init__(self, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\n")
-        parts = lines[0].rstrip("\r").split(" ")
-        if len(parts) != 3 or not parts[0] or not parts[1]:
-            raise _BadRequest("400 Bad Request", f"malformed request line {lines[0][:100]!r}")
-        self.method, self.target, self.version = parts
-        if self.version not in ("HTTP/1.1", "HTTP/1.0"):
-            raise _BadRequest(
-                "505 HTTP Version Not Supported", f"{self.version[:20]!r}: HTTP/1.1 and 1.0 only"
-            )
-        self.headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.rstrip("\r").partition(":")
-            if not sep or not name or name != name.strip():
-                raise _BadRequest("400 Bad Request", f"malformed header line {line[:100]!r}")
-            key = name.lower()
-            value = value.strip(" \t")
-            old = self.headers.get(key)
-            self.headers[key] = value if old is None else f"{old}, {value}"
-        connection = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.1":
-            self.keep_alive = "close" not in connection
-        else:
-            self.keep_alive = "keep-alive" in connection
-        self.body = b""
-
-    def body_length(self) -> int:
-        if "transfer-encoding" in self.headers:
-            raise _BadRequest("411 Length Required", "chunked request bodies are not accepted")
-        text = self.headers.get("content-length", "0")
-        if not text.isdigit():
-            raise _BadRequest("400 Bad Request", f"Content-Length {text[:30]!r}: not a length")
-        if int(text) > MAX_BODY_BYTES:
-            raise _BadRequest(
-                "413 Content Too Large", f"a body of {text} bytes (at most {MAX_BODY_BYTES})"
-            )
-        return int(text)
-
-    def environ(self, server: ExporterHTTPServer, client: Any) -> dict[str, Any]:
-        """The WSGI environ (PEP 3333) of this request, as wsgiref's server makes it."""
-        path, _, query = self.target.partition("?")
-        if not path.startswith("/") and "://" in path:  # absolute-form, from a proxy
-            path = "/" + path.partition("://")[2].partition("/")[2]
-        env: dict[str, Any] = {
-            "REQUEST_METHOD": self.method,
-            "SCRIPT_NAME": "",
-            "PATH_INFO": unquote(path, "iso-8859-1"),
-            "QUERY_STRING": query,
-            "SERVER_PROTOCOL": self.version,
-            "SERVER_NAME": server.server_name,
-            "SERVER_PORT": str(server.server_address[1]),
-            "REMOTE_ADDR": client[0] if isinstance(client, tuple) else "",
-            "CONTENT_TYPE": self.headers.get("content-type", ""),
-            "CONTENT_LENGTH": self.headers.get("content-length", ""),
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": "http" if server.ssl_context is None else "https",
-            "wsgi.input": io.BytesIO(self.body),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": True,
-            "wsgi.multiprocess": False,
-            "wsgi.run_once": False,
-        }
-        for key, value in self.headers.items():
-            if key not in ("content-type", "content-length"):
-                env["HTTP_" + key.upper().replace("-", "_")] = value
-        return env
+def environ(request: Request, server: ExporterHTTPServer, client: Any) -> dict[str, Any]:
+    """The WSGI environ (PEP 3333) of ``request``, as wsgiref's server makes it."""
+    path, _, query = request.target.partition("?")
+    if not path.startswith("/") and "://" in path:  # absolute-form, from a proxy
+        path = "/" + path.partition("://")[2].partition("/")[2]
+    env: dict[str, Any] = {
+        "REQUEST_METHOD": request.method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": unquote(path, "iso-8859-1"),
+        "QUERY_STRING": query,
+        "SERVER_PROTOCOL": request.version,
+        "SERVER_NAME": server.server_name,
+        "SERVER_PORT": str(server.server_address[1]),
+        "REMOTE_ADDR": client[0] if isinstance(client, tuple) else "",
+        "CONTENT_TYPE": request.headers.get("content-type", ""),
+        "CONTENT_LENGTH": request.headers.get("content-length", ""),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http" if server.ssl_context is None else "https",
+        "wsgi.input": io.BytesIO(request.body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    for key, value in request.headers.items():
+        if key not in ("content-type", "content-length"):
+            env["HTTP_" + key.upper().replace("-", "_")] = value
+    return env
 
 
 class _Connection(socketserver.BaseRequestHandler):
@@ -154,15 +116,17 @@ class _Connection(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         buffer = bytearray()
+        first = True
         while True:
             try:
-                head = self._read_head(sock, buffer)
+                head = self._read_head(sock, buffer, first)
                 if head is None:
                     return
-                request = _Request(head)
+                first = False
+                request = Request(head)
                 length = request.body_length()
                 request.body = self._read_exactly(sock, buffer, length)
-            except _BadRequest as exc:
+            except BadRequest as exc:
                 with contextlib.suppress(OSError):
                     sock.sendall(self._error(exc.status, str(exc)))
                 return
@@ -171,34 +135,32 @@ class _Connection(socketserver.BaseRequestHandler):
             if not self._answer(sock, request):
                 return
 
-    def _read_head(self, sock: socket.socket, buffer: bytearray) -> bytes | None:
-        """The next request's line and headers; None when the client closed between requests."""
-        sock.settimeout(IDLE_TIMEOUT_SECONDS if not buffer else CLIENT_TIMEOUT_SECONDS)
-        deadline = None
+    def _read_head(self, sock: socket.socket, buffer: bytearray, first: bool) -> bytes | None:
+        """The next request's line and headers; None if the client closed or took too long."""
+        conns = self.server.connections
+        deadline, started = None, first
+        if first:  # a new connection: its first head within the head timeout of the accept
+            deadline = self.server.accepted.pop(sock, time.monotonic()) + HEAD_TIMEOUT_SECONDS
+        elif not buffer:
+            conns.move(sock, conns.idle)
         while True:
-            end = buffer.find(b"\r\n\r\n")
-            size = 4
-            if end < 0:
-                end, size = buffer.find(b"\n\n"), 2
-            if end > MAX_HEAD_BYTES or (end < 0 and len(buffer) > MAX_HEAD_BYTES):
-                raise _BadRequest(
-                    "431 Request Header Fields Too Large",
-                    f"a request line and headers of over {MAX_HEAD_BYTES} bytes",
-                )
-            if end >= 0:
-                head = bytes(buffer[:end]).lstrip(b"\r\n")
-                del buffer[: end + size]
-                if head:
-                    return head
-                continue  # blank lines before a request line are allowed (RFC 9112, 2.2)
-            if buffer:
-                # a request started: the whole of it within the client timeout, so that one
+            head = take_head(buffer)
+            if head is not None:
+                conns.move(sock, conns.busy)
+                return head
+            if buffer and not started:
+                # a request started: the whole head within the head timeout, so that one
                 # byte every few seconds can't hold the connection open for ever
-                now = time.monotonic()
-                deadline = deadline or now + CLIENT_TIMEOUT_SECONDS
-                if now >= deadline:
+                started = True
+                deadline = deadline or time.monotonic() + HEAD_TIMEOUT_SECONDS
+                conns.move(sock, conns.reading)
+            if deadline is None:
+                sock.settimeout(IDLE_TIMEOUT_SECONDS)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
                     return None
-                sock.settimeout(deadline - now)
+                sock.settimeout(left)
             chunk = sock.recv(65536)
             if not chunk:
                 return None
@@ -216,9 +178,9 @@ class _Connection(socketserver.BaseRequestHandler):
         del buffer[:length]
         return body
 
-    def _answer(self, sock: socket.socket, request: _Request) -> bool:
+    def _answer(self, sock: socket.socket, request: Request) -> bool:
         """Send the app's response to ``request``; whether the connection stays open."""
-        environ = request.environ(self.server, self.client_address)
+        env = environ(request, self.server, self.client_address)
         response: list[Any] = []
         written: list[bytes] = []
 
@@ -227,7 +189,7 @@ class _Connection(socketserver.BaseRequestHandler):
             return written.append
 
         try:
-            returned = self.server.app(environ, start_response)
+            returned = self.server.app(env, start_response)
             try:
                 written.extend(returned)
             finally:
@@ -242,6 +204,7 @@ class _Connection(socketserver.BaseRequestHandler):
         keep = request.keep_alive and not self.server.closing
         connection = "keep-alive" if keep and request.version == "HTTP/1.0" else None
         head, body = self._response(status, headers, b"".join(written), keep, connection)
+        sock.settimeout(CLIENT_TIMEOUT_SECONDS)
         sock.sendall(head if request.method == "HEAD" else head + body)
         return keep
 
@@ -282,8 +245,8 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
-    #: a burst of connecting scrapers waits in the kernel's queue rather than being dropped
-    request_queue_size = 128
+    #: a burst of connecting clients waits in the kernel's queue (capped at its somaxconn)
+    request_queue_size = 4096
 
     def __init__(
         self,
@@ -297,8 +260,10 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         self.ssl_context = ssl_context
         self.date = _Date()
         self.closing = False
-        self._open = 0
-        self._open_lock = threading.Lock()
+        self.connections = Connections()
+        #: when each connection not yet in its thread was accepted (its first head's deadline)
+        self.accepted: dict[socket.socket, float] = {}
+        self.open_files = raise_open_files_limit()
         super().__init__(address, _Connection)
         self.server_name = str(self.server_address[0])
 
@@ -309,32 +274,40 @@ class ExporterHTTPServer(socketserver.ThreadingMixIn, socketserver.TCPServer):
         super().server_bind()
 
     def get_request(self) -> tuple[socket.socket, Any]:
-        sock, addr = self.socket.accept()
-        sock.settimeout(CLIENT_TIMEOUT_SECONDS)
+        try:
+            sock, addr = self.socket.accept()
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self.connections.evict_one()  # the next accept has a file to take
+            raise
+        self.accepted[sock] = time.monotonic()
+        sock.settimeout(HEAD_TIMEOUT_SECONDS)
         if self.ssl_context is not None:
-            sock = self.ssl_context.wrap_socket(
+            tls = self.ssl_context.wrap_socket(
                 sock, server_side=True, do_handshake_on_connect=False
             )
+            self.accepted[tls] = self.accepted.pop(sock)
+            sock = tls
         return sock, addr
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        with self._open_lock:
-            if self._open >= MAX_CONNECTIONS:
-                return False
-            self._open += 1
-            return True
+        limit = min(MAX_CONNECTIONS, max(self.open_files - RESERVED_FILES, 16))
+        self.connections.admit(request, limit)
+        return True
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         try:
             if isinstance(request, ssl.SSLSocket):
                 try:
+                    # the socket's timeout, set at the accept, bounds the whole handshake, not
+                    # each read (CPython's do_handshake keeps one deadline for its loop)
                     request.do_handshake()
                 except (OSError, ssl.SSLError):
-                    return  # a client that can't complete TLS gets nothing
+                    return  # a client that can't complete TLS in time gets nothing
             super().finish_request(request, client_address)
         finally:
-            with self._open_lock:
-                self._open -= 1
+            self.accepted.pop(request, None)
+            self.connections.remove(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that went away mid-response is not the exporter's error."""
