@@ -107,6 +107,11 @@ def metrics_app(registry: ExporterRegistry) -> WSGIApp:
 def make_app(
     registry: ExporterRegistry, telemetry_path: str, web: WebConfig | None = None
 ) -> WSGIApp:
+    """The exporter's one WSGI app: the landing page, ``/metrics``, ``/-/healthy``, ``/runbook``.
+
+    Basic auth and the extra headers of the web config apply to every path alike, so that no
+    page of a protected exporter is left open by accident.
+    """
     metrics = _gzip(metrics_app(registry))
     landing = landing_page(telemetry_path)
     runbook_page = runbook.page()
