@@ -60,7 +60,7 @@ from trainguard.run.snapshots.capture import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
-from trainguard.shared import procinfo
+from trainguard.shared import loss_at_save, procinfo
 from trainguard.shared.fileio import remove_orphan_temps
 from trainguard.shared.heartbeat.record import (
     SUFFIX,
@@ -68,6 +68,7 @@ from trainguard.shared.heartbeat.record import (
     heartbeat_filename,
     write_heartbeat,
 )
+from trainguard.shared.nonfinite import LOSS
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
@@ -229,6 +230,7 @@ class Run:
         self._thread.start()
         self._exits = ExitHooks(self._finish)
         self._signals.install()
+        loss_at_save.register(self._loss_finite)  # asked by trainguard.checkpoint at each save
 
     # -- the training loop's side -------------------------------------------------------
 
@@ -493,6 +495,22 @@ class Run:
         step = checked_step(latest[0], self._warn_once)
         return (self._step if step is None else step), checked_scalars(latest[2], self._warn_once)
 
+    def _loss_finite(self) -> bool | None:
+        """Whether the loss of the latest step() call was finite; None when none had a loss.
+
+        Runs on the thread saving a checkpoint: a tensor loss is read here (the save waits for
+        the GPU anyway), the step() call itself never reads it.
+        """
+        if os.getpid() != self._pid:
+            return None  # a forked child saving: not this run's loss
+        latest = self._latest
+        if latest is not None and LOSS in latest[2]:
+            value = checked_scalars({LOSS: latest[2][LOSS]}, self._warn_once).get(LOSS)
+            if value is not None:
+                return math.isfinite(value)
+        value = self._scalars.get(LOSS)
+        return None if value is None else math.isfinite(value)
+
     def _take_latest(self) -> None:
         """Convert what step() stored; bad values are dropped and logged once."""
         latest = self._latest
@@ -503,4 +521,4 @@ class Run:
         if step is not None:
             self._step, self._step_time = step, step_time
         self._scalars = checked_scalars(raw_scalars, self._warn_once)
-        self._health.observe(latest, self._scalars)
+        self._health.observe(latest, self._scalars, step)

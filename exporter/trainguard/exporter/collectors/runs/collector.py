@@ -36,6 +36,8 @@ from trainguard.exporter.collectors.runs.metrics import (
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_XID,
     LOG_MODIFIED,
+    LOSS_FIRST_STEP,
+    LOSS_LAST_FINITE_STEP,
     LOSS_STREAK,
     MAX_ALLOCATED,
     METRICS,
@@ -252,6 +254,10 @@ def _add_nonfinite(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> Non
     for name, count in sorted(record.counts.items()):
         fam[NONFINITE.name].add_metric([*labels, name], count)
     fam[LOSS_STREAK.name].add_metric(labels, record.loss_streak)
+    if record.loss_streak and record.loss_first_step is not None:
+        fam[LOSS_FIRST_STEP.name].add_metric(labels, record.loss_first_step)
+    if record.loss_last_finite_step is not None:
+        fam[LOSS_LAST_FINITE_STEP.name].add_metric(labels, record.loss_last_finite_step)
 
 
 def _add_timing(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:

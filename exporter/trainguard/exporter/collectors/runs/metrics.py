@@ -116,6 +116,20 @@ LOSS_STREAK = MetricSpec(
     "Consecutive observed steps, up to the latest, whose loss was NaN or infinite; 0 once a "
     "finite loss is reported.",
 )
+LOSS_FIRST_STEP = MetricSpec(
+    "trainguard_run_loss_nonfinite_first_step",
+    "gauge",
+    ("run", "rank"),
+    "Step of the first observed step of the current non-finite loss streak: the loss turned "
+    "non-finite after trainguard_run_loss_last_finite_step and at or before this step; absent "
+    "while the loss is finite.",
+)
+LOSS_LAST_FINITE_STEP = MetricSpec(
+    "trainguard_run_loss_last_finite_step",
+    "gauge",
+    ("run", "rank"),
+    "Step of the newest observed step whose loss was finite; absent before the first.",
+)
 STUCK_INFO = MetricSpec(
     "trainguard_run_stuck_info",
     "gauge",
@@ -294,6 +308,8 @@ METRICS = (
     SCALAR,
     NONFINITE,
     LOSS_STREAK,
+    LOSS_FIRST_STEP,
+    LOSS_LAST_FINITE_STEP,
     STUCK_INFO,
     DATA_WAIT,
     COMPUTE,
