@@ -289,6 +289,20 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
     (),
     "Heartbeat files in the state directory that could not be used in this scrape.",
 )
+HEARTBEAT_FILE_INVALID = MetricSpec(
+    "trainguard_heartbeat_file_invalid",
+    "gauge",
+    ("file",),
+    "1 per heartbeat file that could not be used in this scrape (why is logged once); the run "
+    "it held is kept from its last valid reading. At most 100 files.",
+)
+STATE_DIR_PRESENT = MetricSpec(
+    "trainguard_state_dir_present",
+    "gauge",
+    ("path",),
+    "1 if the state directory exists and could be listed, 0 if not: no training run can be "
+    "watched (a typo in --state.dir, or it was removed).",
+)
 
 METRICS = (
     RUN_INFO,
@@ -335,4 +349,6 @@ METRICS = (
     LAST_DEATH_XID,
     HEARTBEAT_FILES,
     HEARTBEAT_FILE_ERRORS,
+    HEARTBEAT_FILE_INVALID,
+    STATE_DIR_PRESENT,
 )

@@ -135,7 +135,9 @@ class Status:
         gpus, run_mem, nvml, gpu_errors = self._gpus(scrape)
         self.targets = self.table.checkpoint_targets(scrape)
         runs = [self._row(row, now, run_mem) for row in view.rows]
-        snap = Snapshot(str(self.state_dir), now, runs, nvml, gpus, [*view.errors, *gpu_errors])
+        bad = [why for _name, why in view.bad_files]
+        errors = [*view.errors, *bad, *gpu_errors]
+        snap = Snapshot(str(self.state_dir), now, runs, nvml, gpus, errors)
         if checkpoints:
             self.attach(snap, {})
         return snap
