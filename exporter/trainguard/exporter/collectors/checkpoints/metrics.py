@@ -52,7 +52,8 @@ EXPECTED_SIZE = spec(
 )
 TRUNCATED = spec(
     "truncated_files",
-    "Files smaller than their recorded size and untouched for the grace period.",
+    "Files smaller than their recorded size: at once against their own record, else once "
+    "untouched for the grace period.",
 )
 DAMAGED_STEP = spec(
     "newest_damaged_step",
@@ -64,7 +65,8 @@ DAMAGED_STEP = spec(
 )
 OVERSIZED = spec(
     "oversized_files",
-    "Files larger than their recorded size and untouched for the grace period.",
+    "Files larger than their recorded size: at once against their own record, else once "
+    "untouched for the grace period.",
 )
 HASH_MISMATCH = spec(
     "hash_mismatch_files",
