@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
+from trainguard.exporter.terminal import retire
 from trainguard.exporter.terminal.restore import command as restore
 from trainguard.shared.units import parse_duration
 
@@ -52,11 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "and launching a run that survives the terminal.",
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch,snapshot}")
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="{status,verify,launch,snapshot,retire}"
+    )
     _add_status(sub)
     _add_verify(sub)
     _add_launch(sub)
     _add_snapshot(sub)
+    retire.add_parser(sub)
     return p
 
 
@@ -215,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return restore.main_restore(args) if args.restore else _verify(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "retire":
+            return retire.main(args)
         from trainguard.exporter.terminal.launch import main_launch
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
