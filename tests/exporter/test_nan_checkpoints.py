@@ -106,6 +106,7 @@ def test_a_nan_run_through_save_latest_prune_and_the_exporter(tmp_path: Path) ->
         # trainguard status: the run shown as stepping on a NaN loss, where the NaN began,
         # and the checkpoint to resume from
         r = tg("status", f"--state.dir={state}", "--json", "--sample=0")
+        assert r.returncode == 1, r.stderr  # a run stepping on a NaN loss is not fine
         (row,) = json.loads(r.stdout)["runs"]
         assert row["state"] == "nan-loss", row
         assert row["loss"] is None and row["loss_nonfinite_streak"] >= 1

@@ -69,7 +69,15 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_status(sub: Subparsers) -> None:
-    s = sub.add_parser("status", help="the runs this host knows", description=_status_doc())
+    s = sub.add_parser(
+        "status",
+        help="the runs this host knows",
+        description=_status_doc(),
+        epilog="Exit status: 0 when every run is alive, starting or finished and every "
+        "heartbeat could be read; 1 when a run is dead, stalled, unknown or stepping on a NaN "
+        "loss (nan-loss), or something could not be read (listed as error:); 2 on bad input "
+        "(and an unreadable state directory). --watch exits 0 on Ctrl-C.",
+    )
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
     s.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
     s.add_argument(
@@ -269,13 +277,13 @@ def _status(args: argparse.Namespace) -> int:
         status.close()
     if args.json:
         print(json.dumps(snap.to_json(), indent=2))
-        return 0
+        return st.exit_status(snap)
     console = _console()
     if console.is_terminal:
         console.print(st.rich_view(snap))
     else:
         sys.stdout.write(st.plain(snap))
-    return 0
+    return st.exit_status(snap)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -245,6 +245,19 @@ def _location(t: CheckpointTarget, step: int | None, found: Found) -> Location:
     return Location(t.location, str(t.path), newest, risk, error)
 
 
+#: the states that need nobody: ``trainguard status`` exits 0 when every run is in one
+FINE = ("alive", "starting", "finished")
+
+
+def exit_status(snap: Snapshot) -> int:
+    """0 when every run is alive, starting or finished and nothing could not be read, else 1.
+
+    For scripts: ``trainguard status >/dev/null || notify`` (a dead, stalled, unknown run or
+    one stepping on a NaN loss, or an unreadable heartbeat). 2, bad input, is the caller's.
+    """
+    return 0 if all(r.state in FINE for r in snap.runs) and not snap.errors else 1
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -278,6 +291,9 @@ COLOURS = {
     "dead": "bold red",
     "unknown": "magenta",
 }
+
+#: a word up to this long is never folded in the middle on a narrow terminal
+MAX_WORD = 12
 
 COLUMNS = (
     "run",
@@ -398,11 +414,16 @@ def rich_view(snap: Snapshot) -> Any:
         box=None,
         header_style="bold",
         pad_edge=False,
+        collapse_padding=True,  # one space between columns: nine fit in 80 columns
     )
-    for col in COLUMNS:
-        table.add_column(col, overflow="fold")
-    for r in snap.runs:
-        row = cells(r)
+    rows = [cells(r) for r in snap.runs]
+    for i, col in enumerate(COLUMNS):
+        # wide enough for its longest word: a narrow terminal wraps between words, and folds
+        # only a word longer than MAX_WORD (a long run name)
+        words = [w for text in [col, *(row[i] for row in rows)] for w in text.split()]
+        width = min(max((len(w) for w in words), default=1), MAX_WORD)
+        table.add_column(col, overflow="fold", min_width=width)
+    for r, row in zip(snap.runs, rows, strict=True):
         row[2] = f"[{COLOURS.get(r.state, '')}]{r.state}[/]"
         table.add_row(*row)
     extra = [Text(line, style="bold red") for line in loss_lines(snap.runs)]
