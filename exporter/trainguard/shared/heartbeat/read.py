@@ -79,7 +79,9 @@ def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise HeartbeatError(
-            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            # json's message may end in "at" already ("Invalid control character at")
+            f"{source}: not valid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} "
+            f"column {exc.colno}"
             " (truncated or not a heartbeat)"
         ) from None
     except _DuplicateKey:
