@@ -102,6 +102,8 @@ def test_a_nan_run_through_save_latest_prune_and_the_exporter(tmp_path: Path) ->
             assert first is not None and last_finite is not None, s
             assert 1 <= last_finite <= 99 and 100 <= first <= 400
             assert (value(s, "trainguard_run_loss_nonfinite_streak", **RR) or 0) >= 1
+            # where this process began (after a restart, TrainingProcessRestarted's steps lost)
+            assert value(s, "trainguard_run_first_step", **RR) == 1
 
         # trainguard status: the run shown as stepping on a NaN loss, where the NaN began,
         # and the checkpoint to resume from

@@ -73,6 +73,8 @@ from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
 
+#: no step() call yet; the first one's step already converted
+_UNSET, _CONVERTED = object(), object()
 #: seconds between re-reads of this process's create time (each read is a few syscalls)
 CREATE_TIME_REFRESH = 60.0
 
@@ -194,6 +196,8 @@ class Run:
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
         self._step_time: float | None = None
+        self._first_raw: Any = _UNSET  # the first step() call's step, as given
+        self._first_step: int | None = None
         self._scalars: dict[str, float] = {}
         self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
         self._final: tuple[str, str | None] | None = None
@@ -250,6 +254,8 @@ class Run:
         which tell a slow rank apart (docs/metrics.md#who-is-slow); they are not scalars.
         """
         self._latest = (step, time.time(), scalars)
+        if self._first_raw is _UNSET:  # where this process began: the steps a death lost
+            self._first_raw = step
         if data_seconds is not None or compute_seconds is not None:
             self._timing.add(data_seconds, compute_seconds)
 
@@ -460,6 +466,7 @@ class Run:
             error=error,
             step=self._step,
             step_time=self._step_time,
+            first_step=self._first_step,
             scalars=self._scalars,
             world_size=self.world_size,
             boot_id=self._boot_id,
@@ -517,6 +524,10 @@ class Run:
         if latest is None:
             return
         raw_step, step_time, raw_scalars = latest
+        first = self._first_raw
+        if first is not _UNSET and first is not _CONVERTED:  # converted once, good or bad
+            self._first_raw = _CONVERTED
+            self._first_step = checked_step(first, self._warn_once)
         step = checked_step(raw_step, self._warn_once)
         if step is not None:
             self._step, self._step_time = step, step_time

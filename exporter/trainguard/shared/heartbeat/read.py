@@ -132,6 +132,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         error=f.text("error", 200, optional=True),
         step=f.integer("step", 0, MAX_INT, optional=True),
         step_time=f.timestamp("step_time", optional=True),
+        first_step=f.integer("first_step", 0, MAX_INT, optional=True),
         scalars=f.scalars("scalars"),
         world_size=f.integer("world_size", 1, MAX_RANK + 1, optional=True),
         boot_id=f.text("boot_id", 64, optional=True),

@@ -26,6 +26,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     DEVICE_TOTAL,
     EXIT_INFO,
     FINISHED,
+    FIRST_STEP,
     HEARTBEAT_AGE,
     HEARTBEAT_FILE_ERRORS,
     HEARTBEAT_FILE_INVALID,
@@ -166,6 +167,8 @@ class RunsCollector(Collector):
             fam[STEP.name].add_metric(labels, hb.step)
         if hb.step_time is not None:
             fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
+        if hb.first_step is not None:
+            fam[FIRST_STEP.name].add_metric(labels, hb.first_step)
         fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
         if not starting:
             fam[START_TIMESTAMP.name].add_metric(labels, hb.started)

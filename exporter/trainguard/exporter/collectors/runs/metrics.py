@@ -246,6 +246,13 @@ DEATHS = MetricSpec(
     ("run",),
     "Times a process of the run went away without finishing, as recorded when it restarted.",
 )
+FIRST_STEP = MetricSpec(
+    "trainguard_run_first_step",
+    "gauge",
+    ("run", "rank"),
+    "First step this process reported: after a restart, the step it resumed at "
+    "(TrainingProcessRestarted's steps lost are the death's step minus the one before it).",
+)
 LAST_DEATH_STEP = MetricSpec(
     "trainguard_run_last_death_step",
     "gauge",
@@ -343,6 +350,7 @@ METRICS = (
     SNAPSHOT_RECENT,
     DEATHS,
     LAST_DEATH_STEP,
+    FIRST_STEP,
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
