@@ -114,9 +114,10 @@ def _rule(
     }
     for key, text in rule.annotations.items():
         out["annotations"][key] = Folded(fill(para(text), table))
-    if run_context:
+    if run_context:  # an alert's own annotation of the same name says it better
         for key, text in RUN_CONTEXT.items():
-            out["annotations"][key] = Folded(fill(text, table))
+            if key not in rule.annotations:
+                out["annotations"][key] = Folded(fill(text, table))
     return out
 
 

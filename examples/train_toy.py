@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -25,7 +26,12 @@ from trainguard import checkpoint
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--name", default="toy", help="run name (default: %(default)s)")
+    p.add_argument(
+        "--name",
+        # `trainguard launch --name X -- python examples/train_toy.py` sets $TRAINGUARD_RUN
+        default=os.environ.get("TRAINGUARD_RUN") or "toy",
+        help="run name (default: $TRAINGUARD_RUN, else toy: %(default)s)",
+    )
     p.add_argument("--steps", type=int, default=300, help="train up to this step")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep per step")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save and resume here")
@@ -35,8 +41,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--prune-grace",
         type=float,
-        default=300.0,
-        help="never prune a file touched this recently, in seconds (default: %(default)s)",
+        default=30.0,
+        help="never prune a file touched this recently, in seconds (default: %(default)s; "
+        "the library's default is 300, for writers other than trainguard.checkpoint: this "
+        "toy's saves are recorded whole, so a short grace keeps --keep honest)",
     )
     p.add_argument("--state-dir", type=Path, default=None, help="trainguard state dir")
     p.add_argument("--log-file", type=Path, default=None, help="append a line per step here")

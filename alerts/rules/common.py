@@ -201,10 +201,17 @@ RUN_CONTEXT = {
         RUN_ARGS,
         unknown="none",
     ),
-    # no complete primary checkpoint while the run has steps: everything is at risk, say so
+    # no complete primary checkpoint while the run has steps: everything is at risk, say so.
+    # From the raw series, not run:trainguard_run_steps_since_checkpoint:max: at the first
+    # evaluation after Prometheus starts, an alert's group may run before the recording
+    # rules' has, and a record not evaluated yet read as "no checkpoint"
     "steps_at_risk": query_value(
-        "run:trainguard_run_steps_since_checkpoint:max{" + RUN_SEL + "}",
-        RUN_ARGS,
+        "clamp_min(max(trainguard_run_step{"
+        + RUN_SEL
+        + "}) - max(trainguard_checkpoint_last_step{"
+        + RUN_SEL
+        + ',location="primary"}), 0)',
+        RUN_ARGS + " " + RUN_ARGS,  # the run's selector twice
         unknown="{{ with printf `max(trainguard_run_step{"
         + RUN_SEL
         + "})` "

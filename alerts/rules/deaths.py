@@ -76,13 +76,19 @@ SNIPPETS = {
         RUN_ARGS,
         unknown="none known",
     ),
-    # "about 22": the steps between the newest complete checkpoint and the death.
+    # "about 22": the steps between where the relaunch resumed (its first step, minus one) and
+    # the death; before the relaunch has stepped, between the newest complete primary
+    # checkpoint and the death, while that checkpoint is not newer than the death (later it is
+    # the relaunch's own, and the difference would be negative)
     "steps_lost": query_value(
-        "trainguard_run_last_death_step{"
+        "clamp_min(trainguard_run_last_death_step{"
+        + RUN_SEL
+        + "} - on (${target_labels}, run) (min by (${target_labels}, run) "
+        + "(trainguard_run_first_step) - 1), 0) or (trainguard_run_last_death_step{"
         + RUN_SEL
         + "} - on (${target_labels}, run) max by (${target_labels}, run) "
-        + '(trainguard_checkpoint_last_step{location="primary"})',
-        RUN_ARGS,
+        + '(trainguard_checkpoint_last_step{location="primary"}) >= 0)',
+        RUN_ARGS + " " + RUN_ARGS,  # the run's selector twice
         fmt='printf "about %.0f"',
     ),
     "cause": (

@@ -1,6 +1,8 @@
 """Is trainguard itself watching? The exporter's own alerts.
 
-TrainguardCollectorFailing, TrainguardExporterDown (critical
+TrainguardCollectorFailing, TrainguardStateDirMissing (no run can be watched: a typo in
+--state.dir), TrainguardHeartbeatFileInvalid (one file the exporter cannot use),
+TrainguardExporterDown (critical
 when the exporter, failing its scrapes or gone from service discovery, was watching active runs:
 a dead host cannot report their death), and Watchdog, which always fires so that a dead
 man's switch notices when the whole alerting pipeline stops.
@@ -18,6 +20,18 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "5m",
         DURATION,
         "TrainguardCollectorFailing: a collector failed every scrape for this long.",
+    ),
+    Threshold(
+        "state_dir_missing_for",
+        "10m",
+        DURATION,
+        "TrainguardStateDirMissing: the exporter's state directory was missing this long.",
+    ),
+    Threshold(
+        "heartbeat_file_invalid_for",
+        "10m",
+        DURATION,
+        "TrainguardHeartbeatFileInvalid: a heartbeat file could not be used for this long.",
     ),
     Threshold(
         "exporter_down_for",
@@ -72,6 +86,43 @@ GROUP = Group(
             {{ $labels.instance }} has failed every scrape for ${collector_failing_for}. The
             metrics it provides are missing, so the alerts built on them cannot fire. See the
             exporter's log.
+            """,
+        ),
+        # The shipped deployments create the state directory (tmpfiles, hostPath): missing, it is
+        # not the one the exporter was told (a typo), or it was removed. Nothing else would say so:
+        # 0 heartbeats look like an idle host.
+        Alert(
+            "TrainguardStateDirMissing",
+            "warning",
+            expr="trainguard_state_dir_present == 0",
+            for_="${state_dir_missing_for}",
+            summary="""
+            trainguard exporter {{ $labels.instance }} has no state directory: no training
+            run there can be watched.
+            """,
+            description="""
+            The state directory {{ $labels.path }} of the trainguard exporter on
+            {{ $labels.instance }} has not existed (or could not be listed) for
+            ${state_dir_missing_for}. Training processes write their heartbeats there; without
+            it no death, stall or NaN on this host can page. Is --state.dir the directory the
+            jobs write to ($TRAINGUARD_STATE_DIR on their side)?
+            """,
+        ),
+        # One file the exporter cannot use costs that file only: every other run is published,
+        # and the run the file held is kept from its last valid reading (if the exporter had one).
+        Alert(
+            "TrainguardHeartbeatFileInvalid",
+            "warning",
+            expr="max by (${target_labels}, file) (trainguard_heartbeat_file_invalid == 1)",
+            for_="${heartbeat_file_invalid_for}",
+            summary="""
+            A heartbeat file on {{ $labels.instance }} cannot be read: {{ $labels.file }}.
+            """,
+            description="""
+            The trainguard exporter on {{ $labels.instance }} could not use the heartbeat file
+            {{ $labels.file }} for ${heartbeat_file_invalid_for} (its log says why). Every other
+            run is watched; the run this file held is judged from its last valid reading if the
+            exporter read one since it started, and is not watched at all otherwise.
             """,
         ),
         Alert(

@@ -77,6 +77,10 @@ BASELINE = "run_rank:trainguard_run_loss:median"
 #: the run's newest complete primary checkpoint (progress that survives a restart)
 CKPT = 'trainguard_checkpoint_last_step{location="primary"}'
 
+AT_STEP = 'printf "step %.0f"'
+#: the run's newest complete primary checkpoint not saved with a non-finite loss
+FINITE_CKPT = "max(trainguard_checkpoint_last_finite_step{" + RUN_SEL + ',location="primary"})'
+
 SNIPPETS = {
     # PromQL: the finite loss, its median, the newest complete primary checkpoint
     "loss": LOSS,
@@ -109,6 +113,34 @@ SNIPPETS = {
         RUN_ARGS,
         fmt='printf "at step %.0f"',
         unknown="none known",
+    ),
+    # where the loss turned non-finite, over the ranks in a streak: after the newest finite step
+    # observed, at or before the first non-finite one observed (not the streak subtracted from
+    # the step: the streak counts observed steps)
+    "nonfinite_first_step": query_value(
+        "min(trainguard_run_loss_nonfinite_first_step{" + RUN_SEL + "})",
+        RUN_ARGS,
+        fmt=AT_STEP,
+    ),
+    "last_finite_step": query_value(
+        "max(trainguard_run_loss_last_finite_step{"
+        + RUN_SEL
+        + "} and trainguard_run_loss_nonfinite_streak > 0)",
+        RUN_ARGS,
+        fmt=AT_STEP,
+        unknown="none",
+    ),
+    "finite_checkpoint": query_value(FINITE_CKPT, RUN_ARGS, fmt=AT_STEP, unknown="none"),
+    "finite_checkpoint_step": query_value(FINITE_CKPT, RUN_ARGS, unknown="none"),
+    "finite_steps_at_risk": query_value(
+        "max(trainguard_run_step{" + RUN_SEL + "}) - " + FINITE_CKPT,
+        RUN_ARGS + " " + RUN_ARGS,  # the run's selector twice
+        unknown="{{ with printf `max(trainguard_run_step{"
+        + RUN_SEL
+        + "})` "
+        + RUN_ARGS
+        + " | query }}no complete checkpoint saved with a finite loss: everything since the "
+        "start is at risk{{ else }}unknown{{ end }}",
     ),
     "loss_median": query_value(
         "max(quantile_over_time(0.5, " + LOSS + "{" + RUN_SEL + "}[${loss_spike_baseline}]))",
@@ -165,8 +197,18 @@ GROUP = Group(
             for {{ $value | printf "%.0f" }} consecutive observed steps (threshold
             ${loss_nonfinite_steps}) on rank(s) ${nonfinite_ranks}: every step since is
             likely wasted. Non-finite values so far by scalar: ${nonfinite_counts}. Last step
-            ${last_step}; newest complete primary checkpoint ${checkpoint}.
+            ${last_step}; last finite loss seen: ${last_finite_step}; first non-finite loss
+            seen: ${nonfinite_first_step}. Newest complete primary checkpoint saved with a
+            finite loss (the one to resume from): ${finite_checkpoint}; newest complete one
+            ${checkpoint}.
             """,
+            # the checkpoint to resume from, and what is lost resuming from it, in place of
+            # every run alert's newest complete checkpoint (deploy/trainguard.tmpl)
+            annotations={
+                "checkpoint_step": "${finite_checkpoint_step}",
+                "checkpoint_kind": "saved with a finite loss",
+                "steps_at_risk": "${finite_steps_at_risk}",
+            },
         ),
         # Against the run's own median over the baseline window, after a warm-up: a loss
         # reported that long ago already and enough samples since. Only a positive median is

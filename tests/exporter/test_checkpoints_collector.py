@@ -103,18 +103,18 @@ def test_complete_checkpoints_and_their_sizes(setup: Setup) -> None:
     assert v(s, "filesystem_avail_bytes") > 0  # type: ignore[operator]
 
 
-def test_truncated_only_after_the_grace_period(setup: Setup) -> None:
+def test_truncated_at_once_by_its_own_record_after_the_grace_without_one(setup: Setup) -> None:
     save(os.urandom(1000), setup.p / "step_1.pt")
     save(os.urandom(10_000), setup.p / "step_2.pt")
     mirror(setup.p / "step_1.pt", setup.m)
     mirror(setup.p / "step_2.pt", setup.m)
     os.truncate(setup.m / "step_2.pt", 7300)  # the field report: a mirror cut at 73%
+    # a copy another tool is still writing (no record of its own): judged against the
+    # primary's record, it may still grow
+    shutil.copy(setup.p / "step_1.pt", setup.m / "step_3.pt")
+    save(os.urandom(5000), setup.p / "step_3.pt")
     s, _ = setup.scrape()
-    assert setup.v(s, "truncated_files", "backup") == 0  # may still be being written
-    assert setup.v(s, "last_step", "backup") == 1  # but it is not complete either
-    assert setup.v(s, "newest_damaged_step", "backup", damage="truncated") is None
-    setup.later(301)
-    s, _ = setup.scrape()
+    # its own record was committed once the copy was whole: nothing writes it, truncated now
     assert setup.v(s, "truncated_files", "backup") == 1
     assert setup.v(s, "last_step", "backup") == 1
     # which step is damaged, so the rules can tell whether the primary still holds it intact
@@ -123,6 +123,12 @@ def test_truncated_only_after_the_grace_period(setup: Setup) -> None:
     assert setup.v(s, "newest_damaged_step", damage="truncated") is None
     assert setup.v(s, "size_bytes", "backup", step="2") == 7300
     assert setup.v(s, "expected_size_bytes", "backup", step="2") == 10_000
+    setup.later(301)
+    s, _ = setup.scrape()
+    # the unrecorded copy, settled and still short of the primary's record: truncated too
+    assert setup.v(s, "truncated_files", "backup") == 2
+    assert setup.v(s, "newest_damaged_step", "backup", damage="truncated") == 3
+    os.unlink(setup.m / "step_3.pt")
     # larger than recorded is not complete either
     with open(setup.m / "step_1.pt", "ab") as f:
         f.write(b"junk")
@@ -404,8 +410,9 @@ def test_exporter_field_cases(tmp_path: Path) -> None:
     cfg = exporter_config(tmp_path, p, m, grace="5m")
     with Exporter(args=[f"--config.file={cfg}"], state_dir=tmp_path) as exp:
         s = exp.scrape()
-        assert ck(s, "truncated_files", "backup") == 0  # within the grace period
-        assert ck(s, "hash_mismatch_files", "backup") == 0
+        # shorter than its own record: truncated at once, whatever the grace period
+        assert ck(s, "truncated_files", "backup") == 1
+        assert ck(s, "hash_mismatch_files", "backup") == 0  # not hashed within the grace
         assert ck(s, "last_step", "backup") == 2  # step 3 is short: not complete
         old = time.time() - 600
         for f in [*p.iterdir(), *m.iterdir()]:

@@ -283,7 +283,9 @@ def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
     assert sample(s, "trainguard_heartbeat_files") == 1
     assert sample(s, "trainguard_heartbeat_file_errors") == n_bad
     assert sample(s2, "trainguard_heartbeat_file_errors") == n_bad
-    assert sample(s, "trainguard_collector_success", collector="runs") == 0
+    # bad files cost themselves (their own series), not the collector's success
+    assert sample(s, "trainguard_collector_success", collector="runs") == 1
+    assert len(select(s, "trainguard_heartbeat_file_invalid")) == n_bad
     for name, reason in [
         ("malformed", "not valid JSON"),
         ("truncated", "not valid JSON"),
@@ -304,10 +306,12 @@ def test_bad_heartbeat_files_fail_only_themselves(tmp_path: Path) -> None:
     assert "Traceback" not in log
 
 
-def test_state_dir_missing_is_quiet_and_not_a_directory_is_an_error(tmp_path: Path) -> None:
+def test_state_dir_missing_is_no_collector_error_and_not_a_directory_is(tmp_path: Path) -> None:
+    # missing: trainguard_state_dir_present 0 (test_state_dir_loud.py), the collector works
     with Exporter(state_dir=tmp_path / "nothing-yet") as exp:
         s = exp.scrape()
     assert sample(s, "trainguard_collector_success", collector="runs") == 1
+    assert sample(s, "trainguard_state_dir_present", path=str(tmp_path / "nothing-yet")) == 0
     assert sample(s, "trainguard_heartbeat_files") == 0
     afile = tmp_path / "file"
     afile.write_text("")

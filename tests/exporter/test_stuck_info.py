@@ -57,7 +57,7 @@ def test_status_says_where_each_stuck_rank_is(tmp_path: Path) -> None:
     out = subprocess.run(
         [*cmd, "--sample=0"], env=child_env(), capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # stalled ranks: not fine, for a script
     stuck = [line for line in out.stdout.splitlines() if line.startswith("stuck:")]
     assert stuck == [
         "stuck: run job rank 0 in all_reduce: all_reduce <- t.py:9 step",
@@ -66,7 +66,7 @@ def test_status_says_where_each_stuck_rank_is(tmp_path: Path) -> None:
     doc = subprocess.run(
         [*cmd, "--json"], env=child_env(), capture_output=True, text=True, timeout=120
     )
-    assert doc.returncode == 0, doc.stderr
+    assert doc.returncode == 1, doc.stderr
     by_rank = {(r["run"], r["rank"]): r["stuck"] for r in json.loads(doc.stdout)["runs"]}
     assert by_rank == {
         ("job", "0"): "in all_reduce: all_reduce <- t.py:9 step",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -45,10 +46,12 @@ def until(check: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any
     return wait_for(check, timeout, 0.1, what)
 
 
-def status_json(state: Path, *extra: str) -> dict[str, Any]:
+def status_json(state: Path, *extra: str, rc: int | None = 0) -> dict[str, Any]:
+    """``status --json``; ``rc``: its exit status (0 every run fine, 1 not), None: either."""
     r = tg("status", f"--state.dir={state}", "--json", *extra)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
+    assert r.returncode in ((0, 1) if rc is None else (rc,)), r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
 
 
 def states(doc: dict[str, Any]) -> dict[str, str]:
@@ -80,7 +83,7 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
 
         def seen() -> dict[str, Any] | None:
             # --stall 3s: the live run steps every 20 ms, the stuck one stopped at step 5
-            doc = status_json(state, "--stall=3s", "--sample=1s")
+            doc = status_json(state, "--stall=3s", "--sample=1s", rc=None)
             return doc if states(doc) == want else None
 
         doc = until(seen, "status tells the five runs apart")
@@ -92,7 +95,7 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
 
         # piped: plain text, no escape codes, one line per run
         r = tg("status", f"--state.dir={state}", "--stall=3s", "--sample=0")
-        assert r.returncode == 0, r.stderr
+        assert r.returncode == 1, r.stderr  # a run dead, one stalled: for scripts, not fine
         assert "\x1b" not in r.stdout
         lines = r.stdout.splitlines()
         for run, st in want.items():
@@ -104,9 +107,20 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
         child = on_terminal("status", f"--state.dir={state}", "--stall=3s", "--sample=0")
         out = child.read()
         child.wait()
-        assert child.exitstatus == 0, out
+        assert child.exitstatus == 1, out
         assert "\x1b[" in out  # ANSI colour codes
         assert "stalled" in out and "finished" in out and "dead" in out and "starting" in out
+
+        # an 80-column terminal: the table wraps between words, never inside one
+        child = on_terminal(
+            "status", f"--state.dir={state}", "--stall=3s", "--sample=0", columns=80
+        )
+        out = re.sub(r"\x1b\[[0-9;]*m", "", child.read())
+        child.wait()
+        words = out.split()
+        for word in ("checkpoints", "allocator", "finished", "starting", "stalled"):
+            assert word in words, (word, out)
+        assert all(len(line) <= 80 for line in out.splitlines()), out
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -114,15 +128,15 @@ def test_status_live_dead_finished_stalled(tmp_path: Path) -> None:
                 p.wait()
 
 
-def on_terminal(*args: str) -> pexpect.spawn:
-    """The command on a 200-column pseudo-terminal, as a user at a colour terminal runs it."""
+def on_terminal(*args: str, columns: int = 200) -> pexpect.spawn:
+    """The command on a pseudo-terminal (200 columns), as a user at a colour terminal runs it."""
     return pexpect.spawn(
         CMD[0],
         [*CMD[1:], *args],
-        env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": "200"},
+        env={**plain_env(), "TERM": "xterm-256color", "COLUMNS": str(columns)},
         encoding="utf-8",
         timeout=DEADLINE,
-        dimensions=(40, 200),
+        dimensions=(40, columns),
         preexec_fn=interruptible,
     )
 

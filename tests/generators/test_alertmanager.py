@@ -32,7 +32,7 @@ needs_alertmanager = pytest.mark.skipif(
 TEXT = '{{ template "trainguard.title" . }}\n---\n{{ template "trainguard.text" . }}'
 
 RENDERED = """\
-[FIRING:2] AllocatorOOM
+[FIRING:4] AllocatorOOM
 ---
 CRITICAL AllocatorOOM: Run llama rank 3 hit CUDA out of memory.
 Run: llama, rank 3
@@ -46,6 +46,20 @@ CRITICAL GPUXidError: GPU 1 on node-2:9636 reported critical Xid 79.
 Host: node-2:9636, GPU 1
 GPU 1 fell off the bus.
 Runbook: http://node-2:9636/runbook#gpuxiderror
+
+CRITICAL TrainingJobRankDied: A rank of job 8812 (run llama) died.
+Run: llama
+Host: gpu-node-4
+Step: 1812; newest complete checkpoint: step 1750; steps at risk: 62
+Rank 12 on gpu-node-4 died first (cause: oom_killer).
+Runbook: http://node-1:9636/runbook#trainingjobrankdied
+
+CRITICAL TrainingLossNonFinite: The loss of training run llama on gpu-node-1 is NaN or infinite.
+Run: llama
+Host: gpu-node-1 (exporter node-1:9636)
+Step: 1812; newest complete checkpoint saved with a finite loss: step 1500; steps at risk: 312
+Run llama has reported a NaN loss.
+Runbook: http://node-1:9636/runbook#traininglossnonfinite
 
 RESOLVED TrainingStalled run llama on node-1:9636
 """

@@ -245,6 +245,11 @@ def test_file_level_problems(tmp_path: Path) -> None:
         "no-format": (json.dumps({"run": "x"}).encode(), "not a trainguard heartbeat"),
         "deep": (b"[" * 100_000 + b"]" * 100_000, "not usable JSON"),
         "long-int": (b'{"format": 1, "pid": ' + b"9" * 5000 + b"}", "not usable JSON"),
+        # json's own message ends in "at": said once ("at at line 1" before)
+        "control": (
+            b'{"format": 1, "run": "a\x01b"}',
+            "not valid JSON: Invalid control character at line 1 column 24",
+        ),
     }
     for name, (content, reason) in cases.items():
         path = tmp_path / f"{name}.heartbeat.json"

@@ -60,6 +60,7 @@ records = st.builds(
     sha256=st.none() | st.text("0123456789abcdef", min_size=64, max_size=64),
     written=st.floats(0, 4e9, allow_nan=False),
     source=st.none() | st.text(min_size=1, max_size=200),
+    loss_finite=st.none() | st.booleans(),
 )
 
 
@@ -108,9 +109,20 @@ def test_arbitrary_objects_are_refused_unless_exactly_a_record(d: dict[str, obje
         data = json.dumps(d).encode()
     except ValueError:
         return
-    if set(d) != set(doc()):
+    if set(d) - {"loss_finite"} != set(doc()):  # the one optional key
         with pytest.raises(ManifestError):
             parse_record(data, name="step_1.pt")
+
+
+def test_loss_finite_is_optional_and_a_boolean() -> None:
+    assert parse_record(raw(doc()), name="step_1.pt").loss_finite is None
+    assert parse_record(raw(doc(loss_finite=False)), name="step_1.pt").loss_finite is False
+    assert parse_record(raw(doc(loss_finite=None)), name="step_1.pt").loss_finite is None
+    for bad in (0, 1, "false", [], {}):
+        with pytest.raises(ManifestError, match="loss_finite: expected true, false or null"):
+            parse_record(raw(doc(loss_finite=bad)), name="step_1.pt")
+    # written only when known: a record without a run reads as older trainguard wrote it
+    assert b"loss_finite" not in Record("a", 1, 1, None, 1.0).encode()
 
 
 @pytest.mark.parametrize(

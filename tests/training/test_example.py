@@ -15,7 +15,9 @@ from trainguard.shared.heartbeat.record import heartbeat_filename
 pytestmark = pytest.mark.slow
 
 
-def toy(zygote: Zygote, tmp_path: Path, steps: int, *extra: str) -> str:
+def toy(
+    zygote: Zygote, tmp_path: Path, steps: int, *extra: str, env: dict[str, str] | None = None
+) -> str:
     """The example's output (stdout and stderr); run forked from the fork server."""
     ckpt, state, log = tmp_path / "ckpt", tmp_path / "state", tmp_path / "train.log"
     rc, output = zygote.run(
@@ -30,7 +32,7 @@ def toy(zygote: Zygote, tmp_path: Path, steps: int, *extra: str) -> str:
             f"--log-file={log}",
             *extra,
         ],
-        child_env(),
+        child_env(env),
         600,
     )
     assert rc == 0, output
@@ -63,3 +65,13 @@ def test_toy_training_reports_and_checkpoints(tmp_path: Path, framework_zygote: 
         "step_30.pt",
         "step_40.pt",
     ]
+
+
+def test_toy_takes_its_name_from_trainguard_launch(
+    tmp_path: Path, framework_zygote: Zygote
+) -> None:
+    # `trainguard launch --name X -- python examples/train_toy.py` sets $TRAINGUARD_RUN
+    toy(framework_zygote, tmp_path, 5, env={"TRAINGUARD_RUN": "launched-name"})
+    hb = read_heartbeat(tmp_path / "state" / heartbeat_filename("launched-name", 0))
+    assert (hb.run, hb.state) == ("launched-name", "finished")
+    assert not (tmp_path / "state" / heartbeat_filename("toy", 0)).exists()

@@ -19,6 +19,7 @@ from pathlib import Path
 from trainguard.checkpoint.part import fsync_tree, tree_files
 from trainguard.checkpoint.transfer import fsync_and_hash
 from trainguard.shared.fileio import fsync_dir
+from trainguard.shared.loss_at_save import loss_finite
 from trainguard.shared.manifest import Record, read_all_records, remove_record, write_record
 from trainguard.shared.pattern import CheckpointPattern
 
@@ -60,6 +61,7 @@ def record_dir(path: str | os.PathLike[str], *, pattern: str, hashing: bool = Tr
         sha256=None,
         written=time.time(),
         files=tuple(files),
+        loss_finite=loss_finite(),  # this process's run's loss, as save() records it
     )
     write_record(final.parent, record)
     return record

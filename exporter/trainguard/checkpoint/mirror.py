@@ -32,7 +32,13 @@ from trainguard.checkpoint.part import (
 from trainguard.checkpoint.transfer import copy_fd
 from trainguard.shared.fileio import FILE_FLAGS, UntrustedFileError, fsync_dir, open_untrusted
 from trainguard.shared.listing import read_listing
-from trainguard.shared.manifest import Record, read_record, remove_record, write_record
+from trainguard.shared.manifest import (
+    ManifestError,
+    Record,
+    read_record,
+    remove_record,
+    write_record,
+)
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX, CheckpointPattern
 from trainguard.shared.steps import DEFAULT_LAYOUT
 
@@ -208,8 +214,13 @@ def _commit_copy(
 ) -> Record:
     """Commit the copy's record, naming its source: the closing both mirrors share.
 
-    It runs once the copy has its final name.
+    It runs once the copy has its final name. Whether the loss was finite when the source was
+    saved is carried over from the source's record.
     """
+    try:
+        src_record = read_record(src.parent, src.name)
+    except (ManifestError, OSError):
+        src_record = None
     record = Record(
         name=src.name,
         step=step,
@@ -218,6 +229,7 @@ def _commit_copy(
         written=time.time(),
         source=str(src.absolute()),
         files=files,
+        loss_finite=None if src_record is None else src_record.loss_finite,
     )
     write_record(dst_dir, record)
     return record

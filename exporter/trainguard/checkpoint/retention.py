@@ -50,6 +50,9 @@ class Checkpoint:
     size: int  # for a directory: all its files together
     sha256: str | None  # None for a directory (its record has one per file)
     directory: bool = False  # a step directory (a framework's or save_dir's), not one file
+    #: whether the loss was finite when it was saved (its record's ``loss_finite``); None when
+    #: its record does not say (saved without a trainguard.Run, or before any loss)
+    loss_finite: bool | None = None
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -156,10 +159,25 @@ def _remove_leftovers(directory: Path, now_ns: int, grace_ns: int) -> None:
                     shutil.rmtree(entry.path, ignore_errors=True)
 
 
-def _complete_steps(judged: list[Judged], steps: list[StepVerdict]) -> set[int]:
-    out = {j.entry.step for j in judged if j.complete}
-    out.update(sv.dir.step for sv in steps if sv.complete)
+def _complete_steps(
+    judged: list[Judged], steps: list[StepVerdict], listing: Listing | None = None
+) -> set[int]:
+    """Steps of the complete checkpoints; with ``listing``, only those not saved with a NaN loss."""
+
+    def wanted(name: str) -> bool:
+        return listing is None or _loss_finite(listing, None, name) is not False
+
+    out = {j.entry.step for j in judged if j.complete and wanted(j.entry.name)}
+    out.update(sv.dir.step for sv in steps if sv.complete and wanted(sv.dir.name))
     return out
+
+
+def _loss_finite(listing: Listing, primary: Listing | None, name: str) -> bool | None:
+    """What the checkpoint's record (or, for a mirror without one, the primary's) says."""
+    record = listing.records.get(name)
+    if record is None and primary is not None:
+        record = primary.records.get(name)
+    return None if record is None else record.loss_finite
 
 
 def prune(
@@ -180,11 +198,14 @@ def prune(
     framework's marker, ``layout`` as in the exporter's config). Never deleted: a ``.part`` or
     a step directory in flight (temporary name, not committed); a file or directory touched
     within ``grace`` seconds (anything under it, for a directory); one whose mtime is 0 or
-    unreadable (unknown is not old); the newest complete checkpoint of each location; one
-    another process holds locked (a mirror copying it); anything at all when fewer than
-    ``keep`` complete checkpoints exist. Every location is read before anything is deleted; a
-    location that cannot be read raises and nothing is deleted. A directory is renamed to a
-    hidden name before it is removed, so a prune killed half-way leaves no partial checkpoint.
+    unreadable (unknown is not old); the newest complete checkpoint of each location, and the
+    newest one not saved with a non-finite loss (its record's ``loss_finite``, see
+    :func:`latest`: after a NaN the checkpoints saved since count towards ``keep``, but the last
+    one worth resuming from stays); one another process holds locked (a mirror copying it);
+    anything at all when fewer than ``keep`` complete checkpoints exist. Every location is read
+    before anything is deleted; a location that cannot be read raises and nothing is deleted. A
+    directory is renamed to a hidden name before it is removed, so a prune killed half-way
+    leaves no partial checkpoint.
 
     Example::
 
@@ -206,13 +227,15 @@ def prune(
     if len(steps) < keep:
         return []
     oldest_kept = steps[keep - 1]
+    finite = max(_complete_steps(judged[0], dirs[0], primary), default=None)
     deleted: list[Path] = []
     for listing, files, step_dirs in zip(listings, judged, dirs, strict=True):
         newest = max(_complete_steps(files, step_dirs), default=None)
+        kept = {newest, finite, max(_complete_steps(files, step_dirs, listing), default=None)}
         removed = False
         for j in files:
             step = j.entry.step
-            if step >= oldest_kept or step == newest or not j.settled:
+            if step >= oldest_kept or step in kept or not j.settled:
                 continue
             path = listing.directory / j.entry.name
             if _unlink_unused(path, j.entry.stat):
@@ -222,7 +245,7 @@ def prune(
                     remove_record(listing.directory, j.entry.name)
         for sv in step_dirs:
             d = sv.dir
-            if d.step >= oldest_kept or d.step == newest or not sv.settled:
+            if d.step >= oldest_kept or d.step in kept or not sv.settled:
                 continue
             if _delete_dir(listing.directory, d):
                 deleted.append(listing.directory / d.name)
@@ -244,8 +267,15 @@ def latest(
     grace: float = 300.0,
     pattern: str = DEFAULT_CHECKPOINT_PATTERN,
     layout: str = DEFAULT_LAYOUT,
+    allow_nonfinite: bool = False,
 ) -> Checkpoint | None:
-    """The newest complete checkpoint of ``directory``, or None when there is none.
+    """The newest complete checkpoint of ``directory`` worth resuming from, or None.
+
+    A checkpoint whose record says the loss was NaN or infinite when it was saved
+    (``loss_finite`` false: written by :func:`save` while the process's ``trainguard.Run`` had
+    last reported a non-finite loss) is skipped, since its weights are most likely NaN too;
+    ``allow_nonfinite=True`` takes it like any other. A checkpoint whose record says nothing of
+    the loss (no run in the saving process, or an older trainguard) is taken.
 
     Complete: its size matches its record (for a mirror without a record, the ``primary``
     directory's record, or the primary file once ``grace`` has passed), its mtime is known, and
@@ -281,15 +311,24 @@ def latest(
     candidates += [(sv.dir.step, sv.dir.name, sv) for sv in steps if sv.complete]
     candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
     for step, name, found in candidates:
+        finite = _loss_finite(listing, plisting, name)
+        if finite is False and not allow_nonfinite:
+            continue
         path = listing.directory / name
         files = found.files if isinstance(found, StepVerdict) else [found]
         if verify_hash and not all(_hash_matches(listing.directory, j) for j in files):
             continue
         if isinstance(found, StepVerdict):
             size = sum(j.entry.stat.st_size for j in found.files)
-            return Checkpoint(path=path, step=step, size=size, sha256=None, directory=True)
+            return Checkpoint(
+                path=path, step=step, size=size, sha256=None, directory=True, loss_finite=finite
+            )
         return Checkpoint(
-            path=path, step=step, size=found.entry.stat.st_size, sha256=found.expected_sha256
+            path=path,
+            step=step,
+            size=found.entry.stat.st_size,
+            sha256=found.expected_sha256,
+            loss_finite=finite,
         )
     return None
 

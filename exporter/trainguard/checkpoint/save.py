@@ -42,6 +42,7 @@ from trainguard.shared.fileio import (
     read_untrusted,
     write_all,
 )
+from trainguard.shared.loss_at_save import loss_finite
 from trainguard.shared.manifest import MAX_DIR_RECORD_BYTES, Record, remove_record, write_record
 from trainguard.shared.pattern import DEFAULT_CHECKPOINT_PATTERN, PARTIAL_SUFFIX
 
@@ -71,7 +72,10 @@ def save(
     ``torch.save`` takes. Order: ``<path>.part`` written and hashed, fsync, the old record of
     this name (if any) removed, rename to ``path``, fsync the directory, then the new record
     (size, SHA-256) committed the same way. Killed before the record lands, the file is there
-    but unrecorded, and neither :func:`latest` nor the exporter calls it complete.
+    but unrecorded, and neither :func:`latest` nor the exporter calls it complete. The record
+    also says whether the loss this process's ``trainguard.Run`` reported last was finite
+    (``loss_finite``; absent without a run or a loss): :func:`latest` skips a checkpoint saved
+    with a NaN loss, and :func:`prune` keeps the newest one saved with a finite loss.
 
     Example::
 
@@ -106,7 +110,14 @@ def _save(obj: Any, path: Path, pattern: str) -> Record:
         fsync_dir(directory)
     finally:
         os.close(fd)
-    record = Record(name=path.name, step=step, size=size, sha256=sha, written=time.time())
+    record = Record(
+        name=path.name,
+        step=step,
+        size=size,
+        sha256=sha,
+        written=time.time(),
+        loss_finite=loss_finite(),
+    )
     write_record(directory, record)
     return record
 
@@ -278,6 +289,7 @@ def _commit(
         sha256=None,
         written=time.time(),
         files=tuple(files),
+        loss_finite=loss_finite(),
     )
     write_record(parent, record)
     return record

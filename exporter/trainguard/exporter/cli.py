@@ -20,6 +20,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from trainguard._version import __version__
 from trainguard.exporter.collectors import COLLECTORS
+from trainguard.exporter.collectors.runs.collector import STATE_DIR_MISSING
 from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
 from trainguard.exporter.http.app import SCRAPE_TIMEOUT_OFFSET, make_app, make_http_server
 from trainguard.exporter.http.webconfig import WebConfigError, load_web_config
@@ -218,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         state_dir,
         ",".join(enabled) or "none",
     )
+    if "runs" in enabled and not state_dir.is_dir():
+        log.warning(STATE_DIR_MISSING, state_dir)  # a typo here would otherwise never page
     try:
         server.serve_forever()
     finally:

@@ -60,7 +60,7 @@ from trainguard.run.snapshots.capture import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
-from trainguard.shared import procinfo
+from trainguard.shared import loss_at_save, procinfo
 from trainguard.shared.fileio import remove_orphan_temps
 from trainguard.shared.heartbeat.record import (
     SUFFIX,
@@ -68,10 +68,13 @@ from trainguard.shared.heartbeat.record import (
     heartbeat_filename,
     write_heartbeat,
 )
+from trainguard.shared.nonfinite import LOSS
 from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
 
+#: no step() call yet; the first one's step already converted
+_UNSET, _CONVERTED = object(), object()
 #: seconds between re-reads of this process's create time (each read is a few syscalls)
 CREATE_TIME_REFRESH = 60.0
 
@@ -193,6 +196,8 @@ class Run:
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
         self._step_time: float | None = None
+        self._first_raw: Any = _UNSET  # the first step() call's step, as given
+        self._first_step: int | None = None
         self._scalars: dict[str, float] = {}
         self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
         self._final: tuple[str, str | None] | None = None
@@ -229,6 +234,7 @@ class Run:
         self._thread.start()
         self._exits = ExitHooks(self._finish)
         self._signals.install()
+        loss_at_save.register(self._loss_finite)  # asked by trainguard.checkpoint at each save
 
     # -- the training loop's side -------------------------------------------------------
 
@@ -248,6 +254,8 @@ class Run:
         which tell a slow rank apart (docs/metrics.md#who-is-slow); they are not scalars.
         """
         self._latest = (step, time.time(), scalars)
+        if self._first_raw is _UNSET:  # where this process began: the steps a death lost
+            self._first_raw = step
         if data_seconds is not None or compute_seconds is not None:
             self._timing.add(data_seconds, compute_seconds)
 
@@ -458,6 +466,7 @@ class Run:
             error=error,
             step=self._step,
             step_time=self._step_time,
+            first_step=self._first_step,
             scalars=self._scalars,
             world_size=self.world_size,
             boot_id=self._boot_id,
@@ -493,14 +502,34 @@ class Run:
         step = checked_step(latest[0], self._warn_once)
         return (self._step if step is None else step), checked_scalars(latest[2], self._warn_once)
 
+    def _loss_finite(self) -> bool | None:
+        """Whether the loss of the latest step() call was finite; None when none had a loss.
+
+        Runs on the thread saving a checkpoint: a tensor loss is read here (the save waits for
+        the GPU anyway), the step() call itself never reads it.
+        """
+        if os.getpid() != self._pid:
+            return None  # a forked child saving: not this run's loss
+        latest = self._latest
+        if latest is not None and LOSS in latest[2]:
+            value = checked_scalars({LOSS: latest[2][LOSS]}, self._warn_once).get(LOSS)
+            if value is not None:
+                return math.isfinite(value)
+        value = self._scalars.get(LOSS)
+        return None if value is None else math.isfinite(value)
+
     def _take_latest(self) -> None:
         """Convert what step() stored; bad values are dropped and logged once."""
         latest = self._latest
         if latest is None:
             return
         raw_step, step_time, raw_scalars = latest
+        first = self._first_raw
+        if first is not _UNSET and first is not _CONVERTED:  # converted once, good or bad
+            self._first_raw = _CONVERTED
+            self._first_step = checked_step(first, self._warn_once)
         step = checked_step(raw_step, self._warn_once)
         if step is not None:
             self._step, self._step_time = step, step_time
         self._scalars = checked_scalars(raw_scalars, self._warn_once)
-        self._health.observe(latest, self._scalars)
+        self._health.observe(latest, self._scalars, step)

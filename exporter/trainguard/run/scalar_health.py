@@ -25,10 +25,17 @@ class ScalarHealth:
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
         self._streak = 0
+        self._first: int | None = None  # the streak's first observed step
+        self._last_finite: int | None = None  # the newest observed step with a finite loss
         self._seen: object = None  # the step() record last counted (compared by identity)
 
-    def observe(self, record: object, scalars: Mapping[str, float]) -> None:
+    def observe(
+        self, record: object, scalars: Mapping[str, float], step: int | None = None
+    ) -> None:
         """Count one observed step: ``record`` is what step() stored, ``scalars`` its floats.
+
+        ``step`` is its step number (None when it was not a valid one): where the streak began,
+        and the newest step with a finite loss, are kept by it.
 
         The same record converted again (a keepalive rewrite, the final heartbeat) is not
         counted twice.
@@ -45,9 +52,22 @@ class ScalarHealth:
             if not math.isfinite(value):
                 counts[name] += 1
         loss = scalars.get(LOSS)
-        if loss is not None:
-            self._streak = 0 if math.isfinite(loss) else self._streak + 1
+        if loss is None:
+            return
+        if math.isfinite(loss):
+            self._streak, self._first = 0, None
+            if step is not None:
+                self._last_finite = step
+        else:
+            if self._streak == 0:
+                self._first = step
+            self._streak += 1
 
     def state(self) -> NonFinite:
         """The heartbeat's ``nonfinite`` record (empty counts before the first observed step)."""
-        return NonFinite(counts=dict(self._counts), loss_streak=self._streak)
+        return NonFinite(
+            counts=dict(self._counts),
+            loss_streak=self._streak,
+            loss_first_step=self._first,
+            loss_last_finite_step=self._last_finite,
+        )

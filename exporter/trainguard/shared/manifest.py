@@ -62,6 +62,8 @@ _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _RECORD_KEYS = frozenset({"version", "name", "step", "size", "sha256", "written", "source"})
 _DIR_RECORD_KEYS = _RECORD_KEYS | {"files"}
+#: optional: absent in records of writers that knew no loss (and of older trainguard)
+_OPTIONAL_KEYS = frozenset({"loss_finite"})
 _MAX_INT = 2**63 - 1
 
 
@@ -86,6 +88,9 @@ class Record:
     #: directory, size, SHA-256 or None), sorted by path; ``size`` is then their total and
     #: ``sha256`` None. None for a single-file checkpoint.
     files: tuple[tuple[str, int, str | None], ...] | None = None
+    #: whether the saving process's loss was finite when it saved (trainguard.Run's last
+    #: reported loss); None when unknown: no run in that process, no loss reported yet
+    loss_finite: bool | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
@@ -97,6 +102,8 @@ class Record:
             "written": self.written,
             "source": self.source,
         }
+        if self.loss_finite is not None:
+            doc["loss_finite"] = self.loss_finite
         if self.files is not None:
             doc["version"] = DIR_RECORD_VERSION
             doc["files"] = [list(f) for f in self.files]
@@ -159,9 +166,9 @@ def parse_record(data: bytes, *, name: str) -> Record:
     if not isinstance(doc, dict):
         raise ManifestError("not a JSON object")
     keys = _DIR_RECORD_KEYS if "files" in doc else _RECORD_KEYS
-    if set(doc) != keys:
+    if set(doc) - _OPTIONAL_KEYS != keys:
         missing = sorted(keys - set(doc))
-        extra = sorted(set(doc) - keys)
+        extra = sorted(set(doc) - keys - _OPTIONAL_KEYS)
         raise ManifestError(f"unexpected keys (missing {missing}, unknown {extra})")
     version = DIR_RECORD_VERSION if "files" in doc else RECORD_VERSION
     if doc["version"] != version or type(doc["version"]) is not int:
@@ -188,6 +195,9 @@ def parse_record(data: bytes, *, name: str) -> Record:
     source = doc["source"]
     if source is not None and (not isinstance(source, str) or not 0 < len(source) <= 4096):
         raise ManifestError("source: expected a path of 1-4096 characters or null")
+    loss_finite = doc.get("loss_finite")
+    if loss_finite is not None and not isinstance(loss_finite, bool):
+        raise ManifestError(f"loss_finite: expected true, false or null, got {loss_finite!r:.40}")
     return Record(
         name=rec_name,
         step=_int(doc, "step"),
@@ -196,6 +206,7 @@ def parse_record(data: bytes, *, name: str) -> Record:
         written=float(written),
         source=source,
         files=_files(doc["files"]) if "files" in doc else None,
+        loss_finite=loss_finite,
     )
 
 

@@ -32,6 +32,16 @@ class NonFinite:
     #: consecutive observed steps, up to the latest, whose ``loss`` was not finite; observed
     #: steps without a loss leave it as it is
     loss_streak: int = 0
+    #: the step of the streak's first observed step (None while the streak is 0): the loss
+    #: turned non-finite after ``loss_last_finite_step`` and at or before this step
+    loss_first_step: int | None = None
+    #: the newest observed step whose loss was finite (None before the first one)
+    loss_last_finite_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"counts": dict(self.counts), "loss_streak": self.loss_streak}
+        out: dict[str, Any] = {"counts": dict(self.counts), "loss_streak": self.loss_streak}
+        if self.loss_first_step is not None:
+            out["loss_first_step"] = self.loss_first_step
+        if self.loss_last_finite_step is not None:
+            out["loss_last_finite_step"] = self.loss_last_finite_step
+        return out

@@ -23,6 +23,11 @@ def read_nonfinite(fields: Fields, key: str) -> NonFinite | None:
             f.fail_at("counts", "expected names of letters, digits and '_' (at most 64)")
         if integer(count, 0, MAX_INT):
             f.fail_at(f"counts.{name}", "expected an integer >= 0")
+    streak = f.integer("loss_streak", 0, MAX_INT, default=0)
+    first = f.integer("loss_first_step", 0, MAX_INT, optional=True)
     return NonFinite(
-        counts=dict(counts), loss_streak=f.integer("loss_streak", 0, MAX_INT, default=0)
+        counts=dict(counts),
+        loss_streak=streak,
+        loss_first_step=first if streak else None,
+        loss_last_finite_step=f.integer("loss_last_finite_step", 0, MAX_INT, optional=True),
     )

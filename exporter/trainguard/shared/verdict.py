@@ -26,8 +26,8 @@ class Judged(NamedTuple):
     mtime_known: bool
     settled: bool  # untouched for the grace period
     complete: bool  # size matches the expected size and the mtime is known
-    truncated: bool  # smaller than expected and settled
-    oversized: bool  # larger than expected and settled
+    truncated: bool  # smaller than expected, and settled or judged by its own record
+    oversized: bool  # larger than expected, and settled or judged by its own record
 
 
 def judged(
@@ -38,11 +38,15 @@ def judged(
     grace_ns: int,
     trust_unrecorded: bool,
     vouched: bool = False,
+    committed: bool = False,
 ) -> Judged:
     """One file judged against its expected ``size`` (None: nothing says what it should be).
 
     The one rule for a single checkpoint file and for a file of a step directory alike: with a
-    size, complete when it has that size; without one, complete only when its directory was
+    size, complete when it has that size; smaller or larger, damaged once settled, or at once
+    when ``committed`` (the size is the file's own record, committed only after the file was
+    whole: nothing is still writing it, so the grace period, which is for files a writer may
+    still be filling, does not apply); without one, complete only when its directory was
     committed by its framework and has settled (``vouched``), or with ``trust_unrecorded`` once
     it has settled and is not empty (an empty file is what a crash between create and write
     leaves). A file whose mtime is unknown (0) is never complete, never settled.
@@ -55,6 +59,7 @@ def judged(
     if size is None:
         complete = known and (vouched or (trust_unrecorded and is_settled and actual > 0))
         return Judged(entry, None, sha, known, is_settled, complete, False, False)
+    final = is_settled or (committed and known)
     return Judged(
         entry,
         size,
@@ -62,8 +67,8 @@ def judged(
         known,
         is_settled,
         known and actual == size,
-        is_settled and actual < size,
-        is_settled and actual > size,
+        final and actual < size,
+        final and actual > size,
     )
 
 
@@ -93,8 +98,10 @@ def judge(
         rec = listing.records.get(entry.name)
         size: int | None = None
         sha: str | None = None
+        committed = False  # the size is the file's own record (judged at once)
         if rec is not None:
             size, sha = rec.size, rec.sha256
+            committed = True
             pfile = by_name.get(entry.name)
             if (
                 primary is not None
@@ -105,6 +112,7 @@ def judge(
                 prec = primary.records.get(entry.name)
                 if prec is None or prec.size == pfile.stat.st_size:
                     size, sha = pfile.stat.st_size, None if prec is None else prec.sha256
+                    committed = False
         elif primary is not None:
             prec = primary.records.get(entry.name)
             if prec is not None:
@@ -113,7 +121,7 @@ def judge(
                 pfile = by_name.get(entry.name)
                 if pfile is not None and settled(pfile.stat, now_ns, grace_ns):
                     size = pfile.stat.st_size
-        out.append(judged(entry, size, sha, now_ns, grace_ns, trust_unrecorded))
+        out.append(judged(entry, size, sha, now_ns, grace_ns, trust_unrecorded, False, committed))
     return out
 
 
@@ -208,7 +216,18 @@ def judge_dirs(
             if own:
                 size = expected_size(listing.directory / e.name, e.stat)
                 self_checked = self_checked and size is not None
-            judged_files.append(judged(e, size, sha, now_ns, grace_ns, trust_unrecorded, vouched))
+            judged_files.append(
+                judged(
+                    e,
+                    size,
+                    sha,
+                    now_ns,
+                    grace_ns,
+                    trust_unrecorded,
+                    vouched,
+                    d.record is not None and expected is not None,  # its own record's size
+                )
+            )
         missing = [(rel, exp[0]) for rel, exp in (ref or {}).items() if rel not in present]
         complete = (
             known

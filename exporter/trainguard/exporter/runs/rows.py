@@ -55,6 +55,12 @@ class RunView:
     files_ok: int
     file_errors: int
     errors: tuple[str, ...]
+    #: (file name, why) of each heartbeat file that could not be used: its own error, never
+    #: the table's (a run it held is kept from its last valid reading, if there was one)
+    bad_files: tuple[tuple[str, str], ...] = ()
+    #: the state directory exists and could be listed (False: a typo in --state.dir, or
+    #: removed, or unreadable: no run can be watched)
+    state_dir_present: bool = True
 
 
 def drop_superseded(rows: list[RunRow]) -> list[RunRow]:

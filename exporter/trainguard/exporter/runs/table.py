@@ -65,6 +65,10 @@ class RunTable:
         self._max_files = max_files
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[_CacheKey, Heartbeat | HeartbeatError]] = {}
+        # each file's last valid reading: a file that turns bad (corrupted, truncated, junk
+        # written over it) keeps its run published from it, so that a dead run's death is not
+        # turned into silence by a damaged heartbeat
+        self._last_good: dict[str, tuple[Heartbeat, int]] = {}
         self._dir_seen = False  # the state dir existed at some scrape
         # fixed for the exporter's life: a reboot restarts the exporter too
         self._boot_id = procinfo.boot_id()
@@ -144,7 +148,8 @@ class RunTable:
 
     def _view(self) -> RunView:
         errors: list[str] = []
-        heartbeats, files_ok, file_errors = self._scan(errors)
+        bad_files: list[tuple[str, str]] = []
+        heartbeats, files_ok, present = self._scan(errors, bad_files)
         now = time.time()
         rows = self._heartbeat_rows(heartbeats, now, errors)
         known = {row.run for row in rows}
@@ -157,34 +162,41 @@ class RunTable:
             rows=tuple(rows),
             log_files=tuple(self._log_files(rows)),
             files_ok=files_ok,
-            file_errors=file_errors,
+            file_errors=len(bad_files),
             errors=tuple(errors),
+            bad_files=tuple(bad_files),
+            state_dir_present=present,
         )
 
-    def _scan(self, errors: list[str]) -> tuple[list[tuple[Heartbeat, int]], int, int]:
+    def _scan(
+        self, errors: list[str], bad_files: list[tuple[str, str]]
+    ) -> tuple[list[tuple[Heartbeat, int]], int, bool]:
         """Parse the heartbeat files, re-reading only those changed since the last scrape.
 
         Changed means a new inode, size or times (the reporter replaces the file at each
-        write).
+        write). Returns the heartbeats with the uid owning each file, how many files were valid,
+        and whether the state directory could be listed. A file that cannot be used goes to
+        ``bad_files``, and its run is kept from the file's last valid reading.
         """
         try:
             it = os.scandir(self.state_dir)
         except FileNotFoundError:
             self._cache.clear()
+            self._last_good.clear()
             if self._dir_seen:  # removed under running jobs: their runs are no longer watched
                 errors.append(
                     f"state dir {self.state_dir}: no longer exists (it did earlier); no run "
                     "is watched until it is back"
                 )
-            return [], 0, 0
+            return [], 0, False
         except OSError as exc:
             errors.append(f"state dir {self.state_dir}: cannot list: {exc.strerror or exc}")
-            return [], 0, 0
+            return [], 0, False
         self._dir_seen = True
         first = len(errors)  # the directory's own errors go before those of single files
         seen: set[str] = set()
         heartbeats: list[tuple[Heartbeat, int]] = []  # with the uid owning the file
-        bad = 0
+        valid = 0
         with it:
             entries = [e for e in it if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
         if len(entries) > self._max_files:
@@ -200,13 +212,22 @@ class RunTable:
             seen.add(entry.name)
             result = self._read(entry)
             if isinstance(result, HeartbeatError):
-                bad += 1
-                errors.append(str(result))
+                kept = self._last_good.get(entry.name)
+                why = str(result)
+                if kept is not None:
+                    why += "; its run is kept as last read valid"
+                    heartbeats.append(kept)
+                bad_files.append((entry.name, why))
             else:  # read through entry.stat() just before: cached, no new syscall
-                heartbeats.append((result, entry.stat(follow_symlinks=False).st_uid))
+                read = (result, entry.stat(follow_symlinks=False).st_uid)
+                self._last_good[entry.name] = read
+                heartbeats.append(read)
+                valid += 1
         for name in set(self._cache) - seen:
             del self._cache[name]
-        return heartbeats, len(heartbeats), bad
+        for name in set(self._last_good) - seen:
+            del self._last_good[name]
+        return heartbeats, valid, True
 
     def _read(self, entry: os.DirEntry[str]) -> Heartbeat | HeartbeatError:
         try:

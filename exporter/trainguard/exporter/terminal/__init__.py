@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
+from trainguard.exporter.terminal import retire
 from trainguard.exporter.terminal.restore import command as restore
 from trainguard.shared.units import parse_duration
 
@@ -52,11 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "and launching a run that survives the terminal.",
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{status,verify,launch,snapshot}")
+    sub = p.add_subparsers(
+        dest="command", required=True, metavar="{status,verify,launch,snapshot,retire}"
+    )
     _add_status(sub)
     _add_verify(sub)
     _add_launch(sub)
     _add_snapshot(sub)
+    retire.add_parser(sub)
     return p
 
 
@@ -65,7 +69,15 @@ Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _add_status(sub: Subparsers) -> None:
-    s = sub.add_parser("status", help="the runs this host knows", description=_status_doc())
+    s = sub.add_parser(
+        "status",
+        help="the runs this host knows",
+        description=_status_doc(),
+        epilog="Exit status: 0 when every run is alive, starting or finished and every "
+        "heartbeat could be read; 1 when a run is dead, stalled, unknown or stepping on a NaN "
+        "loss (nan-loss), or something could not be read (listed as error:); 2 on bad input "
+        "(and an unreadable state directory). --watch exits 0 on Ctrl-C.",
+    )
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
     s.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
     s.add_argument(
@@ -215,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return restore.main_restore(args) if args.restore else _verify(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "retire":
+            return retire.main(args)
         from trainguard.exporter.terminal.launch import main_launch
 
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -263,13 +277,13 @@ def _status(args: argparse.Namespace) -> int:
         status.close()
     if args.json:
         print(json.dumps(snap.to_json(), indent=2))
-        return 0
+        return st.exit_status(snap)
     console = _console()
     if console.is_terminal:
         console.print(st.rich_view(snap))
     else:
         sys.stdout.write(st.plain(snap))
-    return 0
+    return st.exit_status(snap)
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -35,6 +35,8 @@ class Item:
     expected_size: int | None
     detail: str = ""
     hash_ok: bool | None = None  # with --hash: None when not hashed
+    #: its record's word on the loss when it was saved (None: the record says nothing)
+    loss_finite: bool | None = None
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Report:
     directory: str
     primary: str | None
     items: list[Item]
-    resume_from: str | None  # what latest() returns
+    resume_from: str | None  # what latest() returns: never one saved with a NaN loss
     resume_step: int | None
     newest: str | None  # the newest finished checkpoint (not .part)
     ok: bool  # the newest checkpoint is complete
@@ -115,6 +117,7 @@ def verify(
                 else:
                     item.detail += ", SHA-256 verified"
         items.append(item)
+    records = {**(plisting.records if plisting is not None else {}), **listing.records}
     steps = judge_dirs(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
     for sv in steps:
         if only is not None and sv.dir.name != only.rstrip("/"):
@@ -144,6 +147,11 @@ def verify(
             age = (now_ns - mtime) / 1e9
             verdict, detail = "orphaned .part", f"untouched for {age:.0f}s: its writer died"
         items.append(Item(e.name, e.step, verdict, e.stat.st_size, None, detail))
+    for i in items:
+        record = records.get(i.name.rstrip("/"))
+        i.loss_finite = None if record is None else record.loss_finite
+        if i.loss_finite is False:
+            i.detail += ", saved with a NaN or infinite loss"
     items.sort(key=lambda i: (i.step, i.name), reverse=True)
     # latest() itself names the checkpoint to resume from; with --hash, the files hashed
     # above are not hashed again unless the one it picks failed (or had no hash to check)
@@ -271,11 +279,25 @@ def plain(report: Report) -> str:
         lines.append("  (no checkpoints)")
     if report.hint:
         lines.append(f"hint: {report.hint}")
+    # complete but saved with a NaN loss, newer than what latest() resumes from
+    skipped = [
+        i.name
+        for i in report.items
+        if i.loss_finite is False
+        and i.verdict == "complete"
+        and (report.resume_step is None or i.step > report.resume_step)
+    ]
     lines.append(
-        f"resume from: {report.resume_from} (step {report.resume_step})"
+        f"resume from: {report.resume_from} (step {report.resume_step}"
+        + (", the newest saved with a finite loss" if skipped else "")
+        + ")"
         if report.resume_from
-        else "resume from: nothing (no complete checkpoint)"
+        else "resume from: nothing (no complete checkpoint"
+        + (" saved with a finite loss" if skipped else "")
+        + ")"
     )
+    if skipped:
+        lines.append(f"not resuming from (saved with a NaN loss): {', '.join(skipped)}")
     lines.append(
         "newest checkpoint complete: yes"
         if report.ok
@@ -308,9 +330,9 @@ def rich_view(report: Report) -> Any:
         style = COLOURS.get(i.verdict, "bold red")
         mark = " ◀ resume" if i.name == report.resume_from else ""
         table.add_row(i.name, str(i.step), f"[{style}]{i.verdict}[/]", i.detail + mark)
-    tail = plain(report).splitlines()[-2:]
+    tail = [line for line in plain(report).splitlines() if not line.startswith("not resuming")]
     return Group(
         table,
-        Text(tail[0], style="bold"),
-        Text(tail[1], style="green" if report.ok else "bold red"),
+        Text(tail[-2], style="bold"),
+        Text(tail[-1], style="green" if report.ok else "bold red"),
     )

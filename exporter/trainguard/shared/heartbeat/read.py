@@ -79,7 +79,9 @@ def parse_heartbeat_bytes(raw: bytes, source: str = "<heartbeat>") -> Heartbeat:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as exc:
         raise HeartbeatError(
-            f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            # json's message may end in "at" already ("Invalid control character at")
+            f"{source}: not valid JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} "
+            f"column {exc.colno}"
             " (truncated or not a heartbeat)"
         ) from None
     except _DuplicateKey:
@@ -130,6 +132,7 @@ def parse_heartbeat(data: Any, source: str = "<heartbeat>") -> Heartbeat:
         error=f.text("error", 200, optional=True),
         step=f.integer("step", 0, MAX_INT, optional=True),
         step_time=f.timestamp("step_time", optional=True),
+        first_step=f.integer("first_step", 0, MAX_INT, optional=True),
         scalars=f.scalars("scalars"),
         world_size=f.integer("world_size", 1, MAX_RANK + 1, optional=True),
         boot_id=f.text("boot_id", 64, optional=True),

@@ -228,6 +228,9 @@ class Heartbeat:
     error: str | None = None  # exception type name when state is "failed"
     step: int | None = None
     step_time: float | None = None  # wall time of the last step() call
+    #: the first step this process reported: after a restart, where it resumed (the steps a
+    #: death lost are the dead process's step minus the one before this)
+    first_step: int | None = None
     scalars: Mapping[str, float] = field(default_factory=dict)
     world_size: int | None = None
     boot_id: str | None = None
@@ -310,6 +313,8 @@ class Heartbeat:
             "death_history": [d.to_dict() for d in self.death_history],
             "version": self.version,
         }
+        if self.first_step is not None:
+            out["first_step"] = self.first_step
         if self.snapshots is not None:
             out["snapshots"] = self.snapshots.to_dict()
         if self.nonfinite is not None:

@@ -30,6 +30,11 @@ LOCATION_INFO = spec(
     ("run", "location", "trust_unrecorded"),
 )
 LAST_STEP = spec("last_step", "Step of the newest complete checkpoint.")
+LAST_FINITE_STEP = spec(
+    "last_finite_step",
+    "Step of the newest complete checkpoint not saved with a non-finite loss (its record says "
+    "the loss was finite, or says nothing of it): the one to resume from after a NaN.",
+)
 LAST_TIMESTAMP = spec(
     "last_timestamp_seconds", "Modification time of the newest complete checkpoint."
 )
@@ -47,7 +52,8 @@ EXPECTED_SIZE = spec(
 )
 TRUNCATED = spec(
     "truncated_files",
-    "Files smaller than their recorded size and untouched for the grace period.",
+    "Files smaller than their recorded size: at once against their own record, else once "
+    "untouched for the grace period.",
 )
 DAMAGED_STEP = spec(
     "newest_damaged_step",
@@ -59,7 +65,8 @@ DAMAGED_STEP = spec(
 )
 OVERSIZED = spec(
     "oversized_files",
-    "Files larger than their recorded size and untouched for the grace period.",
+    "Files larger than their recorded size: at once against their own record, else once "
+    "untouched for the grace period.",
 )
 HASH_MISMATCH = spec(
     "hash_mismatch_files",
@@ -78,6 +85,7 @@ UNRECORDED = spec(
 #: the series judged from a location's files (the rest are read afresh at every scrape)
 JUDGED = (
     LAST_STEP,
+    LAST_FINITE_STEP,
     LAST_TIMESTAMP,
     FILES,
     BYTES,

@@ -25,6 +25,7 @@ from trainguard.exporter.collectors.checkpoints.metrics import (
     HASH_MISMATCH,
     HASH_PENDING,
     JUDGED,
+    LAST_FINITE_STEP,
     LAST_STEP,
     LAST_TIMESTAMP,
     OVERSIZED,
@@ -238,6 +239,9 @@ class LocationJudge:
         if complete:
             newest = max(complete)
             put(LAST_STEP, newest[0])
+            finite = [c for c in complete if _loss_finite(listing, c[1]) is not False]
+            if finite:
+                put(LAST_FINITE_STEP, max(finite)[0])
             put(LAST_TIMESTAMP, newest[2] / 1e9)
         put(FILES, len(judged))
         put(BYTES, total)
@@ -316,3 +320,12 @@ class LocationJudge:
                 rows[EXPECTED_SIZE.name].add_metric(
                     step_labels, sum(e for e in expected if e is not None) + missing.get(step, 0)
                 )
+
+
+def _loss_finite(listing: Listing, name: str) -> bool | None:
+    """What the checkpoint's own record says of the loss when it was saved (None: nothing).
+
+    A mirror's copy carries its source's word in its own record (``checkpoint.mirror``).
+    """
+    record = listing.records.get(name)
+    return None if record is None else record.loss_finite

@@ -7,7 +7,9 @@ docs/metrics.md for what each series means and when it is absent.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -24,8 +26,10 @@ from trainguard.exporter.collectors.runs.metrics import (
     DEVICE_TOTAL,
     EXIT_INFO,
     FINISHED,
+    FIRST_STEP,
     HEARTBEAT_AGE,
     HEARTBEAT_FILE_ERRORS,
+    HEARTBEAT_FILE_INVALID,
     HEARTBEAT_FILES,
     HEARTBEAT_TIMESTAMP,
     INACTIVE_SPLIT,
@@ -37,6 +41,8 @@ from trainguard.exporter.collectors.runs.metrics import (
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_XID,
     LOG_MODIFIED,
+    LOSS_FIRST_STEP,
+    LOSS_LAST_FINITE_STEP,
     LOSS_STREAK,
     MAX_ALLOCATED,
     METRICS,
@@ -54,6 +60,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     START_AGE,
     START_TIMESTAMP,
     STARTING,
+    STATE_DIR_PRESENT,
     STEP,
     STEP_AGE,
     STEP_TIMESTAMP,
@@ -63,9 +70,20 @@ from trainguard.exporter.collectors.runs.metrics import (
 from trainguard.exporter.runs.rows import age, exit_of, last_death, starting, stuck_at
 from trainguard.exporter.runs.table import RunRow, RunTable, RunView, Setup
 from trainguard.exporter.runs.targets import ownership_problem
-from trainguard.exporter.scrape.collector import Collector
+from trainguard.exporter.scrape.collector import MAX_LOGGED_ERRORS, Collector, printable
 from trainguard.exporter.scrape.context import Scrape
 from trainguard.shared.heartbeat.record import SNAPSHOT_REASONS, Heartbeat
+
+log = logging.getLogger(__name__)
+
+#: logged when the state dir is missing (at start-up by the cli, later by the collector)
+STATE_DIR_MISSING = (
+    "state dir %s does not exist or cannot be listed: no training run is watched until it "
+    "does (is --state.dir the directory the training jobs write to, $TRAINGUARD_STATE_DIR on "
+    "their side?)"
+)
+#: heartbeat files published with a series of their own at most (the count has them all)
+MAX_INVALID_SERIES = 100
 
 
 class RunsCollector(Collector):
@@ -87,11 +105,15 @@ class RunsCollector(Collector):
 
     def __init__(self, table: RunTable) -> None:
         self._table = table
+        self._logged_lock = threading.Lock()
+        self._logged: dict[str, str] = {}  # bad file -> why, as last logged
+        self._present: bool | None = None  # the state dir, as last logged
 
     def gather(self, scrape: Scrape) -> Iterable[Metric]:
         view = self._table.view(scrape)
         for message in view.errors:
             scrape.error(message)
+        self._log_changes(view)
         fam: dict[str, Any] = {spec.name: spec.family() for spec in self.metrics}
         now = time.time()  # after the view was read: every age is >= 0 on one clock
         for row in view.rows:
@@ -100,7 +122,33 @@ class RunsCollector(Collector):
         self._logs(fam, view, scrape)
         fam[HEARTBEAT_FILES.name].add_metric([], view.files_ok)
         fam[HEARTBEAT_FILE_ERRORS.name].add_metric([], view.file_errors)
+        for name, _why in sorted(view.bad_files)[:MAX_INVALID_SERIES]:
+            fam[HEARTBEAT_FILE_INVALID.name].add_metric([printable(name)], 1)  # any bytes
+        path = str(self._table.state_dir)
+        fam[STATE_DIR_PRESENT.name].add_metric([path], 1 if view.state_dir_present else 0)
         return fam.values()
+
+    def _log_changes(self, view: RunView) -> None:
+        """Log a bad heartbeat file once (again when its reason changes), the state dir's state.
+
+        A bad file is no failure of the collector (every other run is published): it is logged
+        here rather than reported as the collector's error.
+        """
+        with self._logged_lock:
+            current = dict(view.bad_files)
+            new = [why for name, why in current.items() if self._logged.get(name) != why]
+            self._logged = current
+            present, self._present = self._present, view.state_dir_present
+        for why in new[:MAX_LOGGED_ERRORS]:
+            log.warning("heartbeat file %s", printable(why))
+        if len(new) > MAX_LOGGED_ERRORS:
+            log.warning(
+                "%d more new errors not logged (bad heartbeat files)", len(new) - MAX_LOGGED_ERRORS
+            )
+        if present is True and not view.state_dir_present:  # missing at start: the cli says so
+            log.warning(STATE_DIR_MISSING, self._table.state_dir)
+        elif present is False and view.state_dir_present:
+            log.info("state dir %s is there: runs are watched", self._table.state_dir)
 
     def _row(self, fam: dict[str, Any], row: RunRow, now: float) -> None:
         labels = [row.run, row.rank]
@@ -120,6 +168,8 @@ class RunsCollector(Collector):
             fam[STEP.name].add_metric(labels, hb.step)
         if hb.step_time is not None:
             fam[STEP_TIMESTAMP.name].add_metric(labels, hb.step_time)
+        if hb.first_step is not None:
+            fam[FIRST_STEP.name].add_metric(labels, hb.first_step)
         fam[HEARTBEAT_TIMESTAMP.name].add_metric(labels, hb.time)
         if not starting:
             fam[START_TIMESTAMP.name].add_metric(labels, hb.started)
@@ -255,6 +305,10 @@ def _add_nonfinite(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> Non
     for name, count in sorted(record.counts.items()):
         fam[NONFINITE.name].add_metric([*labels, name], count)
     fam[LOSS_STREAK.name].add_metric(labels, record.loss_streak)
+    if record.loss_streak and record.loss_first_step is not None:
+        fam[LOSS_FIRST_STEP.name].add_metric(labels, record.loss_first_step)
+    if record.loss_last_finite_step is not None:
+        fam[LOSS_LAST_FINITE_STEP.name].add_metric(labels, record.loss_last_finite_step)
 
 
 def _add_timing(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:

@@ -124,6 +124,20 @@ LOSS_STREAK = MetricSpec(
     "Consecutive observed steps, up to the latest, whose loss was NaN or infinite; 0 once a "
     "finite loss is reported.",
 )
+LOSS_FIRST_STEP = MetricSpec(
+    "trainguard_run_loss_nonfinite_first_step",
+    "gauge",
+    ("run", "rank"),
+    "Step of the first observed step of the current non-finite loss streak: the loss turned "
+    "non-finite after trainguard_run_loss_last_finite_step and at or before this step; absent "
+    "while the loss is finite.",
+)
+LOSS_LAST_FINITE_STEP = MetricSpec(
+    "trainguard_run_loss_last_finite_step",
+    "gauge",
+    ("run", "rank"),
+    "Step of the newest observed step whose loss was finite; absent before the first.",
+)
 STUCK_INFO = MetricSpec(
     "trainguard_run_stuck_info",
     "gauge",
@@ -240,6 +254,13 @@ DEATHS = MetricSpec(
     ("run",),
     "Times a process of the run went away without finishing, as recorded when it restarted.",
 )
+FIRST_STEP = MetricSpec(
+    "trainguard_run_first_step",
+    "gauge",
+    ("run", "rank"),
+    "First step this process reported: after a restart, the step it resumed at "
+    "(TrainingProcessRestarted's steps lost are the death's step minus the one before it).",
+)
 LAST_DEATH_STEP = MetricSpec(
     "trainguard_run_last_death_step",
     "gauge",
@@ -283,6 +304,20 @@ HEARTBEAT_FILE_ERRORS = MetricSpec(
     (),
     "Heartbeat files in the state directory that could not be used in this scrape.",
 )
+HEARTBEAT_FILE_INVALID = MetricSpec(
+    "trainguard_heartbeat_file_invalid",
+    "gauge",
+    ("file",),
+    "1 per heartbeat file that could not be used in this scrape (why is logged once); the run "
+    "it held is kept from its last valid reading. At most 100 files.",
+)
+STATE_DIR_PRESENT = MetricSpec(
+    "trainguard_state_dir_present",
+    "gauge",
+    ("path",),
+    "1 if the state directory exists and could be listed, 0 if not: no training run can be "
+    "watched (a typo in --state.dir, or it was removed).",
+)
 
 METRICS = (
     RUN_INFO,
@@ -303,6 +338,8 @@ METRICS = (
     SCALAR,
     NONFINITE,
     LOSS_STREAK,
+    LOSS_FIRST_STEP,
+    LOSS_LAST_FINITE_STEP,
     STUCK_INFO,
     DATA_WAIT,
     COMPUTE,
@@ -322,10 +359,13 @@ METRICS = (
     SNAPSHOT_RECENT,
     DEATHS,
     LAST_DEATH_STEP,
+    FIRST_STEP,
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
     LAST_DEATH_XID,
     HEARTBEAT_FILES,
     HEARTBEAT_FILE_ERRORS,
+    HEARTBEAT_FILE_INVALID,
+    STATE_DIR_PRESENT,
 )

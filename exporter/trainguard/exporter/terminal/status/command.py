@@ -17,6 +17,7 @@ the lines under the table (stuck ranks, GPUs) are drawn from one model, in three
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -40,7 +41,8 @@ RunMem = dict[tuple[str, str], dict[str, int | None]]
 class Location:
     location: str
     path: str
-    step: int | None  # newest complete checkpoint, as trainguard.checkpoint.latest finds it
+    step: int | None  # newest complete checkpoint worth resuming from, as latest() finds it
+    #: (never one saved with a NaN loss)
     at_risk: int | None  # run step - newest complete step
     error: str | None = None
 
@@ -49,7 +51,7 @@ class Location:
 class RunStatus:
     run: str
     rank: str
-    state: str  # alive, starting, stalled, finished, dead, unknown
+    state: str  # alive, nan-loss, starting, stalled, finished, dead, unknown
     pid: int | None
     step: int | None
     steps_per_second: float | None
@@ -60,6 +62,13 @@ class RunStatus:
     gpu_driver_bytes: dict[str, int | None] = field(default_factory=dict)  # gpu index -> bytes
     allocator_reserved_bytes: dict[str, int] = field(default_factory=dict)  # device -> bytes
     stuck: str | None = None  # where its main thread is while its step is overdue
+    loss: float | None = None  # the last loss it reported (NaN as null in JSON)
+    #: observed steps, up to the latest, whose loss was not finite (None: no such record)
+    loss_nonfinite_streak: int | None = None
+    #: the streak's first observed step: the loss turned non-finite after
+    #: loss_last_finite_step and at or before this one
+    loss_nonfinite_first_step: int | None = None
+    loss_last_finite_step: int | None = None
 
 
 @dataclass
@@ -90,6 +99,9 @@ class Snapshot:
         out = asdict(self)
         for g, d in zip(self.gpus, out["gpus"], strict=True):
             d["ghost_share"] = g.ghost_share
+        for r in out["runs"]:  # JSON has no NaN: the streak says the loss is not finite
+            if r["loss"] is not None and not math.isfinite(r["loss"]):
+                r["loss"] = None
         return out
 
 
@@ -123,7 +135,9 @@ class Status:
         gpus, run_mem, nvml, gpu_errors = self._gpus(scrape)
         self.targets = self.table.checkpoint_targets(scrape)
         runs = [self._row(row, now, run_mem) for row in view.rows]
-        snap = Snapshot(str(self.state_dir), now, runs, nvml, gpus, [*view.errors, *gpu_errors])
+        bad = [why for _name, why in view.bad_files]
+        errors = [*view.errors, *bad, *gpu_errors]
+        snap = Snapshot(str(self.state_dir), now, runs, nvml, gpus, errors)
         if checkpoints:
             self.attach(snap, {})
         return snap
@@ -179,6 +193,7 @@ class Status:
         step_time = (hb.step_time if hb else None) or (hb.started if hb else None)
         step_age = max(0.0, now - step_time) if step_time else None
         key = (row.run, row.rank)
+        nonfinite = hb.nonfinite if hb else None
         if hb is not None and hb.step is not None and hb.step_time is not None:
             prev = self._prev.get(key)
             if prev is not None and hb.step_time > prev[1] and hb.step >= prev[0]:
@@ -193,6 +208,8 @@ class Status:
         elif row.up is True:
             stalled = step_age is not None and step_age > self.stall
             state = "stalled" if stalled else "alive"
+            if not stalled and nonfinite is not None and nonfinite.loss_streak:
+                state = "nan-loss"  # stepping, every step since likely wasted
         elif row.up is False:
             state = "dead"
         else:
@@ -204,7 +221,9 @@ class Status:
             state=state,
             pid=row.pid,
             step=step,
-            steps_per_second=self._rates.get(key) if state in ("alive", "stalled") else None,
+            steps_per_second=self._rates.get(key)
+            if state in ("alive", "nan-loss", "stalled")
+            else None,
             step_age_seconds=step_age,
             deaths=hb.deaths if hb else 0,
             last_death_cause=death.cause if death else None,
@@ -213,6 +232,10 @@ class Status:
             allocator_reserved_bytes={str(a.device): a.reserved_bytes for a in hb.allocator}
             if hb
             else {},
+            loss=hb.scalars.get("loss") if hb else None,
+            loss_nonfinite_streak=nonfinite.loss_streak if nonfinite else None,
+            loss_nonfinite_first_step=nonfinite.loss_first_step if nonfinite else None,
+            loss_last_finite_step=nonfinite.loss_last_finite_step if nonfinite else None,
         )
 
 
@@ -220,6 +243,19 @@ def _location(t: CheckpointTarget, step: int | None, found: Found) -> Location:
     newest, error = found  # the heartbeat lags the step: a checkpoint may already be newer
     risk = max(0, step - newest) if step is not None and newest is not None else None
     return Location(t.location, str(t.path), newest, risk, error)
+
+
+#: the states that need nobody: ``trainguard status`` exits 0 when every run is in one
+FINE = ("alive", "starting", "finished")
+
+
+def exit_status(snap: Snapshot) -> int:
+    """0 when every run is alive, starting or finished and nothing could not be read, else 1.
+
+    For scripts: ``trainguard status >/dev/null || notify`` (a dead, stalled, unknown run or
+    one stepping on a NaN loss, or an unreadable heartbeat). 2, bad input, is the caller's.
+    """
+    return 0 if all(r.state in FINE for r in snap.runs) and not snap.errors else 1
 
 
 def duration(seconds: float | None) -> str:
@@ -248,12 +284,16 @@ def size(n: int | None) -> str:
 
 COLOURS = {
     "alive": "green",
+    "nan-loss": "bold red",
     "starting": "cyan",
     "stalled": "yellow",
     "finished": "blue",
     "dead": "bold red",
     "unknown": "magenta",
 }
+
+#: a word up to this long is never folded in the middle on a narrow terminal
+MAX_WORD = 12
 
 COLUMNS = (
     "run",
@@ -328,6 +368,22 @@ def stuck_text(row: RunRow) -> str | None:
     return f"in {stuck.collective}: {where}" if stuck.collective else f"at {where}"
 
 
+def loss_lines(runs: list[RunStatus]) -> list[str]:
+    """``loss: run llama rank 0 not finite since step 100 (last finite seen: step 99)``."""
+    out = []
+    for r in runs:
+        if not r.loss_nonfinite_streak or r.state in ("finished", "dead"):
+            continue
+        first = "?" if r.loss_nonfinite_first_step is None else r.loss_nonfinite_first_step
+        last = "none" if r.loss_last_finite_step is None else f"step {r.loss_last_finite_step}"
+        out.append(
+            f"loss: run {r.run} rank {r.rank} not finite since step {first} at the latest "
+            f"(last finite seen: {last}); its checkpoints column names the newest saved with a "
+            "finite loss"
+        )
+    return out
+
+
 def stuck_lines(runs: list[RunStatus]) -> list[str]:
     """``stuck: run llama rank 3 at train.py:88 load_batch <- ...``, one per stuck rank."""
     return [f"stuck: run {r.run} rank {r.rank} {r.stuck}" for r in runs if r.stuck]
@@ -342,7 +398,7 @@ def plain(snap: Snapshot) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     if not snap.runs:
         lines.append("(no runs)")
-    lines += [*stuck_lines(snap.runs), *gpu_lines(snap)]
+    lines += [*loss_lines(snap.runs), *stuck_lines(snap.runs), *gpu_lines(snap)]
     lines += [f"error: {e}" for e in snap.errors]
     return "\n".join(lines) + "\n"
 
@@ -358,14 +414,20 @@ def rich_view(snap: Snapshot) -> Any:
         box=None,
         header_style="bold",
         pad_edge=False,
+        collapse_padding=True,  # one space between columns: nine fit in 80 columns
     )
-    for col in COLUMNS:
-        table.add_column(col, overflow="fold")
-    for r in snap.runs:
-        row = cells(r)
+    rows = [cells(r) for r in snap.runs]
+    for i, col in enumerate(COLUMNS):
+        # wide enough for its longest word: a narrow terminal wraps between words, and folds
+        # only a word longer than MAX_WORD (a long run name)
+        words = [w for text in [col, *(row[i] for row in rows)] for w in text.split()]
+        width = min(max((len(w) for w in words), default=1), MAX_WORD)
+        table.add_column(col, overflow="fold", min_width=width)
+    for r, row in zip(snap.runs, rows, strict=True):
         row[2] = f"[{COLOURS.get(r.state, '')}]{r.state}[/]"
         table.add_row(*row)
-    extra = [Text(line, style="dim") for line in [*stuck_lines(snap.runs), *gpu_lines(snap)]]
+    extra = [Text(line, style="bold red") for line in loss_lines(snap.runs)]
+    extra += [Text(line, style="dim") for line in [*stuck_lines(snap.runs), *gpu_lines(snap)]]
     extra += [Text(f"error: {e}", style="red") for e in snap.errors]
     return Group(table, *extra)
 
