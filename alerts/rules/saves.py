@@ -43,10 +43,61 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
 )
 
-LOC_SEL = "${target_labels_sel},run=%q,location=%q"
-LOC_ARGS = "${target_labels_args} $labels.run $labels.location"
+#: an annotation query's selector of the alert's location: on the alert's node, or on every node
+#: of the job for a job's alert (which has no instance)
+LOC_SEL = "${target_labels_across_sel},instance=~%q,run=%q,location=%q"
+LOC_ARGS = '${target_labels_across_args} (or $labels.instance ".*") $labels.run $labels.location'
+
+#: the runs that are jobs (a rank names its job): their saves are judged across the job's nodes
+JOB_RUNS = "group by (${target_labels_across}, run) (trainguard_run_job_info)"
+
+
+def failing(by: str) -> str:
+    """PromQL: the locations whose saves fail while the run trains, by ``by``, run and location.
+
+    The last save failed and none succeeded since (or ever), or none succeeded for
+    ``saves_overdue_factor`` x the usual interval, counted from the later of the last success
+    and the current process's start (a run resumed after a long stop had no chance yet). Both
+    on the exporters' ages, each measured on its own host: which outcome is newer, and how long
+    ago, whatever the hosts' clocks, on one node or across a job's nodes (every rank records a
+    failure, only the one that writes records the success: a success on any node of the job
+    clears an older failure on any other).
+    """
+    g = by + ", run, location"
+    failure_age = "min by (" + g + ") (trainguard_checkpoint_last_save_failure_age_seconds)"
+    success_age = "min by (" + g + ") (trainguard_checkpoint_last_save_success_age_seconds)"
+    start_age = "min by (" + by + ", run) (trainguard_run_start_age_seconds)"
+    interval = (
+        "max by (" + g + ") (last_over_time("
+        "run_location:trainguard_checkpoint_save_interval_seconds:avg[${slow_rules_lookback}]))"
+    )
+    on_run = "on (" + by + ", run)"
+    return (
+        "(\n"
+        # the newest outcome a failure (on this node, or on any node of the job)
+        "  " + failure_age + "\n"
+        "  < (" + success_age + " or " + failure_age + " + 1)\n"
+        "or\n"
+        # none succeeded for factor x the usual interval, from the later of success and start
+        "  (\n"
+        "    " + success_age + " < " + on_run + " group_left () " + start_age + "\n"
+        "    or " + success_age + " * 0 + " + on_run + " group_left () " + start_age + "\n"
+        "  )\n"
+        "  > clamp_min(${saves_overdue_factor} * " + interval + ", ${saves_overdue_min_s})\n"
+        ")\n"
+        "and " + on_run + "\n"
+        "  max by ("
+        + by
+        + ", run) (changes(run:trainguard_run_step:max[${saves_stepping_window}]))"
+        " > 0\n"
+        "and " + on_run + " max by (" + by + ", run) (run:trainguard_run_active_ranks:count)"
+    )
+
 
 SNIPPETS = {
+    "failing_on_node": failing("${target_labels}"),
+    "failing_in_job": failing("${target_labels_across}"),
+    "job_runs": JOB_RUNS,
     # "enospc 3, other 1": the failures of the last hour by reason
     "reasons": (
         "{{ range $i, $s := printf `sum by (${target_labels}, reason) (increase("
@@ -82,49 +133,17 @@ GROUP = Group(
         Alert(
             "CheckpointSavesFailing",
             "critical",
-            # the last save failed and none succeeded since (or ever); or none succeeded for
-            # factor x the usual interval, counted from the later of the last success and the
-            # current process's start (a run resumed after a long stop had no chance yet). The
-            # failure and success timestamps compare with each other (one host's clock); how
-            # long ago they were is the exporter's age, never time() minus a host timestamp.
+            # a lone run on its node; a job's run across its nodes (one alert for the job)
             expr="""
             (
-              max by (${target_labels}, run, location) (
-                trainguard_checkpoint_last_save_failure_timestamp_seconds
-              )
-              > (
-                max by (${target_labels}, run, location) (
-                  trainguard_checkpoint_last_save_success_timestamp_seconds
-                )
-                or max by (${target_labels}, run, location) (
-                  trainguard_checkpoint_last_save_failure_timestamp_seconds
-                ) * 0
-              )
-            or
-              (
-                  min by (${target_labels}, run, location) (
-                    trainguard_checkpoint_last_save_success_age_seconds
-                  )
-                  < on (${target_labels}, run) group_left ()
-                    min by (${target_labels}, run) (trainguard_run_start_age_seconds)
-                or
-                  min by (${target_labels}, run, location) (
-                    trainguard_checkpoint_last_save_success_age_seconds
-                  ) * 0
-                  + on (${target_labels}, run) group_left ()
-                    min by (${target_labels}, run) (trainguard_run_start_age_seconds)
-              )
-              > clamp_min(
-                ${saves_overdue_factor}
-                * last_over_time(
-                  run_location:trainguard_checkpoint_save_interval_seconds:avg[${slow_rules_lookback}]
-                ),
-                ${saves_overdue_min_s}
-              )
+              ${failing_on_node}
             )
-            and on (${target_labels}, run)
-              changes(run:trainguard_run_step:max[${saves_stepping_window}]) > 0
-            and on (${target_labels}, run) run:trainguard_run_active_ranks:count
+            unless on (${target_labels_across}, run) ${job_runs}
+            or
+            (
+              ${failing_in_job}
+            )
+            and on (${target_labels_across}, run) ${job_runs}
             """,
             for_="${saves_failing_for}",
             keep_firing_for="${keep_firing_for}",

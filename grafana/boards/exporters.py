@@ -54,4 +54,24 @@ def panels(q: Promql) -> list[Panel]:
             thresholds=((None, "red"), (1, "green")),
             h=6,
         ),
+        ts(
+            "State directory and heartbeat files",
+            "Per exporter: whether its state directory exists (0: nothing it watches can page: "
+            "TrainguardStateDirMissing) and the heartbeat files it could not use, one series "
+            "per file (TrainguardHeartbeatFileInvalid): each costs only that file, the other "
+            "runs are still published.",
+            "none",
+            [
+                (
+                    q.by("instance", "trainguard_state_dir_present", "min", I),
+                    "{{instance}} state dir present",
+                ),
+                (
+                    f"count {q.group_by('instance')} (trainguard_heartbeat_file_invalid{{{I}}})"
+                    f" or {q.by('instance', 'trainguard_state_dir_present', 'min', I)} * 0",
+                    "{{instance}} invalid heartbeat files",
+                ),
+            ],
+            minimum=0,
+        ),
     ]

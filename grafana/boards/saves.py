@@ -83,7 +83,9 @@ def panels(q: Promql) -> list[Panel]:
         ),
         ts(
             "Time since last successful save",
-            "Seconds since the last save into each location completed, by the training host's "
+            "Seconds since the last save into each location completed (and since the last one "
+            "failed: a failure newer than the success on any node of a job is "
+            "CheckpointSavesFailing), by the training host's "
             "clock (the exporter's age: never thrown off by skew between that host and "
             "Prometheus). Dashed: when it is "
             f"overdue, {site.shown('saves_overdue_factor')} times the location's usual "
@@ -96,6 +98,10 @@ def panels(q: Promql) -> list[Panel]:
                 (
                     q.by("run, location", "trainguard_checkpoint_last_save_success_age_seconds"),
                     PER_LOCATION,
+                ),
+                (
+                    q.by("run, location", "trainguard_checkpoint_last_save_failure_age_seconds"),
+                    f"{PER_LOCATION} since the last failed save",
                 ),
                 (f"clamp_min({factor} * {interval}, {floor})", f"{PER_LOCATION} overdue after"),
             ],

@@ -312,3 +312,38 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
         am.stop()
         hook.close()
         chat.close()
+
+
+@needs_alertmanager
+def test_shipped_config_notifies_a_nan_loss_every_node_sees_once_per_run(tmp_path: Path) -> None:
+    # DDP spreads a NaN to every rank: each node's exporter fires TrainingLossNonFinite for the
+    # run; one notification lists the nodes, not one per node (issue 40's "one incident")
+    hook, chat = Webhook(), Webhook()
+    am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
+    try:
+        alerts = [
+            _alert("TrainingLossNonFinite", "critical", f"node-{n}:9636") for n in range(1, 4)
+        ]
+        request = urllib.request.Request(
+            am.url + "/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+        message = hook.wait_message(
+            lambda m: m.get("groupLabels", {}).get("alertname") == "TrainingLossNonFinite",
+            60,
+            "the NaN notification",
+        )
+        assert message["groupLabels"] == {"alertname": "TrainingLossNonFinite", "run": "llama"}
+        assert sorted(a["labels"]["instance"] for a in message["alerts"]) == [
+            "node-1:9636",
+            "node-2:9636",
+            "node-3:9636",
+        ]
+    finally:
+        am.stop()
+        hook.close()
+        chat.close()

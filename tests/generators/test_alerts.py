@@ -542,6 +542,7 @@ ABSENT_WHILE_HEALTHY = {
     "trainguard_checkpoint_newest_damaged_step",
     "trainguard_run_stuck_info",  # only while a rank's step is overdue
     "trainguard_checkpoint_last_save_failure_timestamp_seconds",
+    "trainguard_checkpoint_last_save_failure_age_seconds",
     "trainguard_run_loss_nonfinite_first_step",  # only while the loss is not finite
     "trainguard_heartbeat_file_invalid",  # only for a file that cannot be used
 }

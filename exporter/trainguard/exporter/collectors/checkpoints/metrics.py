@@ -142,6 +142,14 @@ LAST_FAILURE = MetricSpec(
     "When the last save into the location failed (the training host's clock); absent before "
     "the first.",
 )
+LAST_FAILURE_AGE = MetricSpec(
+    "trainguard_checkpoint_last_save_failure_age_seconds",
+    "gauge",
+    ("run", "location"),
+    "Seconds since the last save into the location failed, by the exporter's clock (the "
+    "training host's): beside the success's age, which of the two is newer on any node of a "
+    "job, whatever the nodes' clocks; absent before the first.",
+)
 #: the series the checkpoints collector publishes, in this order
 METRICS = (
     LOCATION_UP,
@@ -155,4 +163,5 @@ METRICS = (
     LAST_SUCCESS,
     LAST_SUCCESS_AGE,
     LAST_FAILURE,
+    LAST_FAILURE_AGE,
 )

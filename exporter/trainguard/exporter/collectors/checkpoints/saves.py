@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainguard.exporter.collectors.checkpoints.metrics import (
     LAST_FAILURE,
+    LAST_FAILURE_AGE,
     LAST_SUCCESS,
     LAST_SUCCESS_AGE,
     SAVE_FAILURES,
@@ -75,9 +76,10 @@ def publish(
         families[SAVE_FAILURES.name].add_metric([*labels, reason], failures.get(reason, 0))
     if status is None:
         return
+    now = time.time()  # after the status was read: every age is >= 0 on this host's one clock
     if status.last_success is not None:
         families[LAST_SUCCESS.name].add_metric(labels, status.last_success)
-        # after the status was read: the age is >= 0 on this host's one clock
-        families[LAST_SUCCESS_AGE.name].add_metric(labels, age(time.time(), status.last_success))
+        families[LAST_SUCCESS_AGE.name].add_metric(labels, age(now, status.last_success))
     if status.last_failure is not None:
         families[LAST_FAILURE.name].add_metric(labels, status.last_failure)
+        families[LAST_FAILURE_AGE.name].add_metric(labels, age(now, status.last_failure))
