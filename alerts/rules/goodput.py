@@ -271,9 +271,14 @@ SLOW = Group(
         *(
             Record(
                 seconds(name, "block"),
-                "sum_over_time(" + state(name) + "[${slow_rules_interval}])\n"
-                "/ scalar(count_over_time(" + TICK + "[${slow_rules_interval}]))\n"
-                "* ${slow_rules_interval_s}",
+                "(\n"
+                "  sum_over_time(" + state(name) + "[${slow_rules_interval}])\n"
+                "  / scalar(count_over_time(" + TICK + "[${slow_rules_interval}]))\n"
+                "  * ${slow_rules_interval_s}\n"
+                # no evaluation of the goodput group in the block (a restart, a ruler late
+                # under load) makes the scalar NaN: no block then, never a NaN one that would
+                # poison the 24h and 7d sums for a day
+                ") >= 0",
             )
             for name in STATES
         ),
