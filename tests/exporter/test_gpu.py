@@ -166,6 +166,7 @@ def test_no_nvidia_driver_is_not_a_failure(tmp_path: Path) -> None:
     """A checkpoint server or CPU node, watched for runs and checkpoints only: no NVML library
     at all. Not a standing TrainguardCollectorFailing: the collector succeeds with no GPUs, a
     gauge says why there are none, and the log says it once, at info."""
+    (tmp_path / "s").mkdir()  # a missing state dir is a warning of its own
     with Exporter(env={"LD_LIBRARY_PATH": str(tmp_path)}, state_dir=tmp_path / "s") as exp:
         for _ in range(3):
             s = exp.scrape()
