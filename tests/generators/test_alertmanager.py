@@ -347,3 +347,40 @@ def test_shipped_config_notifies_a_nan_loss_every_node_sees_once_per_run(tmp_pat
         am.stop()
         hook.close()
         chat.close()
+
+
+@needs_alertmanager
+def test_shipped_config_keeps_each_death_of_a_run_in_a_group_of_its_own(tmp_path: Path) -> None:
+    # a relaunched run that dies again: the new death must not share a group with the previous
+    # one (resolving while the new one fires), which re-notified the group at group_interval
+    hook, chat = Webhook(), Webhook()
+    am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
+    try:
+        alerts = [
+            _alert("TrainingProcessDied", "critical", "node-1:9636", death="1"),
+            _alert("TrainingProcessDied", "critical", "node-1:9636", death="2"),
+        ]
+        request = urllib.request.Request(
+            am.url + "/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 200
+
+        def groups() -> list[Any] | None:
+            with urllib.request.urlopen(am.url + "/api/v2/alerts/groups", timeout=30) as r:
+                found = [
+                    g
+                    for g in json.loads(r.read())
+                    if g["labels"].get("alertname") == "TrainingProcessDied"
+                ]
+            return found if sum(len(g["alerts"]) for g in found) == 2 else None
+
+        found = wait_for(groups, 60, 0.1, "both deaths grouped")
+        assert sorted(g["labels"]["death"] for g in found) == ["1", "2"]
+    finally:
+        am.stop()
+        hook.close()
+        chat.close()
