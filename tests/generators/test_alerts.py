@@ -188,7 +188,7 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     assert "count by (region, job, run, job_id)" in text
     assert "count by (region, job, run)" in text
     assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
-    assert "quantile by (region, job, run)" in text  # jobs/slow.py, goodput
+    assert "quantile by (region, job, run, job_id)" in text  # jobs/slow.py: within a job
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
     assert not re.search(kept, flat), re.findall(kept, flat)

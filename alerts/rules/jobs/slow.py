@@ -8,7 +8,9 @@ per ``trainguard_run_timed_steps_total``; docs/metrics.md#who-is-slow). A rank w
 per step is ``slow_rank_factor`` times the median of its job's ranks holds all the others up.
 
 A job spans exporters (one per node), so its ranks are compared by the site's target labels
-without ``instance``, plus ``run``.
+without ``instance``, plus ``run`` and ``job_id``: the ranks of one job, never two jobs that
+share a run name (two fine-tunes with a framework's default run name), whose ranks' paces say
+nothing of each other. Ranks of no known job are compared by run, as one job.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
 )
 
-#: the job's identity in rules: the target labels but instance, plus run
-JOB = "${target_labels_across}, run"
-JOB_SEL = "${target_labels_across_sel},run=%q"
-JOB_ARGS = "${target_labels_across_args} $labels.run"
+#: the job's identity in rules: the target labels but instance, plus run and the job's id
+JOB = "${target_labels_across}, run, job_id"
+JOB_SEL = "${target_labels_across_sel},run=%q,job_id=%q"
+JOB_ARGS = "${target_labels_across_args} $labels.run $labels.job_id"
 #: a live, unfinished rank (its series of a dead process would hold its last rates)
 LIVE = """and on (${target_labels}, run, rank) trainguard_run_process_up == 1
 unless on (${target_labels}, run, rank) trainguard_run_finished == 1"""
@@ -89,12 +91,22 @@ GROUP = Group(
             "run_rank:trainguard_run_compute_seconds_per_step:rate",
             _per_step("trainguard_run_compute_seconds_total"),
         ),
-        # the rank's own time per step: what it spends before it can join the collective
+        # the rank's own time per step: what it spends before it can join the collective;
+        # with its job's id where it names one (the ranks are compared within their job)
         Record(
             "run_rank:trainguard_run_busy_seconds_per_step:rate",
             """
-            run_rank:trainguard_run_data_wait_seconds_per_step:rate
-            + run_rank:trainguard_run_compute_seconds_per_step:rate
+            (
+              run_rank:trainguard_run_data_wait_seconds_per_step:rate
+              + run_rank:trainguard_run_compute_seconds_per_step:rate
+            )
+            * on (${target_labels}, run, rank) group_left (job_id) trainguard_run_job_info
+            or
+            (
+              run_rank:trainguard_run_data_wait_seconds_per_step:rate
+              + run_rank:trainguard_run_compute_seconds_per_step:rate
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
+            )
             """,
         ),
         Record(
