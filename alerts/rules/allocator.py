@@ -293,8 +293,10 @@ GROUP = Group(
         Alert(
             "AllocatorRetrying",
             "warning",
+            # a dead or finished rank's counters stay as they were: not judged
             expr="""
             increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
+            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
             """,
             for_="${alloc_retry_for}",
             keep_firing_for="${keep_firing_for}",
@@ -403,6 +405,7 @@ GROUP = Group(
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
+            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
             """,
             for_="${frag_for}",
             summary="""
