@@ -24,7 +24,7 @@ from alerts.kinds import BYTES, DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_bytes, query_value
 from alerts.rules.gpu import GPU_ARGS, GPU_SEL
 from alerts.rules.gpu import SNIPPETS as GPU_SNIPPETS
-from alerts.rules.recording import TRAINED_RECENTLY, UNATTRIBUTED_MIN
+from alerts.rules.recording import UNATTRIBUTED_MIN
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -142,7 +142,6 @@ def _gpu_value(metric: str, fmt: str = 'printf "%.0f"', suffix: str = "") -> str
 
 SNIPPETS = {
     "unattributed_min": UNATTRIBUTED_MIN,  # PromQL: the slow group's record
-    "trained_recently": TRAINED_RECENTLY,  # PromQL: the slow group's record
     "hw_reasons": HW_REASONS,
     "gpu_name": GPU_SNIPPETS["gpu_name"],
     # "hw_thermal_slowdown, sw_power_cap": the reasons the clocks are held down now
@@ -358,10 +357,7 @@ GROUP = Group(
         ),
         # The GPU's unattributed level is its least over released_lookback as the slow group
         # recorded it (recording.UNATTRIBUTED_MIN): up to 5m older, a level from before the
-        # death either way. So are the runs it had within released_lookback
-        # (recording.TRAINED_RECENTLY), with the last slow_rules_lookback of the 15 s series for
-        # a run that came and went since: an hour of that series per GPU every 15 s was the
-        # group's costliest read (bench/RESULTS.md, "Fleet scale, sixth pass").
+        # death either way.
         # nvidia-resiliency-ext waits for exactly this before it restarts workers: memory the
         # driver did not give back after a run's last process on the GPU died. Relative to the
         # GPU's own unattributed level while the run trained (the driver's overhead, a few
@@ -384,10 +380,7 @@ GROUP = Group(
               last_over_time(${unattributed_min}[${slow_rules_lookback}])
             ) > ${released_floor}
             and on (${target_labels}, uuid)
-            (
-              last_over_time(${trained_recently}[${slow_rules_lookback}])
-              or max_over_time(uuid_run:trainguard_gpu_training:group[${slow_rules_lookback}])
-            )
+            max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])
             unless on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             unless on (${target_labels}, gpu, uuid)
             (

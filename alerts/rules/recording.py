@@ -85,10 +85,6 @@ SLOW_RATE = "run_rank:trainguard_run_steps_per_second:deriv_slow"
 #: a GPU's least unattributed memory over released_lookback (1h): GPUMemoryNotReleased's level
 #: of the GPU while its runs trained (alerts/rules/gpu_health.py), recorded in SLOW
 UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
-#: the runs with a process on each GPU at some time within released_lookback (1h), recorded in
-#: SLOW: GPUMemoryNotReleased's "a run left this GPU within the hour", read as its newest record
-#: or the last slow_rules_lookback of the 15 s series (a run that came and went since)
-TRAINED_RECENTLY = "uuid_run:trainguard_gpu_training:recent"
 
 GROUP = Group(
     "trainguard.rules",
@@ -267,10 +263,6 @@ SLOW = Group(
             and on (${target_labels}, run, rank)
               trainguard_run_start_age_seconds > ${throughput_window_slow_s}
             """,
-        ),
-        Record(
-            TRAINED_RECENTLY,
-            "max_over_time(uuid_run:trainguard_gpu_training:group[${released_lookback}])",
         ),
         Record(
             UNATTRIBUTED_MIN,
