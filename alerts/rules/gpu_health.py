@@ -233,6 +233,14 @@ _CAUSES = (
 )
 _CAUSE_ARGS = " ".join(["${target_labels_args}"] * _CAUSES.count(_SEL))
 _ON_TRAINING = "on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group"
+#: the GPUs with a row remap (a page retirement) waiting for a reset, and those of them a run
+#: trains on: recorded once for the warning and the critical alert of each (empty on a healthy
+#: fleet, so the four alerts read next to nothing; each read of a per-GPU series costs the same
+#: whatever its range, bench/RESULTS.md, "Fleet scale, sixth pass")
+REMAP_PENDING = "gpu:trainguard_gpu_row_remap_pending:present"
+PAGES_PENDING = "gpu:trainguard_gpu_retired_pages_pending:present"
+PENDING_TRAINING = "gpu:trainguard_gpu_reset_pending:training"
+_ON_GPU = "on (${target_labels}, gpu, uuid) "
 _LINK_ARGS = "${target_labels_args} $s.Labels.uuid"
 
 
@@ -423,6 +431,12 @@ GROUP = Group(
             GPURowRemapFailure before putting it back.
             """,
         ),
+        Record(REMAP_PENDING, "trainguard_gpu_row_remap_pending == 1"),
+        Record(PAGES_PENDING, "trainguard_gpu_retired_pages_pending == 1"),
+        Record(
+            PENDING_TRAINING,
+            "(" + REMAP_PENDING + " or " + PAGES_PENDING + ") and " + _ON_TRAINING,
+        ),
         Alert(
             "GPURowRemapFailure",
             "critical",
@@ -441,7 +455,7 @@ GROUP = Group(
         Alert(
             "GPURowRemapPending",
             "critical",
-            expr="trainguard_gpu_row_remap_pending == 1 and " + _ON_TRAINING,
+            expr=REMAP_PENDING + " and " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} trains run(s) on a bad memory row
@@ -459,7 +473,7 @@ GROUP = Group(
         Alert(
             "GPURowRemapPending",
             "warning",
-            expr="trainguard_gpu_row_remap_pending == 1 unless " + _ON_TRAINING,
+            expr=REMAP_PENDING + " unless " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to remap a bad memory
@@ -476,7 +490,7 @@ GROUP = Group(
         Alert(
             "GPURetiredPagesPending",
             "critical",
-            expr="trainguard_gpu_retired_pages_pending == 1 and " + _ON_TRAINING,
+            expr=PAGES_PENDING + " and " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} trains run(s) on a bad memory page
@@ -495,7 +509,7 @@ GROUP = Group(
         Alert(
             "GPURetiredPagesPending",
             "warning",
-            expr="trainguard_gpu_retired_pages_pending == 1 unless " + _ON_TRAINING,
+            expr=PAGES_PENDING + " unless " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to retire a bad memory
