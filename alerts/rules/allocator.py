@@ -160,6 +160,8 @@ TO_FULL = "run_rank_device:trainguard_run_allocator_full_in_seconds:leak"
 #: a rank's device's allocator figures averaged over frag_window (AllocatorFragmentation; each
 #: was computed three or four times in the alert)
 AVG_RESERVED = "run_rank_device:trainguard_run_allocator_reserved_bytes:avg"
+#: what became of each rank within oom_window: 1 alive and stepping, 2 finished (GROUP)
+OOM_FATE = "run_rank:trainguard_run_oom_fate:window"
 AVG_ALLOCATED = "run_rank_device:trainguard_run_allocator_allocated_bytes:avg"
 #: what the device has left above the recent peak of allocated memory
 HEADROOM = promql(
@@ -188,6 +190,8 @@ def _avg(metric: str) -> str:
 
 
 SNIPPETS = {
+    "oom_fate": OOM_FATE,
+    "finished_in_window": "(last_over_time(trainguard_run_finished[${oom_window}]) == 1)",
     # PromQL: the records of both groups, the headroom
     "to_full": TO_FULL,
     "avg_reserved": AVG_RESERVED,
@@ -290,11 +294,28 @@ GROUP = Group(
     rules=(
         Record(AVG_RESERVED, _avg("reserved_bytes")),
         Record(AVG_ALLOCATED, _avg("allocated_bytes")),
+        # What became of each rank within oom_window, judged once for AllocatorOOM and
+        # AllocatorOOMCaught: 1 alive and stepping (an OOM it caught), 2 finished cleanly
+        # (never an OOM page); absent otherwise (gone, or alive without a step: AllocatorOOM)
+        Record(
+            OOM_FATE,
+            """
+            (
+              last_over_time(trainguard_run_process_up[${oom_window}]) == 1
+              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
+              unless on (${target_labels}, run, rank) ${finished_in_window}
+            ) * 0 + 1
+            or
+            ${finished_in_window} * 0 + 2
+            """,
+        ),
         Alert(
             "AllocatorRetrying",
             "warning",
+            # a dead or finished rank's counters stay as they were: not judged
             expr="""
             increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
+            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
             """,
             for_="${alloc_retry_for}",
             keep_firing_for="${keep_firing_for}",
@@ -313,12 +334,7 @@ GROUP = Group(
             "critical",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            unless on (${target_labels}, run, rank) (
-              last_over_time(trainguard_run_process_up[${oom_window}]) == 1
-              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
-            )
-            unless on (${target_labels}, run, rank)
-              last_over_time(trainguard_run_finished[${oom_window}]) == 1
+            unless on (${target_labels}, run, rank) ${oom_fate}
             """,
             summary="Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory.",
             description="""
@@ -335,12 +351,7 @@ GROUP = Group(
             "warning",
             expr="""
             run_rank:trainguard_run_allocator_ooms:recent
-            and on (${target_labels}, run, rank) (
-              last_over_time(trainguard_run_process_up[${oom_window}]) == 1
-              and on (${target_labels}, run, rank) changes(trainguard_run_step[${oom_window}]) > 0
-            )
-            unless on (${target_labels}, run, rank)
-              last_over_time(trainguard_run_finished[${oom_window}]) == 1
+            and on (${target_labels}, run, rank) ${oom_fate} == 1
             """,
             summary="""
             Run {{ $labels.run }} rank {{ $labels.rank }} hit CUDA out of memory and carried on.
@@ -403,6 +414,7 @@ GROUP = Group(
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
+            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
             """,
             for_="${frag_for}",
             summary="""

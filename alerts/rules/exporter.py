@@ -4,7 +4,8 @@ TrainguardCollectorFailing, TrainguardStateDirMissing (no run can be watched: a 
 --state.dir), TrainguardHeartbeatFileInvalid (one file the exporter cannot use),
 TrainguardExporterDown (critical
 when the exporter, failing its scrapes or gone from service discovery, was watching active runs:
-a dead host cannot report their death), and Watchdog, which always fires so that a dead
+a dead host cannot report their death; not when those were only ranks of jobs that step again
+on other nodes, whose ranks there are history), and Watchdog, which always fires so that a dead
 man's switch notices when the whole alerting pipeline stops.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import Alert, Group, query_value
+from alerts.rules.jobs.deaths import JOB_STEPPING, LOST
 from alerts.rules.recording import last_seen
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -53,6 +55,15 @@ SNIPPETS = {
     # PromQL: a target's last up and active ranks while it has been down (recording.last_seen)
     "any_target_last_seen": last_seen("up{${job_selector}}"),
     "active_last_seen": last_seen("instance:trainguard_run_active_ranks:sum"),
+    # PromQL, one series per target: it watched active ranks when last seen, and not only ranks
+    # that are history now (ranks of jobs whose runs step again on other nodes: a spot node
+    # deleted after its job was requeued elsewhere, an elastic job that went on without it)
+    "watched_live": (
+        "(${active_last_seen} > 0 unless on (${target_labels}) ("
+        "count by (${target_labels}) (" + LOST + " == 1"
+        " and on (${target_labels_across}, run) " + JOB_STEPPING + ")"
+        " >= on (${target_labels}) ${active_last_seen}))"
+    ),
     # How Prometheus lost the exporter: its scrapes fail (up == 0), or it is no target at all.
     "down_how": (
         "{{ with printf `up{${target_labels_sel}}` ${target_labels_args} | query }}"
@@ -139,8 +150,7 @@ GROUP = Group(
                 unless on (${target_labels}) up{${job_selector}}
               )
             )
-            and on (${target_labels})
-            ${active_last_seen} > 0
+            and on (${target_labels}) ${watched_live}
             """,
             for_="${exporter_down_for}",
             summary="""
@@ -158,15 +168,15 @@ GROUP = Group(
             "warning",
             expr="""
             max by (${target_labels}) (up{${job_selector}} == 0)
-            unless on (${target_labels})
-            ${active_last_seen} > 0
+            unless on (${target_labels}) ${watched_live}
             """,
             for_="${exporter_down_for}",
             summary="trainguard exporter {{ $labels.instance }} is down.",
             description="""
             Prometheus has failed to scrape the trainguard exporter {{ $labels.instance }}
             (job {{ $labels.job }}) for ${exporter_down_for}. No active training run was
-            watched there when it was last seen, but none will be watched until it is back.
+            watched there when it was last seen (or only ranks of jobs that step again on other
+            nodes now), but none will be watched until it is back.
             """,
         ),
         Alert(

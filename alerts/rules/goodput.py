@@ -29,6 +29,7 @@ from __future__ import annotations
 from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
 from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
+from alerts.rules.recording import LIVE, STATE
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -61,6 +62,8 @@ ACCOUNTED = "job:trainguard_run_accounted:max"
 STEPPING = "job:trainguard_run_stepping:max"
 RECOMPUTING = "job:trainguard_run_recomputing:max"
 DOWN = "job:trainguard_run_down:max"
+#: the jobs with a live, unfinished rank (TrainingGoodputLow reads it twice)
+LIVE_JOB = "job:trainguard_run_live:present"
 
 
 #: a live rank that stepped within its stall threshold
@@ -104,15 +107,10 @@ CONDITIONS = (
     Record(
         DOWN,
         """
-        max by (${job}) (
-          trainguard_run_process_up == 0
-          unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-        ) * 0 + 1
+        max by (${job}) (${state} == 0) * 0 + 1
         or
         max by (${job}) (
-          trainguard_run_process_up == 1
-          unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-          unless on (${target_labels}, run, rank) trainguard_run_step
+          ${live} unless on (${target_labels}, run, rank) trainguard_run_step
         ) * 0 + 1
         and on (${job}) max by (${job}) (trainguard_run_deaths_total) > 0
         """,
@@ -182,6 +180,11 @@ def _goodput(window: str) -> Record:
 PROMQL = {
     "job": JOB,
     "stepping_rank": STEPPING_RANK,
+    # a rank's process in one series (alerts/rules/recording.py), instead of joining
+    # process_up and finished at each use
+    "state": STATE,
+    "live": LIVE,
+    "live_job": LIVE_JOB,
     "accounted_24h": " + ".join(
         "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])" for n in STATES
     ),
@@ -215,6 +218,7 @@ GROUP = Group(
         Record(TICK, "vector(1)"),
         *CONDITIONS,
         *(_state_record(name) for name in STATES),
+        Record(LIVE_JOB, "max by (${job}) (${live}) * 0 + 1"),
         # a job with a live rank now: an abandoned job's goodput is history, not a page
         Alert(
             "TrainingGoodputLow",
@@ -225,24 +229,14 @@ GROUP = Group(
             expr="""
             last_over_time(job:trainguard_run_goodput:ratio_24h[${slow_rules_lookback}])
               < ${goodput_min}
-            and on (${job})
-            max by (${job}) (
-              trainguard_run_process_up == 1
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-            )
+            and on (${job}) ${live_job}
             and on (${job})
             (${accounted_24h}) >= ${goodput_min_accounted_s}
             unless on (${job})
             (
-              max by (${job}) (
-                trainguard_run_process_up == 1
-                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-              )
+              ${live_job}
               unless on (${job})
-              max by (${job}) (
-                trainguard_run_step
-                and on (${target_labels}, run, rank) trainguard_run_process_up == 1
-              )
+              max by (${job}) (trainguard_run_step and on (${target_labels}, run, rank) ${live})
             )
             """,
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape

@@ -7,7 +7,9 @@ The slowdown and link rules judge only a GPU a training process is on (the drive
 list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never
 a normal state: the software power cap at full load, the idle reason, an idle GPU that lowered
 its link to Gen1, a hot GPU below its own slowdown temperature. Memory that is failing is news
-whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU. NVLink
+whoever uses the GPU: the next run placed on it dies, so those rules judge every GPU (a pending
+remap or retirement is critical only where a run trains on the GPU: elsewhere a reset at the next
+opportunity does). NVLink
 errors are judged on a GPU a run trains on (they slow its collectives; an idle GPU's link is
 news for no one until a run is placed on it).
 
@@ -48,23 +50,25 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
     Threshold(
         "pcie_busy_ratio",
-        0.5,
+        0.05,
         NUMBER,
-        "GPUPcieLinkDegraded: the GPU counts as busy with its utilisation, averaged over "
-        "pcie_busy_window, at least this (an idle GPU lowers its link on purpose)...",
+        "GPUPcieLinkDegraded: a GPU whose utilisation, averaged over pcie_busy_window, is below "
+        "this is idle and not judged (an idle GPU lowers its link on purpose); a data-starved "
+        "run above it is, and a MIG GPU (no utilisation) too...",
     ),
     Threshold(
         "pcie_busy_window",
         "5m",
         DURATION,
-        "GPUPcieLinkDegraded: ...averaged over this window.",
+        "GPUPcieLinkDegraded: ...averaged over this window, in which the link never reached its "
+        "maximum generation or width.",
     ),
     Threshold(
         "pcie_degraded_for",
         "10m",
         DURATION,
-        "GPUPcieLinkDegraded: a busy GPU with a training process on it below its maximum PCIe "
-        "generation or width for this long.",
+        "GPUPcieLinkDegraded: a GPU a run trains on below its maximum PCIe generation or width "
+        "for this long.",
     ),
     Threshold(
         "ecc_window",
@@ -110,15 +114,22 @@ THRESHOLDS: tuple[Threshold, ...] = (
         "nvlink_window",
         "15m",
         DURATION,
-        "GPUNvLinkErrors: NVLink errors (replay, recovery, CRC, ECC) of a GPU a run trains on "
-        "counted within this window...",
+        "GPUNvLinkErrors: NVLink errors of a GPU a run trains on are judged within this window...",
     ),
     Threshold(
-        "nvlink_errors",
+        "nvlink_recoveries",
         1,
         NUMBER,
-        "GPUNvLinkErrors: ...at least this many, all its active links together (a healthy "
-        "link counts none).",
+        "GPUNvLinkErrors: ...at least this many recovery errors (a link that went down and "
+        "retrained), all its active links together...",
+    ),
+    Threshold(
+        "nvlink_corrected_rate",
+        100,
+        NUMBER,
+        "GPUNvLinkErrors: ...or errors the link corrects itself (replay, CRC of flits or data, "
+        "ECC of data) at least this many per second on one link and kind, averaged over the "
+        "window (DCGM's limit for CRC errors: below it they cost nothing measurable).",
     ),
 )
 
@@ -205,12 +216,13 @@ _CAUSES = (
     "label_replace(trainguard_gpu_clock_event_reason{" + _SEL + ',reason=~"' + HW_REASONS + '"}'
     ', "cause", "$1", "reason", "(.*)")'
     " or label_replace("
-    "(trainguard_gpu_pcie_link_generation{" + _SEL + "}"
+    "(max_over_time(trainguard_gpu_pcie_link_generation{" + _SEL + "}[${pcie_busy_window}])"
     " < trainguard_gpu_pcie_link_generation_max"
-    " or trainguard_gpu_pcie_link_width{" + _SEL + "} < trainguard_gpu_pcie_link_width_max)"
-    " and on (" + _T + ", gpu, uuid)"
+    " or max_over_time(trainguard_gpu_pcie_link_width{" + _SEL + "}[${pcie_busy_window}])"
+    " < trainguard_gpu_pcie_link_width_max)"
+    " unless on (" + _T + ", gpu, uuid)"
     " avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])"
-    " >= ${pcie_busy_ratio}"
+    " < ${pcie_busy_ratio}"
     ', "cause", "pcie", "", "")'
     " or label_replace("
     "trainguard_gpu_utilization_ratio{" + _SEL + "} >= ${hang_util_ratio}"
@@ -220,6 +232,15 @@ _CAUSES = (
     ") and on (" + _T + ", uuid) " + _RUN_GPUS
 )
 _CAUSE_ARGS = " ".join(["${target_labels_args}"] * _CAUSES.count(_SEL))
+_ON_TRAINING = "on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group"
+#: the GPUs with a row remap (a page retirement) waiting for a reset, and those of them a run
+#: trains on: recorded once for the warning and the critical alert of each (empty on a healthy
+#: fleet, so the four alerts read next to nothing; each read of a per-GPU series costs the same
+#: whatever its range, bench/RESULTS.md, "Fleet scale, sixth pass")
+REMAP_PENDING = "gpu:trainguard_gpu_row_remap_pending:present"
+PAGES_PENDING = "gpu:trainguard_gpu_retired_pages_pending:present"
+PENDING_TRAINING = "gpu:trainguard_gpu_reset_pending:training"
+_ON_GPU = "on (${target_labels}, gpu, uuid) "
 _LINK_ARGS = "${target_labels_args} $s.Labels.uuid"
 
 
@@ -311,16 +332,21 @@ GROUP = Group(
         Alert(
             "GPUPcieLinkDegraded",
             "warning",
-            # An idle GPU lowers its link on purpose: judged only while it is busy.
+            # An idle GPU lowers its link on purpose, and a run's GPU drops it in its idle
+            # gaps: the link is judged on its best within the window (a healthy link is at its
+            # maximum whenever work arrives), on a GPU a run trains on unless it was idle (its
+            # utilisation below pcie_busy_ratio; a MIG GPU has no utilisation and is judged).
             expr="""
             max by (${target_labels}, gpu, uuid) (
-              trainguard_gpu_pcie_link_generation < trainguard_gpu_pcie_link_generation_max
+              max_over_time(trainguard_gpu_pcie_link_generation[${pcie_busy_window}])
+                < trainguard_gpu_pcie_link_generation_max
               or
-              trainguard_gpu_pcie_link_width < trainguard_gpu_pcie_link_width_max
+              max_over_time(trainguard_gpu_pcie_link_width[${pcie_busy_window}])
+                < trainguard_gpu_pcie_link_width_max
             )
-            and on (${target_labels}, gpu, uuid)
+            unless on (${target_labels}, gpu, uuid)
             avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])
-              >= ${pcie_busy_ratio}
+              < ${pcie_busy_ratio}
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             for_="${pcie_degraded_for}",
@@ -405,6 +431,12 @@ GROUP = Group(
             GPURowRemapFailure before putting it back.
             """,
         ),
+        Record(REMAP_PENDING, "trainguard_gpu_row_remap_pending == 1"),
+        Record(PAGES_PENDING, "trainguard_gpu_retired_pages_pending == 1"),
+        Record(
+            PENDING_TRAINING,
+            "(" + REMAP_PENDING + " or " + PAGES_PENDING + ") and " + _ON_TRAINING,
+        ),
         Alert(
             "GPURowRemapFailure",
             "critical",
@@ -423,7 +455,25 @@ GROUP = Group(
         Alert(
             "GPURowRemapPending",
             "critical",
-            expr="trainguard_gpu_row_remap_pending == 1",
+            expr=REMAP_PENDING + " and " + _ON_GPU + PENDING_TRAINING,
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} trains run(s) on a bad memory row
+            waiting for a reset.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
+            a memory row remap waiting for a GPU reset while run(s) ${runs} train on it: until the
+            reset the bad row stays in use, and the run may die of it (an uncorrectable error
+            kills the process that reads it). Save a checkpoint, drain the GPU and reset it
+            (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            """,
+        ),
+        # nothing trains on it: a reset at the next opportunity, before a run is placed on it
+        Alert(
+            "GPURowRemapPending",
+            "warning",
+            expr=REMAP_PENDING + " unless " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to remap a bad memory
@@ -431,16 +481,35 @@ GROUP = Group(
             """,
             description="""
             GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
-            a memory row remap waiting for a GPU reset; until then the bad row stays in use and the
-            next run on it may die the same way. Runs on it now: ${runs}. Drain it and reset it
-            (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            a memory row remap waiting for a GPU reset; no run trains on it now. Reset it
+            at the next opportunity, before a run is placed on it (nvidia-smi --gpu-reset -i {{
+            $labels.gpu }} with nothing on it, or reboot): until then the bad row stays in use.
             """,
         ),
         # GPUs before Ampere retire pages where later ones remap rows: the same need for a reset
         Alert(
             "GPURetiredPagesPending",
             "critical",
-            expr="trainguard_gpu_retired_pages_pending == 1",
+            expr=PAGES_PENDING + " and " + _ON_GPU + PENDING_TRAINING,
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} trains run(s) on a bad memory page
+            waiting for a reset.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
+            a memory page retirement waiting for a GPU reset while run(s) ${runs} train on it: until
+            the reset the bad page stays in use, and the run may die of it (an uncorrectable error
+            kills the process that reads it). Pages retired so far: ${retired_dbe} for double-bit,
+            ${retired_sbe} for repeated single-bit ECC errors. Save a checkpoint, drain the GPU and
+            reset it (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            """,
+        ),
+        # nothing trains on it: a reset at the next opportunity, before a run is placed on it
+        Alert(
+            "GPURetiredPagesPending",
+            "warning",
+            expr=PAGES_PENDING + " unless " + _ON_GPU + PENDING_TRAINING,
             keep_firing_for="${keep_firing_for}",
             summary="""
             GPU {{ $labels.gpu }} on {{ $labels.instance }} needs a reset to retire a bad memory
@@ -448,19 +517,28 @@ GROUP = Group(
             """,
             description="""
             GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }} has
-            a memory page retirement waiting for a GPU reset; until then the bad page stays in use
-            and the next run on it may die the same way. Pages retired so far: ${retired_dbe} for
-            double-bit, ${retired_sbe} for repeated single-bit ECC errors. Runs on it now: ${runs}.
-            Drain it and reset it (nvidia-smi --gpu-reset -i {{ $labels.gpu }}, or reboot).
+            a memory page retirement waiting for a GPU reset; no run trains on it now. Pages retired
+            so far: ${retired_dbe} for double-bit, ${retired_sbe} for repeated single-bit ECC
+            errors. Reset it at the next opportunity, before a run is placed on it (nvidia-smi
+            --gpu-reset -i {{ $labels.gpu }} with nothing on it, or reboot): until then the bad page
+            stays in use.
             """,
         ),
         Alert(
             "GPUNvLinkErrors",
             "warning",
+            # a recovery is the link going down and back: any at all; the kinds the link
+            # corrects itself by retransmission only at a rate (a few an hour is normal)
             expr="""
-            sum by (${target_labels}, gpu, uuid) (
-              increase(trainguard_gpu_nvlink_errors_total[${nvlink_window}])
-            ) >= ${nvlink_errors}
+            (
+              sum by (${target_labels}, gpu, uuid) (
+                increase(trainguard_gpu_nvlink_errors_total{error="recovery"}[${nvlink_window}])
+              ) >= ${nvlink_recoveries}
+              or
+              max by (${target_labels}, gpu, uuid) (
+                rate(trainguard_gpu_nvlink_errors_total{error!="recovery"}[${nvlink_window}])
+              ) >= ${nvlink_corrected_rate}
+            )
             and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
             """,
             keep_firing_for="${keep_firing_for}",
@@ -469,10 +547,12 @@ GROUP = Group(
             """,
             description="""
             GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on {{ $labels.instance }}
-            counted {{ $value | printf "%.0f" }} NVLink errors within the last ${nvlink_window}
-            (${nvlink_links}) while run(s) ${runs} train on it. Each replay or recovery stalls the
-            collectives over that link, so the run steps slower; a link that keeps failing drops
-            out (Xid 74) and takes the run with it. Check with nvidia-smi nvlink -e -i {{
+            counted NVLink errors within the last ${nvlink_window} (${nvlink_links}) while run(s)
+            ${runs} train on it: a link that went down and retrained (recovery, threshold
+            ${nvlink_recoveries}), or errors a link corrects itself at ${nvlink_corrected_rate}/s
+            or more on one link. Each replay or recovery stalls the collectives over that link,
+            so the run steps slower; a link that keeps failing drops out (Xid 74) and takes the
+            run with it. Check with nvidia-smi nvlink -e -i {{
             $labels.gpu }}; reseat or replace the NVLink bridge or cable, and drain the GPU if
             recovery errors keep rising.
             """,
