@@ -85,12 +85,10 @@ def failing(by: str) -> str:
         "  )\n"
         "  > clamp_min(${saves_overdue_factor} * " + interval + ", ${saves_overdue_min_s})\n"
         ")\n"
-        "and " + on_run + "\n"
-        "  max by ("
-        + by
-        + ", run) (changes(run:trainguard_run_step:max[${saves_stepping_window}]))"
-        " > 0\n"
-        "and " + on_run + " max by (" + by + ", run) (run:trainguard_run_active_ranks:count)"
+        # the run steps and has a live rank (on any of the job's nodes: ``and`` keeps a
+        # location wherever one of its run's series matches)
+        "and " + on_run + " changes(run:trainguard_run_step:max[${saves_stepping_window}]) > 0\n"
+        "and " + on_run + " run:trainguard_run_active_ranks:count"
     )
 
 
