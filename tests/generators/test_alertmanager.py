@@ -111,6 +111,18 @@ def _alert(name: str, severity: str, instance: str, **labels: str) -> dict[str, 
     }
 
 
+def _post(am: Alertmanager, alerts: list[dict[str, Any]]) -> None:
+    """Send ``alerts`` to Alertmanager's API, as Prometheus does."""
+    request = urllib.request.Request(
+        am.url + "/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+
+
 def _no_instance(alert: dict[str, Any]) -> dict[str, Any]:
     """An alert about a run across its nodes (no ``instance`` label)."""
     del alert["labels"]["instance"]
@@ -147,14 +159,7 @@ def test_shipped_config_inhibits_on_the_same_host_only_and_posts_the_template(
             _alert("TrainguardExporterDown", "critical", "node-1:9636"),
             _alert("GPUXidError", "critical", "node-1:9636"),
         ]
-        request = urllib.request.Request(
-            am.url + "/api/v2/alerts",
-            data=json.dumps(alerts).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        _post(am, alerts)
         seen: list[Any] = []
 
         def applied() -> dict[tuple[str, str], bool] | None:
@@ -240,14 +245,7 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             # the dead job restarted while its page is held: news, not part of the page
             job_alert("TrainingJobRestarted", "warning", "a"),
         ]
-        request = urllib.request.Request(
-            am.url + "/api/v2/alerts",
-            data=json.dumps(alerts).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        _post(am, alerts)
         seen: list[Any] = []
 
         def key(a: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -324,14 +322,7 @@ def test_shipped_config_notifies_a_nan_loss_every_node_sees_once_per_run(tmp_pat
         alerts = [
             _alert("TrainingLossNonFinite", "critical", f"node-{n}:9636") for n in range(1, 4)
         ]
-        request = urllib.request.Request(
-            am.url + "/api/v2/alerts",
-            data=json.dumps(alerts).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        _post(am, alerts)
         message = hook.wait_message(
             lambda m: m.get("groupLabels", {}).get("alertname") == "TrainingLossNonFinite",
             60,
@@ -360,14 +351,7 @@ def test_shipped_config_keeps_each_death_of_a_run_in_a_group_of_its_own(tmp_path
             _alert("TrainingProcessDied", "critical", "node-1:9636", death="1"),
             _alert("TrainingProcessDied", "critical", "node-1:9636", death="2"),
         ]
-        request = urllib.request.Request(
-            am.url + "/api/v2/alerts",
-            data=json.dumps(alerts).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=30) as response:
-            assert response.status == 200
+        _post(am, alerts)
 
         def groups() -> list[Any] | None:
             with urllib.request.urlopen(am.url + "/api/v2/alerts/groups", timeout=30) as r:
