@@ -10,7 +10,8 @@ within ``goodput_gone_after``) is in exactly one state, recorded as a 0/1 series
   spent again, at the run's pace);
 - ``restart``: no rank stepping while a rank is dead, or after a death before the restarted
   ranks' first step (restart downtime: from the death to the first step after the restart);
-- ``idle``: no rank stepping otherwise (stalled, or starting up again without a death).
+- ``idle``: no rank stepping otherwise (stalled, starting up again without a death, or stepping
+  on a loss NaN or infinite for ``loss_nonfinite_steps``: no progress).
 
 A job is accounted once it has begun: a rank stepped, or it died. Its start-up before the
 first step (loading a checkpoint, rendezvous, compiling) is not lost goodput.
@@ -66,10 +67,16 @@ DOWN = "job:trainguard_run_down:max"
 LIVE_JOB = "job:trainguard_run_live:present"
 
 
-#: a live rank that stepped within its stall threshold
+#: a live rank that stepped within its stall threshold, on a finite loss: steps on a loss that
+#: has been NaN or infinite for loss_nonfinite_steps are no progress (TrainingLossNonFinite
+#: pages them), so that time is lost goodput (idle), not productive
 STEPPING_RANK = (
-    "run_rank:trainguard_run_step_age_seconds:running"
-    " <= run_rank:trainguard_run_stall_threshold_seconds:clamp"
+    "(\n"
+    "  run_rank:trainguard_run_step_age_seconds:running\n"
+    "  <= run_rank:trainguard_run_stall_threshold_seconds:clamp\n"
+    "  unless on (${target_labels}, run, rank)\n"
+    "  trainguard_run_loss_nonfinite_streak >= ${loss_nonfinite_steps}\n"
+    ")"
 )
 CONDITIONS = (
     # unfinished, and some rank wrote a heartbeat within goodput_gone_after
@@ -249,7 +256,8 @@ GROUP = Group(
             productively {{ $value | humanizePercentage }} of the time (threshold
             ${goodput_min}; 7 days: ${goodput_7d}). Lost in 24h: ${lost_24h} (recompute:
             redoing steps lost since the last complete checkpoint; restart: from a death to
-            the first step after the restart; idle: starting up or stalled). Checkpoint more
+            the first step after the restart; idle: starting up, stalled or stepping on a NaN
+            loss). Checkpoint more
             often, restart faster, or fix what keeps killing it.
             """,
         ),
