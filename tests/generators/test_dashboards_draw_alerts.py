@@ -125,7 +125,8 @@ def test_the_drawing_check_finds_a_missing_panel() -> None:
             t for t in panel.get("targets", []) if "loss_nonfinite_streak" not in t["expr"]
         ]
     assert undrawn(RULES, dashboards) == {
-        "trainguard_run_loss_nonfinite_streak": "TrainingLossNonFinite"
+        # goodput reads it too: steps on a NaN loss are no progress
+        "trainguard_run_loss_nonfinite_streak": "TrainingGoodputLow, TrainingLossNonFinite"
     }
 
 
