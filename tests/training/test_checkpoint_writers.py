@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,78 @@ def test_save_dir_commits_a_record_of_every_file(tmp_path: Path) -> None:
         save_dir(tmp_path / "ckpt-3", pattern="step-{step}"),
     ):
         pass
+
+
+def test_a_share_being_written_is_not_taken_for_a_checkpoint_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks (threads): rank 1 is held with its share half-written (before its rename)
+    while rank 0 lists the tree to divide the hashing. Rank 0 must not count rank 1's
+    temporary share as a checkpoint file: it once sorted before ``.metadata`` and shifted
+    which rank hashes what, so nobody hashed ``.metadata`` and the save failed (seen in CI
+    with three real gloo ranks)."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=30)
+    share_half_written = threading.Event()
+    rank0_listed = threading.Event()
+    real_replace = os.replace
+
+    def replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        name = Path(src).name
+        if "trainguard-rank-1" in name:
+            share_half_written.set()
+            assert rank0_listed.wait(30)
+        elif "trainguard-rank-0" in name:
+            rank0_listed.set()  # rank 0 writes its share only after it listed and hashed
+        real_replace(src, dst)
+
+    def sync_for(rank: int) -> Callable[[], object]:
+        calls = 0
+
+        def sync() -> None:
+            nonlocal calls
+            barrier.wait()
+            calls += 1
+            if rank == 0 and calls == 2:  # every file is in: now rank 0 lists, late
+                assert share_half_written.wait(30)
+
+        return sync
+
+    monkeypatch.setattr(os, "replace", replace)
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        try:
+            with save_dir(
+                tmp_path / "step-1",
+                pattern="step-{step}",
+                rank=rank,
+                world_size=2,
+                barrier=sync_for(rank),
+            ) as tmp:
+                if rank == 0:
+                    (tmp / ".metadata").write_bytes(b"m" * 10)
+                (tmp / f"shard{rank}.bin").write_bytes(b"s" * (100 + rank))
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+            rank0_listed.set()
+            share_half_written.set()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    rec = read_record(tmp_path, "step-1")
+    assert rec is not None
+    assert [(p, n) for p, n, _ in rec.files or ()] == [
+        (".metadata", 10),
+        ("shard0.bin", 100),
+        ("shard1.bin", 101),
+    ]
 
 
 def test_a_directory_record_is_verified_in_the_background(tmp_path: Path) -> None:

@@ -135,7 +135,9 @@ def _tree(path: Path) -> list[tuple[str, os.stat_result]]:
 
 def _write_share(tmp: Path, rank: int, files: Files) -> None:
     target = tmp / f"{_SHARE}{rank}.json"
-    part = tmp / f".{_SHARE}{rank}.tmp"
+    # named under the share prefix: a slower rank still listing the tree must not take it
+    # for a checkpoint file (it sorts first, and every file's owner would shift)
+    part = tmp / f"{_SHARE}{rank}.json.tmp"
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | FILE_FLAGS, 0o644)
     try:
         write_all(fd, json.dumps(files).encode())
