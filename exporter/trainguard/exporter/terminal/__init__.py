@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
-from trainguard.exporter.terminal import retire
+from trainguard.exporter.terminal import retire, stop
 from trainguard.exporter.terminal.restore import command as restore
 from trainguard.shared.units import parse_duration
 
@@ -54,12 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
     sub = p.add_subparsers(
-        dest="command", required=True, metavar="{status,verify,launch,snapshot,retire}"
+        dest="command", required=True, metavar="{status,verify,launch,snapshot,stop,retire}"
     )
     _add_status(sub)
     _add_verify(sub)
     _add_launch(sub)
     _add_snapshot(sub)
+    stop.add_parser(sub, _duration)
     retire.add_parser(sub)
     return p
 
@@ -227,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return restore.main_restore(args) if args.restore else _verify(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "stop":
+            return stop.main(args)
         if args.command == "retire":
             return retire.main(args)
         from trainguard.exporter.terminal.launch import main_launch

@@ -1,0 +1,267 @@
+"""``trainguard stop RUN``: stop a run on purpose, so that its end does not page.
+
+A caught SIGTERM reads the same whoever sent it (a Python handler never sees the sender), so a
+run stopped with ``kill`` warns (TrainingProcessTerminated) and, not restarted, pages
+(TrainingProcessDied) as a preempted run nobody restarts must. This command is the sender that
+says who it is: for each live rank of the run on this host it first writes a stop record naming
+that very process (pid, create time, boot) next to the rank's heartbeat, then sends it the
+signal, so that the exporter publishes its end as ``trainguard_run_exit_info{cause="on_purpose"}``
+and no rule pages for it. The signal goes through a pidfd opened before the process is checked
+(Linux), so a pid reused meanwhile is never signalled; elsewhere the check comes just before
+``kill``. It then waits, up to ``--timeout``, for each process to end (a SIGTERM handler may
+save a checkpoint first), and says what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeAlias
+
+from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
+from trainguard.exporter.runs.rows import RunRow
+from trainguard.exporter.runs.stops import StopRecord, stop_filename, write_stop
+from trainguard.exporter.runs.table import RunTable
+from trainguard.shared import procinfo
+from trainguard.shared.heartbeat.record import check_run_name
+from trainguard.shared.units import format_duration
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+POLL = 0.05
+#: how long a SIGKILLed process (--kill) is waited for: the kernel ends it at once
+KILL_WAIT = 10.0
+
+EPILOG = (
+    "Exit status: 0 when every live rank of the run on this host was stopped and has ended; "
+    "1 when one was not (still running at the deadline, no permission to signal it, alive or "
+    "dead unknown) or the run has no live rank here; 2 on bad input. Run it on every node of "
+    "a job of many nodes (srun --overlap, pdsh, or once per node by hand) before the "
+    "scheduler's own cancel: the ranks it did not stop (and a job scancel-ed without it) are "
+    "paged as stopped by a signal, as a preemption is. A rank relaunched later is judged "
+    "afresh: the record names the process it stopped, not the rank."
+)
+
+
+def add_parser(sub: Subparsers, duration: type | object) -> None:
+    """``trainguard stop``'s arguments (``duration``: the terminal's duration parser)."""
+    s = sub.add_parser(
+        "stop",
+        help="stop a run on purpose (SIGTERM), so that its end does not page",
+        description=(__doc__ or "").split("\n\n", 1)[1],
+        epilog=EPILOG,
+    )
+    s.add_argument("run", metavar="RUN", help="the run's name, as passed to trainguard.Run")
+    s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
+    s.add_argument("--config.file", dest="config_file", metavar="FILE", help="exporter config")
+    s.add_argument(
+        "--signal",
+        default="SIGTERM",
+        choices=SIGNALS,
+        help="the signal to send (default: %(default)s)",
+    )
+    s.add_argument(
+        "--timeout",
+        type=duration,  # type: ignore[arg-type]
+        default=120.0,
+        metavar="DURATION",
+        help="wait this long for the processes to end (default: 2m)",
+    )
+    s.add_argument(
+        "--kill",
+        action="store_true",
+        help="send SIGKILL to a process still running at the deadline",
+    )
+
+
+@dataclass
+class Target:
+    """A live rank to stop: its row, the pid to signal here, and its pidfd where there is one."""
+
+    row: RunRow
+    pid: int
+    pidfd: int | None = None
+    ended_after: float | None = None
+    problem: str | None = None
+
+
+@dataclass
+class Outcome:
+    stopped: list[Target] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # why each other rank was not stopped
+    unknown: int = 0  # ranks that may be alive but cannot be stopped from here
+
+
+def _same_process(row: RunRow, pid: int) -> bool | None:
+    """Whether ``pid`` (this host's number) is still the process that wrote the row's heartbeat."""
+    hb = row.heartbeat
+    assert hb is not None
+    here = procinfo.same_boot(hb.boot_id, hb.boot_time, procinfo.boot_id(), procinfo.boot_time())
+    exact = pid == hb.pid and here is True and procinfo.ticks_comparable()
+    return procinfo.process_alive(pid, hb.create_time, hb.start_ticks if exact else None)
+
+
+def _open_pidfd(pid: int) -> int | None:
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return int(opener(pid))
+    except OSError:
+        return None  # an old kernel, or gone (the check that follows says which)
+
+
+def _send(target: Target, signum: int) -> str | None:
+    """Send ``signum`` to the target's process if it is still that process; why not, else None."""
+    if _same_process(target.row, target.pid) is not True:
+        return "gone before the signal"
+    send = getattr(signal, "pidfd_send_signal", None)
+    try:
+        if target.pidfd is not None and send is not None:
+            send(target.pidfd, signum)
+        else:
+            os.kill(target.pid, signum)
+    except ProcessLookupError:
+        return "gone before the signal"
+    except PermissionError:
+        return f"no permission to signal pid {target.pid} (another user's process: run as them)"
+    except OSError as exc:
+        return f"pid {target.pid}: {exc.strerror or exc}"
+    return None
+
+
+def choose(config: Config, state_dir: Path, run: str) -> Outcome:
+    """The run's live ranks on this host, and why each other rank is left alone."""
+    out = Outcome()
+    for row in RunTable(config, state_dir).view().rows:
+        if row.run != run or row.heartbeat is None:
+            continue
+        if row.finished:
+            out.skipped.append(f"rank {row.rank} already finished")
+        elif row.up is False:
+            out.skipped.append(
+                f"rank {row.rank} already ended (pid {row.pid}): a stop cannot be said after "
+                f"the fact; `trainguard retire {run}` forgets the run"
+            )
+        elif row.up is None or not row.pids:
+            out.unknown += 1
+            out.skipped.append(
+                f"rank {row.rank}: cannot tell whether pid {row.pid} is alive from here "
+                "(another pid namespace): run trainguard stop where it runs"
+            )
+        else:
+            out.stopped.append(Target(row, row.pids[0]))
+    return out
+
+
+def stop(state_dir: Path, targets: list[Target], sig: str, timeout: float, kill: bool) -> None:
+    """Record the stop of each target, signal it, and wait for it to end (see the module)."""
+    signum = int(getattr(signal, sig))
+    started = time.monotonic()
+    for t in targets:
+        hb = t.row.heartbeat
+        assert hb is not None
+        t.pidfd = _open_pidfd(t.pid)
+        record = StopRecord(
+            hb.run, hb.rank, hb.pid, hb.create_time, hb.boot_id, time.time(), sig, None
+        )
+        try:
+            path = write_stop(state_dir, record)
+        except OSError as exc:
+            t.problem = f"cannot write the stop record: {exc.strerror or exc}; not signalled"
+            continue
+        t.problem = _send(t, signum)
+        if t.problem is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # not stopped by us: its end is not ours to explain
+    _wait([t for t in targets if t.problem is None], started, timeout)
+    if kill:
+        late = [t for t in targets if t.problem is None and t.ended_after is None]
+        for t in late:
+            why = _send(t, signal.SIGKILL)
+            if why is not None and why != "gone before the signal":
+                t.problem = why
+        _wait(
+            [t for t in late if t.problem is None], started, time.monotonic() - started + KILL_WAIT
+        )
+    for t in targets:
+        if t.pidfd is not None:
+            os.close(t.pidfd)
+
+
+def _wait(targets: list[Target], started: float, timeout: float) -> None:
+    deadline = started + timeout
+    while True:
+        for t in targets:
+            if t.ended_after is None and _same_process(t.row, t.pid) is not True:
+                t.ended_after = time.monotonic() - started
+        if all(t.ended_after is not None for t in targets) or time.monotonic() >= deadline:
+            return
+        time.sleep(POLL)
+
+
+def main(args: argparse.Namespace) -> int:
+    problem = check_run_name(args.run)
+    if problem:
+        print(f"trainguard stop: RUN: {problem}", file=sys.stderr)
+        return 2
+    if not 0 < args.timeout <= 86400:
+        print(
+            "trainguard stop: --timeout: expected a duration above 0 and at most 1d",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        config = load_config(args.config_file)
+    except ConfigError as exc:
+        print(f"trainguard stop: {exc}", file=sys.stderr)
+        return 2
+    state_dir = resolve_state_dir(args.state_dir, config)
+    if not state_dir.is_dir():
+        print(f"trainguard stop: state dir {state_dir}: does not exist", file=sys.stderr)
+        return 2
+    chosen = choose(config, state_dir, args.run)
+    for why in chosen.skipped:
+        print(f"trainguard stop: {why}", file=sys.stderr)
+    if not chosen.stopped:
+        if not chosen.skipped:
+            print(
+                f"trainguard stop: no heartbeat of run {args.run!r} in {state_dir}",
+                file=sys.stderr,
+            )
+        return 1
+    print(
+        f"stopping run {args.run!r} on this host: {args.signal} to "
+        + ", ".join(f"rank {t.row.rank} (pid {t.pid})" for t in chosen.stopped)
+    )
+    stop(state_dir, chosen.stopped, args.signal, args.timeout, args.kill)
+    ok = True
+    for t in chosen.stopped:
+        label = f"rank {t.row.rank} (pid {t.pid})"
+        if t.problem is not None:
+            ok = False
+            print(f"trainguard stop: {label}: {t.problem}", file=sys.stderr)
+        elif t.ended_after is None:
+            ok = False
+            print(
+                f"trainguard stop: {label} still running after "
+                f"{format_duration(args.timeout)} (saving a checkpoint?): wait, or run again "
+                "with --kill; its end is recorded as on purpose whenever it comes",
+                file=sys.stderr,
+            )
+        else:
+            print(f"{label} ended after {t.ended_after:.1f} s")
+    if any(t.problem is None for t in chosen.stopped):
+        print(
+            f"recorded as stopped on purpose ({stop_filename(args.run, 0).split('.rank')[0]}"
+            ".rank<N>.stop.json): its end does not page (exit cause on_purpose); "
+            f"`trainguard retire {args.run}` forgets the run"
+        )
+    return 0 if ok and not chosen.unknown else 1

@@ -1,0 +1,214 @@
+"""``trainguard stop``: a run stopped on purpose, told apart from one stopped by someone else.
+
+A caught SIGTERM reads the same whoever sent it, so it warns and then pages
+(TrainingProcessTerminated, TrainingProcessDied) as a preemption nobody restarts must; the
+person who stops a run says so by stopping it with ``trainguard stop``, which records the very
+process it stops before it signals it (issue 43, item 2b). Real training processes, a real
+exporter, real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers.exporter_proc import Exporter, child_env, poll, value
+from helpers.run_child import heartbeat_path, sigkill, start_child, wait_heartbeat
+from test_terminal import tg
+from trainguard.exporter.runs.stops import stop_filename
+
+#: a run whose SIGTERM handler takes its time (a checkpoint saved on SIGTERM), or never ends
+SLOW_CHILD = r"""
+import signal, sys, time
+import trainguard
+
+name, state_dir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "ignore":
+    signal.signal(signal.SIGTERM, lambda s, f: None)  # the guard chains it: recorded, ignored
+run = trainguard.Run(name, state_dir=state_dir, interval=0.02)
+for i in range(11):
+    run.step(i, loss=1.0)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _on(s: object, run: str, cause: str, sig: str = "SIGTERM") -> float | None:
+    return value(s, "trainguard_run_exit_info", run=run, rank="0", cause=cause, signal=sig)  # type: ignore[arg-type]
+
+
+def _stop_path(state: Path, run: str) -> Path:
+    return state / stop_filename(run, 0)
+
+
+def test_stop_says_on_purpose_where_a_plain_sigterm_says_signal(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    mine = start_child("mine", state, 10, "hang")
+    other = start_child("other", state, 10, "hang")
+    try:
+        for name in ("mine", "other"):
+            wait_heartbeat(heartbeat_path(state, name), lambda hb: hb.step == 10)
+        with Exporter(state_dir=state) as exp:
+            before = time.time()
+            r = tg("stop", "mine", f"--state.dir={state}", "--timeout=60s")
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            assert f"rank 0 (pid {mine.pid}) ended after" in r.stdout
+            assert "recorded as stopped on purpose" in r.stdout
+            assert mine.wait(60) == -signal.SIGTERM  # it died of the signal, as without us
+
+            os.kill(other.pid, signal.SIGTERM)  # the same signal, from someone who says nothing
+            other.wait(60)
+            s = poll(
+                exp, lambda s: _on(s, "other", "signal") == 1 and _on(s, "mine", "on_purpose") == 1
+            )
+            assert value(s, "trainguard_run_process_up", run="mine", rank="0") == 0
+            assert _on(s, "mine", "on_purpose") == 1
+            assert _on(s, "mine", "signal") is None
+            # a SIGTERM with no such word is what it was: a stop by a signal, a warning first
+            assert _on(s, "other", "signal") == 1
+            assert _on(s, "other", "on_purpose") is None
+            requested = value(
+                s, "trainguard_run_stop_requested_timestamp_seconds", run="mine", rank="0"
+            )
+            assert requested is not None and before <= requested <= time.time()
+            assert (
+                value(s, "trainguard_run_stop_requested_timestamp_seconds", run="other", rank="0")
+                is None
+            )
+            assert value(s, "trainguard_heartbeat_file_errors") == 0
+
+            # the record names the process it stopped: a relaunch of the rank that then crashes
+            # is a crash, whatever the record left behind says
+            again = start_child("mine", state, 10, "hang")
+            try:
+                wait_heartbeat(heartbeat_path(state, "mine"), lambda hb: hb.pid == again.pid)
+                assert _stop_path(state, "mine").exists()
+                s = poll(
+                    exp, lambda s: value(s, "trainguard_run_process_up", run="mine", rank="0") == 1
+                )
+                assert (
+                    value(
+                        s, "trainguard_run_stop_requested_timestamp_seconds", run="mine", rank="0"
+                    )
+                    is None
+                )
+                sigkill(again.pid)
+                s = poll(exp, lambda s: _on(s, "mine", "unknown", "") == 1)
+                assert _on(s, "mine", "unknown", "") == 1
+                assert _on(s, "mine", "on_purpose", "") is None
+            finally:
+                if again.poll() is None:
+                    sigkill(again.pid)
+                again.wait(60)
+
+            # retire forgets the run, and its record with it
+            r = tg("retire", "mine", f"--state.dir={state}")
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            assert not _stop_path(state, "mine").exists()
+    finally:
+        for child in (mine, other):
+            if child.poll() is None:
+                sigkill(child.pid)
+            child.wait(60)
+
+
+def _slow(name: str, state: Path, mode: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_CHILD, name, str(state), mode],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_process_that_outlives_the_deadline_is_reported_and_killed_with_kill(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    proc = _slow("stubborn", state, "ignore")
+    try:
+        wait_heartbeat(heartbeat_path(state, "stubborn"), lambda hb: hb.step == 10)
+        r = tg("stop", "stubborn", f"--state.dir={state}", "--timeout=1s")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert f"rank 0 (pid {proc.pid}) still running after 1s" in r.stderr
+        assert proc.poll() is None
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+            # alive: no exit yet, and the stop it was asked for shows
+            assert value(s, "trainguard_run_process_up", run="stubborn", rank="0") == 1
+            assert (
+                value(
+                    s, "trainguard_run_stop_requested_timestamp_seconds", run="stubborn", rank="0"
+                )
+                is not None
+            )
+            r = tg("stop", "stubborn", f"--state.dir={state}", "--timeout=1s", "--kill")
+            assert r.returncode == 0, (r.stdout, r.stderr)
+            assert proc.wait(60) == -signal.SIGKILL
+            s = poll(exp, lambda s: _on(s, "stubborn", "on_purpose") == 1)
+            assert _on(s, "stubborn", "on_purpose") == 1  # killed, and on purpose all the same
+
+        # nothing alive left to stop: said, and exit status 1
+        r = tg("stop", "stubborn", f"--state.dir={state}")
+        assert r.returncode == 1 and "rank 0 already ended" in r.stderr
+        r = tg("stop", "nosuch", f"--state.dir={state}")
+        assert r.returncode == 1 and "no heartbeat of run 'nosuch'" in r.stderr
+        assert tg("stop", "bad\nname", f"--state.dir={state}").returncode == 2
+        assert tg("stop", "x", f"--state.dir={tmp_path / 'missing'}").returncode == 2
+    finally:
+        if proc.poll() is None:
+            sigkill(proc.pid)
+        proc.wait(60)
+
+
+def test_a_record_nobody_may_write_or_nobody_can_read_is_not_honoured(tmp_path: Path) -> None:
+    """Only the run's owner (or root) speaks for it; a bad record costs only itself."""
+    state = tmp_path / "state"
+    forged, junk = start_child("forged", state, 10, "hang"), start_child("junk", state, 10, "hang")
+    try:
+        hbs = {}
+        for name in ("forged", "junk"):
+            hbs[name] = wait_heartbeat(heartbeat_path(state, name), lambda hb: hb.step == 10)
+        hb = hbs["forged"]
+        record = {
+            "format": 1,
+            "run": "forged",
+            "rank": 0,
+            "pid": hb.pid,
+            "create_time": hb.create_time,
+            "boot_id": hb.boot_id,
+            "requested": time.time(),
+            "signal": "SIGTERM",
+        }
+        forged_path = _stop_path(state, "forged")
+        forged_path.write_text(json.dumps(record))
+        if os.getuid() == 0:  # another user wrote it into the shared state dir (as root only)
+            os.chown(forged_path, 12345, 12345)
+        _stop_path(state, "junk").write_text("{not json")
+        with Exporter(state_dir=state) as exp:
+            os.kill(forged.pid, signal.SIGTERM)
+            os.kill(junk.pid, signal.SIGTERM)
+            forged.wait(60)
+            junk.wait(60)
+            s = poll(
+                exp, lambda s: _on(s, "forged", "signal") == 1 and _on(s, "junk", "signal") == 1
+            )
+            junk_name = _stop_path(state, "junk").name
+            assert _on(s, "junk", "signal") == 1
+            assert value(s, "trainguard_heartbeat_file_invalid", file=junk_name) == 1
+            assert value(s, "trainguard_collector_success", collector="runs") == 1
+            if os.getuid() == 0:
+                assert _on(s, "forged", "signal") == 1
+                assert _on(s, "forged", "on_purpose") is None
+                assert value(s, "trainguard_heartbeat_file_invalid", file=forged_path.name) == 1
+    finally:
+        for child in (forged, junk):
+            if child.poll() is None:
+                sigkill(child.pid)
+            child.wait(60)
