@@ -184,6 +184,7 @@ def test_a_record_nobody_may_write_or_nobody_can_read_is_not_honoured(tmp_path: 
             "create_time": hb.create_time,
             "boot_id": hb.boot_id,
             "requested": time.time(),
+            "until": time.time() + 600,
             "signal": "SIGTERM",
         }
         forged_path = _stop_path(state, "forged")
@@ -209,6 +210,55 @@ def test_a_record_nobody_may_write_or_nobody_can_read_is_not_honoured(tmp_path: 
                 assert value(s, "trainguard_heartbeat_file_invalid", file=forged_path.name) == 1
     finally:
         for child in (forged, junk):
+            if child.poll() is None:
+                sigkill(child.pid)
+            child.wait(60)
+
+
+def test_no_signal_records_for_a_stop_sent_otherwise_and_a_deadline_passed_covers_nothing(
+    tmp_path: Path,
+) -> None:
+    """``--no-signal``: the person stops the run another way (scancel) after recording; a
+    process still running at ``--within`` is no longer covered, so a record never hides a
+    later crash."""
+    state = tmp_path / "state"
+    later, late = start_child("later", state, 10, "hang"), start_child("late", state, 10, "hang")
+    try:
+        for name in ("later", "late"):
+            wait_heartbeat(heartbeat_path(state, name), lambda hb: hb.step == 10)
+        r = tg("stop", "later", f"--state.dir={state}", "--no-signal")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert f"rank 0 (pid {later.pid}): recorded as stopped on purpose" in r.stdout
+        assert "now stop run 'later'" in r.stdout
+        assert later.poll() is None  # nothing sent
+        r = tg("stop", "late", f"--state.dir={state}", "--no-signal", "--within=1s", "--timeout=1s")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert tg("stop", "late", f"--state.dir={state}", "--within=1s").returncode == 2
+        # the deadline passes while it runs on (its reporter writes every 20 ms)
+        until = json.loads(_stop_path(state, "late").read_text())["until"]
+        wait_heartbeat(heartbeat_path(state, "late"), lambda hb: hb.time > until)
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+            assert (
+                value(s, "trainguard_run_stop_requested_timestamp_seconds", run="later", rank="0")
+                is not None
+            )
+            assert (
+                value(s, "trainguard_run_stop_requested_timestamp_seconds", run="late", rank="0")
+                is None
+            )
+            os.kill(later.pid, signal.SIGTERM)  # scancel, say: the same signal, said before
+            os.kill(late.pid, signal.SIGTERM)
+            later.wait(60)
+            late.wait(60)
+            s = poll(
+                exp, lambda s: _on(s, "later", "on_purpose") == 1 and _on(s, "late", "signal") == 1
+            )
+            assert _on(s, "later", "on_purpose") == 1
+            assert _on(s, "late", "signal") == 1  # as if nothing had been said
+            assert _on(s, "late", "on_purpose") is None
+    finally:
+        for child in (later, late):
             if child.poll() is None:
                 sigkill(child.pid)
             child.wait(60)

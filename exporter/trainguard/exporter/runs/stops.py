@@ -6,9 +6,10 @@ eviction all send the same signal. A preempted run nobody restarts must keep pag
 owner stopped must not. ``trainguard stop`` therefore writes, before it sends the signal, one
 record per rank next to the rank's heartbeat, naming the very process it stops (pid, create
 time, boot), and the exporter reads a gone rank whose record names its process as stopped on
-purpose (``trainguard_run_exit_info{cause="on_purpose"}``). A record names one process: a
-relaunch of the rank (new pid, new create time) is judged afresh, and an old record can never
-hide its crash.
+purpose (``trainguard_run_exit_info{cause="on_purpose"}``). A record names one process and a
+deadline: a relaunch of the rank (new pid, new create time) is judged afresh, and a process
+still running at the deadline (it ignored the signal, or ``--no-signal`` was given and nobody
+stopped it) is judged as if nobody had said anything, so an old record never hides a crash.
 
 The state directory may be writable by everyone (the shipped tmpfiles makes it 1777), so a
 record counts only when the uid owning it owns the heartbeat too, or is root: whoever may
@@ -58,7 +59,8 @@ class StopRecord:
     create_time: float
     boot_id: str | None
     requested: float  # seconds since the epoch, the stopping host's clock
-    signal: str
+    until: float  # the process's end counts as this stop when it comes by then (same clock)
+    signal: str  # what trainguard stop sent; empty with --no-signal (the person sends it)
     uid: int | None = None  # owner of the file, filled in by the reader
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,13 +72,20 @@ class StopRecord:
             "create_time": self.create_time,
             "boot_id": self.boot_id,
             "requested": self.requested,
+            "until": self.until,
             "signal": self.signal,
         }
 
     def names(self, hb: Heartbeat) -> bool:
-        """Whether this record is about the process that wrote ``hb`` (not a relaunch)."""
+        """Whether this record covers the process that wrote ``hb``.
+
+        The same process (not a relaunch), last heard of by ``until``: a process that outlived
+        the stop's deadline (it ignored the signal, or nobody sent one after ``--no-signal``)
+        is no longer covered.
+        """
         return (
-            self.run == hb.run
+            hb.time <= self.until
+            and self.run == hb.run
             and self.rank == hb.rank
             and self.pid == hb.pid
             and abs(self.create_time - hb.create_time) <= CREATE_TIME_SLACK
@@ -143,16 +152,18 @@ def _parse(name: str, doc: Any, uid: int) -> StopRecord:
         v = doc.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= top:
             raise StopRecordError(f"{name}: {key}: expected an integer 0..{top}, got {v!r}")
-    for key in ("create_time", "requested"):
+    for key in ("create_time", "requested", "until"):
         v = doc.get(key)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < MAX_TIME:
             raise StopRecordError(f"{name}: {key}: expected seconds since the epoch, got {v!r}")
     boot = doc.get("boot_id")
     if boot is not None and (not isinstance(boot, str) or not 0 < len(boot) <= 64):
         raise StopRecordError(f"{name}: boot_id: expected a string or null")
+    if doc["until"] < doc["requested"]:
+        raise StopRecordError(f"{name}: until: before requested")
     sig = doc.get("signal")
-    if not isinstance(sig, str) or not SIGNAL_NAME_RE.match(sig):
-        raise StopRecordError(f"{name}: signal: expected a signal name such as SIGTERM")
+    if not isinstance(sig, str) or not (sig == "" or SIGNAL_NAME_RE.match(sig)):
+        raise StopRecordError(f"{name}: signal: expected a signal name such as SIGTERM, or ''")
     return StopRecord(
         run=doc["run"],
         rank=doc["rank"],
@@ -160,6 +171,7 @@ def _parse(name: str, doc: Any, uid: int) -> StopRecord:
         create_time=float(doc["create_time"]),
         boot_id=boot,
         requested=float(doc["requested"]),
+        until=float(doc["until"]),
         signal=sig,
         uid=uid,
     )

@@ -6,10 +6,17 @@ run stopped with ``kill`` warns (TrainingProcessTerminated) and, not restarted, 
 says who it is: for each live rank of the run on this host it first writes a stop record naming
 that very process (pid, create time, boot) next to the rank's heartbeat, then sends it the
 signal, so that the exporter publishes its end as ``trainguard_run_exit_info{cause="on_purpose"}``
-and no rule pages for it. The signal goes through a pidfd opened before the process is checked
-(Linux), so a pid reused meanwhile is never signalled; elsewhere the check comes just before
-``kill``. It then waits, up to ``--timeout``, for each process to end (a SIGTERM handler may
-save a checkpoint first), and says what happened.
+and no rule pages for it, provided it ends within ``--within`` (a record never covers a
+process that runs on and crashes later). The signal goes through a pidfd opened before the
+process is checked (Linux), so a pid reused meanwhile is never signalled; elsewhere the check
+comes just before ``kill``. It then waits, up to ``--timeout``, for each process to end (a
+SIGTERM handler may save a checkpoint first), and says what happened.
+
+With ``--no-signal`` it only records, for a run that the person then stops by other means. The
+ranks of a job of many nodes die in any order once one is gone (a collective fails), and each
+is covered only if its node recorded the stop before: record on every node first (``srun
+--jobid=JOB --overlap --ntasks-per-node=1 trainguard stop RUN --no-signal``), then ``scancel
+JOB``.
 """
 
 from __future__ import annotations
@@ -40,13 +47,14 @@ POLL = 0.05
 KILL_WAIT = 10.0
 
 EPILOG = (
-    "Exit status: 0 when every live rank of the run on this host was stopped and has ended; "
-    "1 when one was not (still running at the deadline, no permission to signal it, alive or "
-    "dead unknown) or the run has no live rank here; 2 on bad input. Run it on every node of "
-    "a job of many nodes (srun --overlap, pdsh, or once per node by hand) before the "
-    "scheduler's own cancel: the ranks it did not stop (and a job scancel-ed without it) are "
-    "paged as stopped by a signal, as a preemption is. A rank relaunched later is judged "
-    "afresh: the record names the process it stopped, not the rank."
+    "Exit status: 0 when every live rank of the run on this host was stopped and has ended "
+    "(--no-signal: its stop recorded); 1 when one was not (still running at the deadline, no "
+    "permission to signal it, alive or dead unknown) or the run has no live rank here; 2 on "
+    "bad input. A job of many nodes: record on every node first, then cancel it, e.g. srun "
+    "--jobid=JOB --overlap --ntasks-per-node=1 trainguard stop RUN --no-signal && scancel JOB "
+    "(each node's state dir: TRAINGUARD_STATE_DIR or --state.dir). A rank not recorded (and a "
+    "job scancel-ed without it) pages as stopped by a signal, as a preemption does; a rank "
+    "relaunched later, or still running after --within, is judged afresh."
 )
 
 
@@ -78,6 +86,20 @@ def add_parser(sub: Subparsers, duration: type | object) -> None:
         "--kill",
         action="store_true",
         help="send SIGKILL to a process still running at the deadline",
+    )
+    s.add_argument(
+        "--within",
+        type=duration,  # type: ignore[arg-type]
+        default=600.0,
+        metavar="DURATION",
+        help="a process that ends later than this after the command is not covered: its end "
+        "pages as if nobody had said anything (default: 10m; at least --timeout)",
+    )
+    s.add_argument(
+        "--no-signal",
+        action="store_true",
+        help="record the stop only, send nothing: stop the run yourself (scancel, kubectl "
+        "delete pod, Ctrl-C) within --within",
     )
 
 
@@ -161,26 +183,40 @@ def choose(config: Config, state_dir: Path, run: str) -> Outcome:
     return out
 
 
-def stop(state_dir: Path, targets: list[Target], sig: str, timeout: float, kill: bool) -> None:
+def record(state_dir: Path, targets: list[Target], sig: str, within: float) -> None:
+    """Write each target's stop record (``sig`` empty: we send none), before any is signalled.
+
+    The ranks of one run on a host may end in any order once the first is gone, and each is
+    covered only by its own record.
+    """
+    now = time.time()
+    for t in targets:
+        hb = t.row.heartbeat
+        assert hb is not None
+        rec = StopRecord(
+            hb.run, hb.rank, hb.pid, hb.create_time, hb.boot_id, now, now + within, sig
+        )
+        try:
+            write_stop(state_dir, rec)
+        except OSError as exc:
+            t.problem = f"cannot write the stop record: {exc.strerror or exc}; not signalled"
+
+
+def stop(
+    state_dir: Path, targets: list[Target], sig: str, timeout: float, within: float, kill: bool
+) -> None:
     """Record the stop of each target, signal it, and wait for it to end (see the module)."""
     signum = int(getattr(signal, sig))
     started = time.monotonic()
     for t in targets:
-        hb = t.row.heartbeat
-        assert hb is not None
-        t.pidfd = _open_pidfd(t.pid)
-        record = StopRecord(
-            hb.run, hb.rank, hb.pid, hb.create_time, hb.boot_id, time.time(), sig, None
-        )
-        try:
-            path = write_stop(state_dir, record)
-        except OSError as exc:
-            t.problem = f"cannot write the stop record: {exc.strerror or exc}; not signalled"
-            continue
-        t.problem = _send(t, signum)
-        if t.problem is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # not stopped by us: its end is not ours to explain
+        t.pidfd = _open_pidfd(t.pid)  # before the check in _send: never a pid reused since
+    record(state_dir, targets, sig, within + (KILL_WAIT if kill else 0.0))
+    for t in targets:
+        if t.problem is None:
+            t.problem = _send(t, signum)
+            if t.problem is not None:  # not stopped by us: its end is not ours to explain
+                with contextlib.suppress(OSError):
+                    os.unlink(state_dir / stop_filename(t.row.run, int(t.row.rank)))
     _wait([t for t in targets if t.problem is None], started, timeout)
     if kill:
         late = [t for t in targets if t.problem is None and t.ended_after is None]
@@ -188,9 +224,8 @@ def stop(state_dir: Path, targets: list[Target], sig: str, timeout: float, kill:
             why = _send(t, signal.SIGKILL)
             if why is not None and why != "gone before the signal":
                 t.problem = why
-        _wait(
-            [t for t in late if t.problem is None], started, time.monotonic() - started + KILL_WAIT
-        )
+        again = time.monotonic() - started + KILL_WAIT
+        _wait([t for t in late if t.problem is None], started, again)
     for t in targets:
         if t.pidfd is not None:
             os.close(t.pidfd)
@@ -210,23 +245,18 @@ def _wait(targets: list[Target], started: float, timeout: float) -> None:
 def main(args: argparse.Namespace) -> int:
     problem = check_run_name(args.run)
     if problem:
-        print(f"trainguard stop: RUN: {problem}", file=sys.stderr)
-        return 2
+        return _bad(f"RUN: {problem}")
     if not 0 < args.timeout <= 86400:
-        print(
-            "trainguard stop: --timeout: expected a duration above 0 and at most 1d",
-            file=sys.stderr,
-        )
-        return 2
+        return _bad("--timeout: expected a duration above 0 and at most 1d")
+    if not args.timeout <= args.within <= 7 * 86400:
+        return _bad("--within: expected at least --timeout and at most 7d")
     try:
         config = load_config(args.config_file)
     except ConfigError as exc:
-        print(f"trainguard stop: {exc}", file=sys.stderr)
-        return 2
+        return _bad(str(exc))
     state_dir = resolve_state_dir(args.state_dir, config)
     if not state_dir.is_dir():
-        print(f"trainguard stop: state dir {state_dir}: does not exist", file=sys.stderr)
-        return 2
+        return _bad(f"state dir {state_dir}: does not exist")
     chosen = choose(config, state_dir, args.run)
     for why in chosen.skipped:
         print(f"trainguard stop: {why}", file=sys.stderr)
@@ -237,31 +267,51 @@ def main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         return 1
-    print(
-        f"stopping run {args.run!r} on this host: {args.signal} to "
-        + ", ".join(f"rank {t.row.rank} (pid {t.pid})" for t in chosen.stopped)
-    )
-    stop(state_dir, chosen.stopped, args.signal, args.timeout, args.kill)
+    if args.no_signal:
+        record(state_dir, chosen.stopped, "", args.within)
+    else:
+        ranks = ", ".join(f"rank {t.row.rank} (pid {t.pid})" for t in chosen.stopped)
+        print(f"stopping run {args.run!r} on this host: {args.signal} to {ranks}")
+        stop(state_dir, chosen.stopped, args.signal, args.timeout, args.within, args.kill)
+    ok = _report(chosen.stopped, args)
+    return 0 if ok and not chosen.unknown else 1
+
+
+def _bad(message: str) -> int:
+    print(f"trainguard stop: {message}", file=sys.stderr)
+    return 2
+
+
+def _report(targets: list[Target], args: argparse.Namespace) -> bool:
+    """Say what became of each target; whether all went as asked."""
     ok = True
-    for t in chosen.stopped:
+    within = format_duration(args.within)
+    for t in targets:
         label = f"rank {t.row.rank} (pid {t.pid})"
         if t.problem is not None:
             ok = False
             print(f"trainguard stop: {label}: {t.problem}", file=sys.stderr)
+        elif args.no_signal:
+            print(f"{label}: recorded as stopped on purpose")
         elif t.ended_after is None:
             ok = False
             print(
                 f"trainguard stop: {label} still running after "
                 f"{format_duration(args.timeout)} (saving a checkpoint?): wait, or run again "
-                "with --kill; its end is recorded as on purpose whenever it comes",
+                f"with --kill; its end counts as on purpose if it comes within {within}",
                 file=sys.stderr,
             )
         else:
             print(f"{label} ended after {t.ended_after:.1f} s")
-    if any(t.problem is None for t in chosen.stopped):
+    if args.no_signal and ok:
         print(
-            f"recorded as stopped on purpose ({stop_filename(args.run, 0).split('.rank')[0]}"
-            ".rank<N>.stop.json): its end does not page (exit cause on_purpose); "
+            f"now stop run {args.run!r} (scancel, kubectl delete pod, Ctrl-C) within {within}: "
+            "its end then does not page; a process still running by then is judged as if "
+            "nothing had been said"
+        )
+    elif any(t.problem is None for t in targets):
+        print(
+            "recorded as stopped on purpose: its end does not page (exit cause on_purpose); "
             f"`trainguard retire {args.run}` forgets the run"
         )
-    return 0 if ok and not chosen.unknown else 1
+    return ok
