@@ -73,7 +73,7 @@ GROUP = Group(
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
               unless on (${target_labels}, run, rank)
-                trainguard_run_exit_info{cause=~"signal|time_limit"}
+                trainguard_run_exit_info{cause=~"signal|time_limit|on_purpose"}
             )
             # a job's rank that died otherwise, on any node: TrainingJobRankDied pages alone
             unless on (${target_labels_across}, run) (
@@ -81,7 +81,7 @@ GROUP = Group(
                 trainguard_run_process_up == 0
                 unless on (${target_labels}, run, rank) trainguard_run_finished == 1
                 unless on (${target_labels}, run, rank)
-                  trainguard_run_exit_info{cause=~"signal|time_limit"}
+                  trainguard_run_exit_info{cause=~"signal|time_limit|on_purpose"}
               )
               and on (${target_labels}, run, rank) trainguard_run_job_info
             )

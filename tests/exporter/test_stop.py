@@ -19,7 +19,7 @@ from pathlib import Path
 
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import heartbeat_path, sigkill, start_child, wait_heartbeat
-from test_terminal import tg
+from test_terminal import status_json, tg
 from trainguard.exporter.runs.stops import stop_filename
 
 #: a run whose SIGTERM handler takes its time (a checkpoint saved on SIGTERM), or never ends
@@ -81,6 +81,11 @@ def test_stop_says_on_purpose_where_a_plain_sigterm_says_signal(tmp_path: Path) 
                 is None
             )
             assert value(s, "trainguard_heartbeat_file_errors") == 0
+            # trainguard status says the same: stopped on purpose, beside a dead run
+            rows = {r["run"]: r for r in status_json(state, "--sample=0", rc=1)["runs"]}
+            assert (rows["mine"]["state"], rows["mine"]["exit_cause"]) == ("stopped", "on_purpose")
+            assert rows["mine"]["stop_requested"] == requested
+            assert (rows["other"]["state"], rows["other"]["exit_cause"]) == ("dead", "signal")
 
             # the record names the process it stopped: a relaunch of the rank that then crashes
             # is a crash, whatever the record left behind says
@@ -138,6 +143,8 @@ def test_a_process_that_outlives_the_deadline_is_reported_and_killed_with_kill(
         assert r.returncode == 1, (r.stdout, r.stderr)
         assert f"rank 0 (pid {proc.pid}) still running after 1s" in r.stderr
         assert proc.poll() is None
+        (row,) = status_json(state, "--sample=0")["runs"]  # needs nobody: exit 0
+        assert (row["state"], row["exit_cause"]) == ("stopping", None)
         with Exporter(state_dir=state) as exp:
             s = exp.scrape()
             # alive: no exit yet, and the stop it was asked for shows

@@ -74,9 +74,10 @@ def _add_status(sub: Subparsers) -> None:
         "status",
         help="the runs this host knows",
         description=_status_doc(),
-        epilog="Exit status: 0 when every run is alive, starting or finished and every "
-        "heartbeat could be read; 1 when a run is dead, stalled, unknown or stepping on a NaN "
-        "loss (nan-loss), or something could not be read (listed as error:); 2 on bad input "
+        epilog="Exit status: 0 when every run is alive, starting, finished, or stopping or "
+        "stopped by trainguard stop, and every heartbeat could be read; 1 when a run is dead, "
+        "stalled, unknown or stepping on a NaN loss (nan-loss), or something could not be "
+        "read (listed as error:); 2 on bad input "
         "(and an unreadable state directory). --watch exits 0 on Ctrl-C.",
     )
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
