@@ -178,9 +178,10 @@ def test_a_record_nobody_may_write_or_nobody_can_read_is_not_honoured(tmp_path: 
     """Only the run's owner (or root) speaks for it; a bad record costs only itself."""
     state = tmp_path / "state"
     forged, junk = start_child("forged", state, 10, "hang"), start_child("junk", state, 10, "hang")
+    fifo = start_child("fifo", state, 10, "hang")
     try:
         hbs = {}
-        for name in ("forged", "junk"):
+        for name in ("forged", "junk", "fifo"):
             hbs[name] = wait_heartbeat(heartbeat_path(state, name), lambda hb: hb.step == 10)
         hb = hbs["forged"]
         record = {
@@ -199,24 +200,27 @@ def test_a_record_nobody_may_write_or_nobody_can_read_is_not_honoured(tmp_path: 
         if os.getuid() == 0:  # another user wrote it into the shared state dir (as root only)
             os.chown(forged_path, 12345, 12345)
         _stop_path(state, "junk").write_text("{not json")
+        os.mkfifo(_stop_path(state, "fifo"))  # a FIFO in its place is refused, never waited on
         with Exporter(state_dir=state) as exp:
-            os.kill(forged.pid, signal.SIGTERM)
-            os.kill(junk.pid, signal.SIGTERM)
-            forged.wait(60)
-            junk.wait(60)
+            for child in (forged, junk, fifo):
+                os.kill(child.pid, signal.SIGTERM)
+                child.wait(60)
             s = poll(
-                exp, lambda s: _on(s, "forged", "signal") == 1 and _on(s, "junk", "signal") == 1
+                exp, lambda s: all(_on(s, r, "signal") == 1 for r in ("forged", "junk", "fifo"))
             )
             junk_name = _stop_path(state, "junk").name
             assert _on(s, "junk", "signal") == 1
             assert value(s, "trainguard_heartbeat_file_invalid", file=junk_name) == 1
+            assert _on(s, "fifo", "signal") == 1
+            fifo_name = _stop_path(state, "fifo").name
+            assert value(s, "trainguard_heartbeat_file_invalid", file=fifo_name) == 1
             assert value(s, "trainguard_collector_success", collector="runs") == 1
             if os.getuid() == 0:
                 assert _on(s, "forged", "signal") == 1
                 assert _on(s, "forged", "on_purpose") is None
                 assert value(s, "trainguard_heartbeat_file_invalid", file=forged_path.name) == 1
     finally:
-        for child in (forged, junk):
+        for child in (forged, junk, fifo):
             if child.poll() is None:
                 sigkill(child.pid)
             child.wait(60)

@@ -112,8 +112,10 @@ def read_stop(path: str | os.PathLike[str], heartbeat_owner: int | None) -> Stop
     Raises :class:`StopRecordError` (a missing file: FileNotFoundError).
     """
     name = os.fspath(path)
+    # never follow a planted link, never wait on a planted FIFO (the check below refuses it)
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(name, flags | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise
     except OSError as exc:
