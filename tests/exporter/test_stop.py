@@ -20,7 +20,7 @@ from pathlib import Path
 from helpers.exporter_proc import Exporter, child_env, poll, value
 from helpers.run_child import heartbeat_path, sigkill, start_child, wait_heartbeat
 from test_terminal import status_json, tg
-from trainguard.exporter.runs.stops import stop_filename
+from trainguard.shared.stops import stop_filename
 
 #: a run whose SIGTERM handler takes its time (a checkpoint saved on SIGTERM), or never ends
 SLOW_CHILD = r"""
@@ -87,11 +87,18 @@ def test_stop_says_on_purpose_where_a_plain_sigterm_says_signal(tmp_path: Path) 
             assert rows["mine"]["stop_requested"] == requested
             assert (rows["other"]["state"], rows["other"]["exit_cause"]) == ("dead", "signal")
 
-            # the record names the process it stopped: a relaunch of the rank that then crashes
-            # is a crash, whatever the record left behind says
+            # the record names the process it stopped: a relaunch of the rank counts no death
+            # for it (a plain SIGTERM's relaunch does), and if it then crashes, that is a crash,
+            # whatever the record left behind says
             again = start_child("mine", state, 10, "hang")
+            other_again = start_child("other", state, 10, "hang")
             try:
-                wait_heartbeat(heartbeat_path(state, "mine"), lambda hb: hb.pid == again.pid)
+                hb = wait_heartbeat(heartbeat_path(state, "mine"), lambda hb: hb.pid == again.pid)
+                assert (hb.deaths, hb.death_history) == (0, ())
+                hb = wait_heartbeat(
+                    heartbeat_path(state, "other"), lambda hb: hb.pid == other_again.pid
+                )
+                assert (hb.deaths, [d.cause for d in hb.death_history]) == (1, ["signal"])
                 assert _stop_path(state, "mine").exists()
                 s = poll(
                     exp, lambda s: value(s, "trainguard_run_process_up", run="mine", rank="0") == 1
@@ -107,9 +114,10 @@ def test_stop_says_on_purpose_where_a_plain_sigterm_says_signal(tmp_path: Path) 
                 assert _on(s, "mine", "unknown", "") == 1
                 assert _on(s, "mine", "on_purpose", "") is None
             finally:
-                if again.poll() is None:
-                    sigkill(again.pid)
-                again.wait(60)
+                for child in (again, other_again):
+                    if child.poll() is None:
+                        sigkill(child.pid)
+                    child.wait(60)
 
             # retire forgets the run, and its record with it
             r = tg("retire", "mine", f"--state.dir={state}")

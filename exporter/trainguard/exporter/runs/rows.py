@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from trainguard.exporter.runs.stops import StopRecord, StopRecordError, read_stop, stop_filename
 from trainguard.shared.heartbeat.record import Death, Heartbeat, Stuck
+from trainguard.shared.stops import StopRecord, StopRecordError, read_stop, stop_filename
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class RunRow:
     #: the run ended cleanly; None when that cannot be told (a configured run)
     finished: bool | None = None
     #: ``trainguard stop``'s record naming this very process (see
-    #: :mod:`trainguard.exporter.runs.stops`); None when nobody said it is stopped on purpose
+    #: :mod:`trainguard.shared.stops`); None when nobody said it is stopped on purpose
     stop: StopRecord | None = None
 
 

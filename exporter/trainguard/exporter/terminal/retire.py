@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TypeAlias
 
 from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
-from trainguard.exporter.runs.stops import stop_filename
 from trainguard.exporter.runs.table import RunTable
 from trainguard.shared.heartbeat.record import check_run_name, heartbeat_filename
+from trainguard.shared.stops import stop_filename
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 

@@ -33,10 +33,10 @@ from typing import TypeAlias
 
 from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
 from trainguard.exporter.runs.rows import RunRow
-from trainguard.exporter.runs.stops import StopRecord, stop_filename, write_stop
 from trainguard.exporter.runs.table import RunTable
 from trainguard.shared import procinfo
 from trainguard.shared.heartbeat.record import check_run_name
+from trainguard.shared.stops import StopRecord, stop_filename, write_stop
 from trainguard.shared.units import format_duration
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"

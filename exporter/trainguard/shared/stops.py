@@ -5,8 +5,10 @@ does not see the sender (``si_pid``), and a scancel, a preemption, torchrun's te
 eviction all send the same signal. A preempted run nobody restarts must keep paging; a run its
 owner stopped must not. ``trainguard stop`` therefore writes, before it sends the signal, one
 record per rank next to the rank's heartbeat, naming the very process it stops (pid, create
-time, boot), and the exporter reads a gone rank whose record names its process as stopped on
-purpose (``trainguard_run_exit_info{cause="on_purpose"}``). A record names one process and a
+time, boot). The exporter reads a gone rank whose record names its process as stopped on
+purpose (``trainguard_run_exit_info{cause="on_purpose"}``), and the run's next process under
+the same name and rank counts no death for it (:mod:`trainguard.run.deaths`): both sides read
+it, so it lives here. A record names one process and a
 deadline: a relaunch of the rank (new pid, new create time) is judged afresh, and a process
 still running at the deadline (it ignored the signal, or ``--no-signal`` was given and nobody
 stopped it) is judged as if nobody had said anything, so an old record never hides a crash.
