@@ -41,7 +41,8 @@ from trainguard.shared.units import format_duration
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+#: the signals it may send, where the platform has them (no SIGHUP on Windows)
+SIGNALS = tuple(name for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name))
 POLL = 0.05
 #: how long a SIGKILLed process (--kill) is waited for: the kernel ends it at once
 KILL_WAIT = 10.0
@@ -261,7 +262,13 @@ def main(args: argparse.Namespace) -> int:
     for why in chosen.skipped:
         print(f"trainguard stop: {why}", file=sys.stderr)
     if not chosen.stopped:
-        if not chosen.skipped:
+        if any(rc.name == args.run for rc in config.runs) and not chosen.skipped:
+            print(
+                f"trainguard stop: run {args.run!r} is declared in the config file and writes "
+                "no heartbeat: stop it yourself, then remove its pid file",
+                file=sys.stderr,
+            )
+        elif not chosen.skipped:
             print(
                 f"trainguard stop: no heartbeat of run {args.run!r} in {state_dir}",
                 file=sys.stderr,
