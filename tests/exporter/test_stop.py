@@ -281,3 +281,71 @@ def test_no_signal_records_for_a_stop_sent_otherwise_and_a_deadline_passed_cover
             if child.poll() is None:
                 sigkill(child.pid)
             child.wait(60)
+
+
+#: one torchrun worker reporting through trainguard.Run (its job identity from torchrun's
+#: environment), stepping until stopped
+WORKER = r"""
+import sys, time
+import trainguard
+run = trainguard.Run(sys.argv[1], state_dir=sys.argv[2], interval=0.05)
+step = 0
+while True:
+    step += 1
+    run.step(step, loss=1.0)
+    time.sleep(0.02)
+"""
+
+
+def test_under_torchrun_the_launcher_is_stopped_after_the_record(tmp_path: Path) -> None:
+    """A worker stopped alone is restarted by torchrun (--max-restarts), as a new process the
+    record does not cover (the command says so); recorded with --no-signal and then torchrun
+    itself stopped, the run is over on purpose."""
+    state = tmp_path / "state"
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=1",
+            "--max-restarts=1",
+            "--monitor-interval=0.1",
+            str(worker),
+            "elastic",
+            str(state),
+        ],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        first = wait_heartbeat(heartbeat_path(state, "elastic"), lambda hb: (hb.step or 0) > 3)
+        assert first.job is not None and first.job.launcher == "torchrun"
+        r = tg("stop", "elastic", f"--state.dir={state}", "--timeout=60s")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "these are torchrun's workers" in r.stderr
+        # restarted: a new process, stepping; the stop it came from is no death
+        again = wait_heartbeat(
+            heartbeat_path(state, "elastic"), lambda hb: hb.pid != first.pid and (hb.step or 0) > 3
+        )
+        assert again.deaths == 0 and again.job is not None and again.job.restart_count == 1
+        assert agent.poll() is None
+
+        r = tg("stop", "elastic", f"--state.dir={state}", "--no-signal")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        with Exporter(state_dir=state) as exp:
+            agent.send_signal(signal.SIGTERM)  # torchrun stops its worker and exits
+            agent.wait(60)
+            s = poll(
+                exp, lambda s: value(s, "trainguard_run_process_up", run="elastic", rank="0") == 0
+            )
+            assert value(s, "trainguard_run_process_up", run="elastic", rank="0") == 0
+            assert _on(s, "elastic", "on_purpose") == 1
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(60)

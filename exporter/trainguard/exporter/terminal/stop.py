@@ -278,10 +278,22 @@ def main(args: argparse.Namespace) -> int:
         record(state_dir, chosen.stopped, "", args.within)
     else:
         ranks = ", ".join(f"rank {t.row.rank} (pid {t.pid})" for t in chosen.stopped)
+        if any(_launcher(t) == "torchrun" for t in chosen.stopped):
+            print(
+                "trainguard stop: these are torchrun's workers: with --max-restarts it starts "
+                "them again, as new processes no record covers; to end the run, record with "
+                "--no-signal and stop torchrun itself",
+                file=sys.stderr,
+            )
         print(f"stopping run {args.run!r} on this host: {args.signal} to {ranks}")
         stop(state_dir, chosen.stopped, args.signal, args.timeout, args.within, args.kill)
     ok = _report(chosen.stopped, args)
     return 0 if ok and not chosen.unknown else 1
+
+
+def _launcher(t: Target) -> str | None:
+    hb = t.row.heartbeat
+    return hb.job.launcher if hb is not None and hb.job is not None else None
 
 
 def _bad(message: str) -> int:
