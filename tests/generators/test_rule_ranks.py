@@ -75,7 +75,7 @@ def guarded(expr: str, live: set[str], down: frozenset[str] = frozenset()) -> bo
     A live operand (the process up, the process-state record at 1, a live record or series)
     joined with ``and``; or, in an expression without ``or`` (every operand then narrows the
     result), a live operand anywhere but after ``unless``; or ``unless`` the process is down
-    (``process_up == 0``, or a record of exactly that: ``down``).
+    (``process_up == 0``, or a record that opens with it: ``down``).
     """
     tokens = [_UP + r" == 1", _STATE + r" == 1"]
     tokens += [re.escape(n) + r"(?![:\w])" for n in sorted(live)]
@@ -112,11 +112,12 @@ def unguarded_reads(rules_text: str, written: frozenset[str]) -> dict[str, set[s
             else:
                 alerts.append((rule["alert"], expr))
 
-    # records of the down processes alone (read by several rules of their group at once)
+    # records that open with the down processes (read by several rules of their group at
+    # once): ``unless`` one is what ``unless (process_up == 0 ...)`` written out would be
     down = frozenset(
         name
         for name, exprs in records.items()
-        if all(re.fullmatch(_UP + r" == 0", e.strip()) for e in exprs)
+        if all(re.match(_UP + r" == 0(?![\w.])", e.strip()) for e in exprs)
     )
     live: set[str] = set(LIVE_AT_SOURCE)
     tainted: set[str] = set()
@@ -186,7 +187,7 @@ def test_the_check_sees_the_shapes_it_looks_for() -> None:
         {"alert": "LiveRecord", "expr": "run_rank:loss:last and on (run, rank) run_rank:up:live"},
         {"alert": "NotAGuard", "expr": "trainguard_run_loss_x unless on (run) run_rank:up:live"},
         {"record": "run_rank:up:zero", "expr": "trainguard_run_process_up == 0"},
-        {"record": "run_rank:up:mixed", "expr": "trainguard_run_process_up == 0 or x == 1"},
+        {"record": "run_rank:up:mixed", "expr": "x == 1 or trainguard_run_process_up == 0"},
         {"alert": "UnlessDown", "expr": "trainguard_run_loss_x unless on (run) run_rank:up:zero"},
         {"alert": "AndDown", "expr": "trainguard_run_loss_x and on (run, rank) run_rank:up:zero"},
         {"alert": "NotOnlyDown", "expr": "trainguard_run_loss_x unless run_rank:up:mixed"},
