@@ -14,16 +14,7 @@ trainer clock off by an hour must not page a healthy run.
 from __future__ import annotations
 
 from alerts.kinds import DURATION, NUMBER, Threshold
-from alerts.rules.common import (
-    LAST_STEP,
-    RUN_ARGS,
-    RUN_SEL,
-    Alert,
-    Group,
-    Record,
-    promql,
-    query_value,
-)
+from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, promql, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
 from alerts.rules.recording import LIVE, STATE, TARGET_DOWN, last_seen
@@ -209,14 +200,10 @@ SNIPPETS = {
     ),
 }
 
-#: the ranks with no heartbeat within stall, read by TrainingStalled and TrainingNoFirstStep:
-#: recorded once, and empty on a fleet at work, so that neither reads every rank's heartbeat age
-HEARTBEAT_STALE = "run_rank:trainguard_run_heartbeat_age_seconds:stale"
-
 GROUP = Group(
     "trainguard-runs",
     run_context=True,
-    snippets={**SNIPPETS, "heartbeat_stale": HEARTBEAT_STALE},
+    snippets=SNIPPETS,
     rules=(
         Alert(
             "TrainingProcessDied",
@@ -244,7 +231,6 @@ GROUP = Group(
             ${dead_vram}${unreachable}
             """,
         ),
-        Record(HEARTBEAT_STALE, "trainguard_run_heartbeat_age_seconds > ${stall_s}"),
         Alert(
             "TrainingStalled",
             "warning",
@@ -255,7 +241,7 @@ GROUP = Group(
                   > run_rank:trainguard_run_stall_threshold_seconds:clamp
                 or
                 (
-                  ${heartbeat_stale}
+                  trainguard_run_heartbeat_age_seconds > ${stall_s}
                   and on (${target_labels}, run, rank) ${live}
                 )
               )
@@ -288,7 +274,8 @@ GROUP = Group(
               trainguard_run_start_age_seconds > ${first_step_s}
               and on (${target_labels}, run, rank) ${live}
               unless on (${target_labels}, run, rank) trainguard_run_step
-              unless on (${target_labels}, run, rank) ${heartbeat_stale}
+              unless on (${target_labels}, run, rank)
+                trainguard_run_heartbeat_age_seconds > ${stall_s}
               # a job's ranks: one alert for the job (TrainingJobNoFirstStep, jobs/stall.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
