@@ -1,31 +1,24 @@
 """``trainguard.Run``: the in-process side, reporting a training run to the exporter.
 
 A training script creates one per process (rank) and calls ``run.step(step, loss=...)`` in its loop;
-a background thread turns the latest values into a heartbeat file that the exporter reads at scrape
-time.
+a background thread (:mod:`trainguard.run.reporter.writer`) turns the latest values into a
+heartbeat file that the exporter reads at scrape time.
 
 The training loop must never pay for this: ``step()`` only stores a tuple (no lock, no I/O,
-no syscall beyond reading the clock); the daemon writer thread wakes every ``interval``
-seconds, writes only when something changed (or ``keepalive`` seconds passed), and swallows
-disk errors (a full or read-only disk is logged once). torch is never imported unless the
-script already imported it (or asked for OOM snapshots).
+no syscall beyond reading the clock). torch is never imported unless the script already imported
+it (or asked for OOM snapshots).
 
 How a run ends, as the exporter will see it (``finished``, ``failed``, or a death when
 nothing was recorded): docs/heartbeat.md, "How a run ends".
 
-This module is longer than 400 lines because ``Run`` is the one public class of the training
-side: its constructor wires every part and its docstring is the user's reference. The parts
-themselves live in modules of their own (``run/signals.py``, ``run/stack.py``,
-``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots/``, ``run/deaths.py``,
-``run/job.py``); what stays here is the wiring, the writer thread's loop and the heartbeat it
-assembles.
+``Run`` is the one public class of the training side: its docstring is the user's reference and
+its constructor wires every part. The parts live in modules of their own (``run/signals.py``,
+``run/stack.py``, ``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots/``,
+``run/deaths.py``, ``run/job.py``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import math
 import os
 import socket
 import threading
@@ -35,9 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainguard._version import __version__
-from trainguard.run.allocator import DeviceUuids, read_allocator, snapshot_devices
-from trainguard.run.deaths import DeathHistory, Identity, predecessor
+from trainguard.run.allocator import DeviceUuids, snapshot_devices
+from trainguard.run.deaths import DeathHistory
 from trainguard.run.exits import ExitHooks
 from trainguard.run.job import check_job_id, resolve_job, world_size
 from trainguard.run.oom import OomGuard
@@ -47,39 +39,24 @@ from trainguard.run.options import (
     check_naming,
     check_schedule,
     check_seconds,
-    checked_scalars,
-    checked_step,
     mirror_dirs,
     resolve_rank,
     type_name,
 )
+from trainguard.run.reporter.writer import _UNSET, HeartbeatWriter, log
 from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.signals import SignalGuard, SignalSafeEvent
 from trainguard.run.snapshots.capture import Identity as SnapshotOwner
 from trainguard.run.snapshots.capture import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
-from trainguard.run.warn_once import WarnOnce, warn_write_failure
+from trainguard.run.warn_once import WarnOnce
 from trainguard.shared import loss_at_save, procinfo
-from trainguard.shared.fileio import remove_orphan_temps
-from trainguard.shared.heartbeat.record import (
-    SUFFIX,
-    Heartbeat,
-    heartbeat_filename,
-    write_heartbeat,
-)
-from trainguard.shared.nonfinite import LOSS
+from trainguard.shared.heartbeat.record import SUFFIX, heartbeat_filename
 from trainguard.shared.statedir import default_state_dir
 
-log = logging.getLogger("trainguard.reporter")
 
-#: no step() call yet; the first one's step already converted
-_UNSET, _CONVERTED = object(), object()
-#: seconds between re-reads of this process's create time (each read is a few syscalls)
-CREATE_TIME_REFRESH = 60.0
-
-
-class Run:
+class Run(HeartbeatWriter):
     """Report one training process (one rank of a run) to the trainguard exporter.
 
     A dead process cannot report its own death, so the run writes a heartbeat (its pid, step
@@ -321,215 +298,3 @@ class Run:
             self._finish("finished", None)
         else:
             self._finish("failed", type_name(exc_type))
-
-    # -- ending -------------------------------------------------------------------------
-
-    def _finish(self, state: str, error: str | None) -> bool:
-        """End the run with the final heartbeat; False when this thread is already ending it.
-
-        A second call comes from a signal whose default action is about to end the process
-        while the run closes (a launcher's SIGTERM as an exception unwinds): the final heartbeat,
-        which reads the signal when written, must go out first. From another thread it is waited
-        for here, on an event of its own, not by ``join``: the closing thread may hold the
-        writer's end-of-thread lock, taken inside ``join`` just before a handler interrupted it.
-        On the closing thread itself (that handler) it cannot be waited for at all, so the signal
-        is passed on when the close is done (run/signals.py).
-        """
-        if os.getpid() != self._pid:
-            return True  # a forked child (DataLoader worker) must never end the parent's run
-        me = threading.get_ident()
-        with self._close_lock:
-            closing = self._closed
-            if not closing:
-                self._closing_on = me  # first: a handler that sees _closed knows who closes
-                self._closed = True
-        if closing:
-            if self._closing_on == me:
-                return False
-            if threading.current_thread() is not self._thread:
-                self._final_written.wait(self._close_timeout)
-            return True
-        state = self._signals.end_state(state, error)  # a signal ends it: run/signals.py
-        self._exits.remove()
-        self._final = (state, error)
-        self._wake.set()
-        try:
-            self._thread.join(self._close_timeout)
-        finally:
-            # only now: a signal until the final heartbeat is written is recorded in it
-            self._signals.remove()
-        if self._thread.is_alive():
-            log.warning(
-                "trainguard: final heartbeat for run %r rank %d not written within %.1fs "
-                "(slow or hung disk at %s)",
-                self.name,
-                self.rank,
-                self._close_timeout,
-                self.state_dir,
-            )
-        return True
-
-    # -- the writer thread --------------------------------------------------------------
-
-    def _writer(self) -> None:
-        try:
-            self._startup()
-        except Exception as exc:
-            self._warn_once("startup", "trainguard: cannot prepare %s: %s", self.state_dir, exc)
-        finally:
-            self._ready.set()
-        written: object = None  # the _latest tuple last written (compared by identity:
-        # the script's scalars may be tensors with a strange __eq__)
-        written_snapshots = written_stuck = written_signals = -1
-        written_starting = self._starting
-        last_write = -math.inf
-        snapshots_on = self._snapshots.enabled
-        while self._final is None:
-            self._wake.clear()  # set again by a signal (run/signals.py) or the end
-            if snapshots_on:
-                self._snapshots.tick(self._progress)
-            latest, snapshots = self._latest, self._snapshots.version
-            self._stuck.tick(latest)
-            signals, starting = self._signals.version, self._starting
-            now = time.monotonic()
-            if (
-                latest is not written
-                or starting != written_starting
-                or snapshots != written_snapshots
-                or self._stuck.version != written_stuck
-                or signals != written_signals
-                or now - last_write >= self._keepalive
-            ):
-                self._write("running", None)
-                written, written_snapshots, last_write = latest, snapshots, now
-                written_stuck = self._stuck.version
-                written_signals, written_starting = signals, starting
-            self._wake.wait(self._interval)
-        try:
-            self._write(*self._final)
-        finally:
-            self._final_written.set()
-
-    def _startup(self) -> None:
-        """Runs on the writer thread so that a slow or hung disk never delays the script."""
-        self._boot_id = procinfo.boot_id()
-        self._boot_time = procinfo.boot_time()
-        self._pid_ns = procinfo.pid_namespace()
-        try:
-            os.makedirs(self.state_dir, exist_ok=True)
-        except OSError as exc:
-            warn_write_failure(self._warn_once, self.path, exc)
-            return
-        remove_orphan_temps(self.path, self._pid)
-        me = Identity(self._pid, self._host, self._boot_id, self._boot_time, self._pid_ns)
-        who = f"run {self.name!r} rank {self.rank}"
-        prev, self._deaths, died = predecessor(self.path, me, who, self._warn_once)
-        self._relaunch = died is not None  # a relaunch is judged at once, starting or not
-        self._snapshots.carry(prev, died)
-
-    def _write(self, state: str, error: str | None) -> None:
-        try:
-            try:
-                write_heartbeat(self.path, self._heartbeat(state, error))
-            except FileNotFoundError:
-                # the state dir was removed under the running job (a cleanup, a remount):
-                # make it again, or the run would vanish from the exporter for good
-                os.makedirs(self.state_dir, exist_ok=True)
-                write_heartbeat(self.path, self._heartbeat(state, error))
-        except OSError as exc:
-            warn_write_failure(self._warn_once, self.path, exc)
-        except Exception as exc:  # a bug here must never reach the training loop
-            self._warn_once(
-                f"write:{type(exc).__name__}", "trainguard: heartbeat not written: %r", exc
-            )
-
-    def _heartbeat(self, state: str, error: str | None) -> Heartbeat:
-        self._take_latest()
-        starting = self._starting and not self._relaunch
-        now = time.monotonic()
-        if now - self._create_time_read >= CREATE_TIME_REFRESH:
-            # psutil derives it from the boot time, which moves when the clock is stepped:
-            # re-read now and then so the exporter's comparison stays within tolerance
-            with contextlib.suppress(Exception):
-                self._create_time = procinfo.own_create_time()
-            self._create_time_read = now
-        return Heartbeat(
-            run=self.name,
-            rank=self.rank,
-            pid=self._pid,
-            create_time=self._create_time,
-            start_ticks=self._start_ticks,
-            host=self._host,
-            started=self._started,
-            time=time.time(),
-            state=state,
-            error=error,
-            step=self._step,
-            step_time=self._step_time,
-            first_step=self._first_step,
-            scalars=self._scalars,
-            world_size=self.world_size,
-            boot_id=self._boot_id,
-            boot_time=self._boot_time,
-            pid_ns=self._pid_ns,
-            checkpoint_dir=self._checkpoint_dir,
-            checkpoint_pattern=self._checkpoint_pattern,
-            checkpoint_layout=self._checkpoint_layout,
-            mirrors=self._mirrors,
-            log_file=self._log_file,
-            allocator=read_allocator(self._warn_once, self._device_uuids),
-            memory_snapshots=self._snapshots.oom_count,
-            snapshots=self._snapshots.state(),
-            deaths=self._deaths.count,
-            death_history=self._deaths.recent,
-            version=__version__,
-            nonfinite=self._health.state(),
-            stuck=self._stuck.current if state == "running" and not starting else None,
-            **self._signals.fields(),
-            job=self.job,
-            timing=self._timing.totals,
-            starting=starting,
-        )
-
-    def _progress(self) -> tuple[int | None, dict[str, float]]:
-        """(step, scalars) as of the script's latest step() call, for a snapshot's metadata.
-
-        Runs on the reporter's thread, or the training thread at an OOM.
-        """
-        latest = self._latest
-        if latest is None:
-            return self._step, self._scalars
-        step = checked_step(latest[0], self._warn_once)
-        return (self._step if step is None else step), checked_scalars(latest[2], self._warn_once)
-
-    def _loss_finite(self) -> bool | None:
-        """Whether the loss of the latest step() call was finite; None when none had a loss.
-
-        Runs on the thread saving a checkpoint: a tensor loss is read here (the save waits for
-        the GPU anyway), the step() call itself never reads it.
-        """
-        if os.getpid() != self._pid:
-            return None  # a forked child saving: not this run's loss
-        latest = self._latest
-        if latest is not None and LOSS in latest[2]:
-            value = checked_scalars({LOSS: latest[2][LOSS]}, self._warn_once).get(LOSS)
-            if value is not None:
-                return math.isfinite(value)
-        value = self._scalars.get(LOSS)
-        return None if value is None else math.isfinite(value)
-
-    def _take_latest(self) -> None:
-        """Convert what step() stored; bad values are dropped and logged once."""
-        latest = self._latest
-        if latest is None:
-            return
-        raw_step, step_time, raw_scalars = latest
-        first = self._first_raw
-        if first is not _UNSET and first is not _CONVERTED:  # converted once, good or bad
-            self._first_raw = _CONVERTED
-            self._first_step = checked_step(first, self._warn_once)
-        step = checked_step(raw_step, self._warn_once)
-        if step is not None:
-            self._step, self._step_time = step, step_time
-        self._scalars = checked_scalars(raw_scalars, self._warn_once)
-        self._health.observe(latest, self._scalars, step)
