@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trainguard.run.allocator import DeviceUuids, snapshot_devices
-from trainguard.run.deaths import DeathHistory
-from trainguard.run.exits import ExitHooks
+from trainguard.run.allocator import snapshot_devices
 from trainguard.run.job import check_job_id, resolve_job, world_size
 from trainguard.run.oom import OomGuard
 from trainguard.run.options import (
+    Schedule,
     abspath,
     check_config,
     check_naming,
@@ -43,17 +41,43 @@ from trainguard.run.options import (
     resolve_rank,
     type_name,
 )
-from trainguard.run.reporter.writer import _UNSET, HeartbeatWriter, log
-from trainguard.run.scalar_health import ScalarHealth
-from trainguard.run.signals import SignalGuard, SignalSafeEvent
+from trainguard.run.reporter.writer import _UNSET, HeartbeatWriter
 from trainguard.run.snapshots.capture import Identity as SnapshotOwner
 from trainguard.run.snapshots.capture import MemorySnapshots
-from trainguard.run.stack import StuckWatch, stuck_after
-from trainguard.run.timing import StepTiming
-from trainguard.run.warn_once import WarnOnce
-from trainguard.shared import loss_at_save, procinfo
+from trainguard.shared import procinfo
 from trainguard.shared.heartbeat.record import SUFFIX, heartbeat_filename
 from trainguard.shared.statedir import default_state_dir
+
+
+def _checked_options(
+    name: str,
+    checkpoint_pattern: str | None,
+    checkpoint_layout: str | None,
+    *,
+    interval: float,
+    keepalive: float,
+    close_timeout: float,
+    snapshot_steps: int | None,
+    snapshot_seconds: float | None,
+    snapshot_keep: int,
+    oom_snapshots: bool,
+    config: Any,
+) -> tuple[Schedule, Any]:
+    """Check :class:`Run`'s options; return the snapshots' schedule and the config as data.
+
+    First, so that a bad argument raises a clear error in the script before anything is
+    started or written (no thread, no signal handler, no heartbeat): the rank and the job are
+    checked next, as they are resolved, still before the thread starts.
+    """
+    check_naming(name, checkpoint_pattern, checkpoint_layout)
+    for label, value in (
+        ("interval", interval),
+        ("keepalive", keepalive),
+        ("close_timeout", close_timeout),
+    ):
+        check_seconds(label, value)
+    schedule = check_schedule(snapshot_steps, snapshot_seconds, snapshot_keep, oom_snapshots)
+    return schedule, check_config(config)
 
 
 class Run(HeartbeatWriter):
@@ -132,17 +156,39 @@ class Run(HeartbeatWriter):
         job: str | None = None,
         starting: bool = False,
     ) -> None:
-        check_naming(name, checkpoint_pattern, checkpoint_layout)
-        for label, value in (
-            ("interval", interval),
-            ("keepalive", keepalive),
-            ("close_timeout", close_timeout),
-        ):
-            check_seconds(label, value)
-        schedule = check_schedule(
-            snapshot_steps, snapshot_seconds, snapshot_keep, bool(oom_snapshots)
+        schedule, experiment = _checked_options(
+            name,
+            checkpoint_pattern,
+            checkpoint_layout,
+            interval=interval,
+            keepalive=keepalive,
+            close_timeout=close_timeout,
+            snapshot_steps=snapshot_steps,
+            snapshot_seconds=snapshot_seconds,
+            snapshot_keep=snapshot_keep,
+            oom_snapshots=bool(oom_snapshots),
+            config=config,
         )
-        experiment = check_config(config)
+        self._place(name, rank, job, state_dir)
+        self._checkpoint_dir = abspath(checkpoint_dir)
+        self._checkpoint_pattern = checkpoint_pattern
+        self._checkpoint_layout = checkpoint_layout
+        self._mirrors = mirror_dirs(mirrors)
+        self._log_file = abspath(log_file)
+        self._identify_process(bool(starting))
+        super().__init__(interval, keepalive, close_timeout)
+        self._snapshots = self._memory_snapshots(bool(oom_snapshots), schedule, experiment)
+        self._snapshots.start()
+        self._start_writer()
+
+    def _place(
+        self, name: str, rank: int | None, job: str | None, state_dir: str | os.PathLike[str] | None
+    ) -> None:
+        """Who this process is in its run and job, and the heartbeat file that says so.
+
+        Resolved once, from the arguments or else the launcher's environment: the heartbeat's
+        name is derived from the run's name and rank, and must not move while the run lives.
+        """
         self.name = name
         self.rank = resolve_rank(rank)
         self.world_size = world_size()
@@ -150,18 +196,36 @@ class Run(HeartbeatWriter):
         base = Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
         self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
         self.path = self.state_dir / heartbeat_filename(name, self.rank)
-        self._checkpoint_dir = abspath(checkpoint_dir)
-        self._checkpoint_pattern = checkpoint_pattern
-        self._checkpoint_layout = checkpoint_layout
-        self._mirrors = mirror_dirs(mirrors)
-        self._log_file = abspath(log_file)
-        self._interval = float(interval)
-        self._keepalive = max(float(keepalive), self._interval)
-        self._close_timeout = float(close_timeout)
+
+    def _memory_snapshots(self, enabled: bool, schedule: Schedule, config: Any) -> MemorySnapshots:
+        """The OOM and periodic snapshots part, named after this rank's heartbeat.
+
+        Made after the writer's state: it warns through the writer's once-only log, and before
+        it numbers a dump it waits (briefly) for the writer to have read the previous process's
+        heartbeat, whose snapshot counts it continues.
+        """
+        return MemorySnapshots(
+            self.state_dir,
+            self.path.name[: -len(SUFFIX)],
+            SnapshotOwner(self.name, self.rank, self._pid, self._host),
+            self._warn_once,
+            lambda: self._ready.wait(2.0),
+            enabled=enabled,
+            schedule=schedule,
+            config=config,
+            devices=lambda: snapshot_devices(self._warn_once, self._device_uuids),
+        )
+
+    def _identify_process(self, starting: bool) -> None:
+        """This process as the exporter tells it from another with the same pid after it.
+
+        A pid alone is reused; the exporter compares the start time too (exact ticks where
+        they can be read, else psutil's create time), and the host.
+        """
         self._pid = os.getpid()
         self._host = socket.gethostname()[:255]
         self._started = time.time()
-        self._starting = bool(starting)
+        self._starting = starting
         self._relaunch = False  # the previous process of this run and rank died: see begin()
         try:
             self._create_time = procinfo.own_create_time()
@@ -169,49 +233,6 @@ class Run(HeartbeatWriter):
             self._create_time = self._started
         self._create_time_read = time.monotonic()
         self._start_ticks = procinfo.own_start_ticks()  # exact, and fixed for life
-        # (step, wall time, scalars): replaced whole by step(), read by the writer thread
-        self._latest: tuple[Any, float, dict[str, Any]] | None = None
-        self._step: int | None = None
-        self._step_time: float | None = None
-        self._first_raw: Any = _UNSET  # the first step() call's step, as given
-        self._first_step: int | None = None
-        self._scalars: dict[str, float] = {}
-        self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
-        self._final: tuple[str, str | None] | None = None
-        self._closed = False
-        self._closing_on: int | None = None  # the thread closing the run
-        self._close_lock = threading.RLock()  # a signal's handler may end the run inside
-        self._wake = SignalSafeEvent()  # set by signal handlers too: run/signals.py
-        self._ready = threading.Event()  # previous heartbeat read: history known
-        self._final_written = threading.Event()  # the writer's last act (tried, at least)
-        self._warn_once = WarnOnce(log)
-        self._timing = StepTiming(self._warn_once)
-        self._boot_id: str | None = None
-        self._boot_time: float | None = None
-        self._pid_ns: int | None = None
-        self._deaths = DeathHistory()
-        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID and size
-        self._snapshots = MemorySnapshots(
-            self.state_dir,
-            self.path.name[: -len(SUFFIX)],
-            SnapshotOwner(self.name, self.rank, self._pid, self._host),
-            self._warn_once,
-            lambda: self._ready.wait(2.0),
-            enabled=bool(oom_snapshots),
-            schedule=schedule,
-            config=experiment,
-            devices=lambda: snapshot_devices(self._warn_once, self._device_uuids),
-        )
-        self._snapshots.start()
-        self._stuck = StuckWatch(threading.get_ident(), stuck_after())  # run.stack: where stuck
-        self._signals = SignalGuard(self._wake.set, lambda: self._finish("failed", None))
-        self._thread = threading.Thread(
-            target=self._writer, name="trainguard-heartbeat", daemon=True
-        )
-        self._thread.start()
-        self._exits = ExitHooks(self._finish)
-        self._signals.install()
-        loss_at_save.register(self._loss_finite)  # asked by trainguard.checkpoint at each save
 
     # -- the training loop's side -------------------------------------------------------
 

@@ -33,10 +33,10 @@ from trainguard.run.options import checked_scalars, checked_step
 from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.signals import SignalGuard, SignalSafeEvent
 from trainguard.run.snapshots.capture import MemorySnapshots
-from trainguard.run.stack import StuckWatch
+from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
-from trainguard.shared import procinfo
+from trainguard.shared import loss_at_save, procinfo
 from trainguard.shared.fileio import remove_orphan_temps
 from trainguard.shared.heartbeat.record import Heartbeat, write_heartbeat
 from trainguard.shared.jobinfo import JobInfo
@@ -53,9 +53,10 @@ CREATE_TIME_REFRESH = 60.0
 class HeartbeatWriter:
     """The heartbeat thread and the closing protocol of a :class:`~trainguard.Run`.
 
-    A base class rather than a part of its own because the heartbeat is the whole run's state:
-    the fields below are what the thread reads, set by ``Run.__init__`` (their meaning is
-    documented there) before the thread starts.
+    A base class rather than a part of its own because the heartbeat is the whole run's state.
+    Its ``__init__`` makes the writer's own state; the fields declared below are the run's
+    identity and place, set by ``Run.__init__`` (their meaning is documented there) before
+    :meth:`_start_writer` starts the thread.
     """
 
     # who and where: fixed for the process's life, except what begin() replaces
@@ -70,6 +71,7 @@ class HeartbeatWriter:
     _checkpoint_layout: str | None
     _mirrors: dict[str, str]
     _log_file: str | None
+    # this process as the exporter tells it from a successor with the same pid
     _pid: int
     _host: str
     _started: float
@@ -78,39 +80,52 @@ class HeartbeatWriter:
     _create_time: float
     _create_time_read: float
     _start_ticks: int | None
-    _boot_id: str | None
-    _boot_time: float | None
-    _pid_ns: int | None
-    # the writer's pace
-    _interval: float
-    _keepalive: float
-    _close_timeout: float
-    # what step() stored, and the writer's conversion of it
-    _latest: tuple[Any, float, dict[str, Any]] | None
-    _first_raw: Any
-    _step: int | None
-    _step_time: float | None
-    _first_step: int | None
-    _scalars: dict[str, float]
-    _health: ScalarHealth
-    _timing: StepTiming
-    # the parts the heartbeat reports
-    _warn_once: WarnOnce
-    _deaths: DeathHistory
-    _device_uuids: DeviceUuids
+    # the snapshots part, which the heartbeat reports and the thread ticks
     _snapshots: MemorySnapshots
-    _stuck: StuckWatch
-    _signals: SignalGuard
-    _exits: ExitHooks
-    # the thread and the closing protocol
-    _thread: threading.Thread
-    _wake: SignalSafeEvent
-    _ready: threading.Event
-    _final_written: threading.Event
-    _final: tuple[str, str | None] | None
-    _closed: bool
-    _closing_on: int | None
-    _close_lock: threading.RLock
+
+    def __init__(self, interval: float, keepalive: float, close_timeout: float) -> None:
+        self._interval = float(interval)
+        self._keepalive = max(float(keepalive), self._interval)
+        self._close_timeout = float(close_timeout)
+        # (step, wall time, scalars): replaced whole by step(), read by the writer thread
+        self._latest: tuple[Any, float, dict[str, Any]] | None = None
+        self._step: int | None = None
+        self._step_time: float | None = None
+        self._first_raw: Any = _UNSET  # the first step() call's step, as given
+        self._first_step: int | None = None
+        self._scalars: dict[str, float] = {}
+        self._health = ScalarHealth()  # non-finite scalars, counted where they are converted
+        self._final: tuple[str, str | None] | None = None
+        self._closed = False
+        self._closing_on: int | None = None  # the thread closing the run
+        self._close_lock = threading.RLock()  # a signal's handler may end the run inside
+        self._wake = SignalSafeEvent()  # set by signal handlers too: run/signals.py
+        self._ready = threading.Event()  # previous heartbeat read: history known
+        self._final_written = threading.Event()  # the writer's last act (tried, at least)
+        self._warn_once = WarnOnce(log)
+        self._timing = StepTiming(self._warn_once)
+        self._boot_id: str | None = None
+        self._boot_time: float | None = None
+        self._pid_ns: int | None = None
+        self._deaths = DeathHistory()
+        self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID and size
+
+    def _start_writer(self) -> None:
+        """Start the thread, then what ends the run through it: the exit hooks, the signal guard.
+
+        The order matters: an exit hook or a signal's handler closes the run by waking and
+        joining the thread, so it goes in only once there is a thread to join. Called on the
+        training thread, whose stack the stuck watch samples.
+        """
+        self._stuck = StuckWatch(threading.get_ident(), stuck_after())  # run.stack: where stuck
+        self._signals = SignalGuard(self._wake.set, lambda: self._finish("failed", None))
+        self._thread = threading.Thread(
+            target=self._writer, name="trainguard-heartbeat", daemon=True
+        )
+        self._thread.start()
+        self._exits = ExitHooks(self._finish)
+        self._signals.install()
+        loss_at_save.register(self._loss_finite)  # asked by trainguard.checkpoint at each save
 
     # -- ending -------------------------------------------------------------------------
 
