@@ -9,9 +9,9 @@ Closing is the delicate part, so it lives here beside the thread it waits for: t
 heartbeat must record a signal that ends the process while the run closes, and that signal's
 handler may interrupt the closing thread inside ``join`` (``_finish``; run/signals.py).
 
-:class:`HeartbeatWriter` is the base of :class:`~trainguard.run.reporter.run.Run`: its class body
-declares the fields of the run that the thread reads, all of which ``Run.__init__`` sets before
-it starts the thread.
+:class:`HeartbeatWriter` is the base of :class:`~trainguard.run.reporter.run.Run`: it makes its
+own state, and its class body declares the run's identity and place, which ``Run.__init__`` sets
+before the thread starts.
 """
 
 from __future__ import annotations
