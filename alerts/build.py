@@ -21,7 +21,6 @@ quietly never fire), and the annotations can state the threshold that was used.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -33,14 +32,7 @@ if __package__ in (None, ""):  # run as a script: make `alerts` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from alerts import site as sites
-from alerts.output import (
-    Folded,
-    add_output_arguments,
-    dump_yaml,
-    fail,
-    regenerate_command,
-    write_or_check,
-)
+from alerts.output import Folded, dump_yaml
 from alerts.rules import GROUPS, Alert, Group, Record
 from alerts.rules.common import COMMON_SNIPPETS, RUN_CONTEXT, TemplateError, fill, fill_snippets
 from alerts.runbook_url import ACROSS, runbook_url
@@ -171,32 +163,26 @@ def readme(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line; exit status 0, 1 (``--check``: stale) or 2 (bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog=PROGRAM,
-        description=(__doc__ or "").splitlines()[0],
+    status, args = sites.run_generator(
+        argv,
+        program=PROGRAM,
+        doc=__doc__,
         epilog="Thresholds and their kinds: see --list, alerts/rules/ and alerts/site.py.",
+        default=RULES_FILE,
+        outputs=outputs,
     )
-    add_output_arguments(parser, RULES_FILE)
-    sites.add_arguments(parser)
-    args = parser.parse_args(argv)
-
-    try:
-        site = sites.from_arguments(args)
-        if args.list:
-            sys.stdout.write(sites.listing(site))
-            return 0
-        outputs = {Path(args.output): render(site)}
-        if Path(args.output) == RULES_FILE:  # the committed file: its README's table too
-            outputs[README] = readme(README.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as exc:
-        return fail(PROGRAM, str(exc))
-
-    status = write_or_check(outputs, check=args.check, command=regenerate_command(PROGRAM, argv))
-    if Path(args.output) != RULES_FILE:
+    if args is None or Path(args.output) != RULES_FILE:
         return status
     # the committed rules' PrometheusRule too: one command regenerates (or checks) both
     return max(status, prometheus_rule().main(["--check"] if args.check else []))
+
+
+def outputs(site: sites.Site, output: str) -> dict[Path, str]:
+    """The rules for ``site`` at ``output``; for the committed file, its README's table too."""
+    files = {Path(output): render(site)}
+    if Path(output) == RULES_FILE:
+        files[README] = readme(README.read_text(encoding="utf-8"))
+    return files
 
 
 def prometheus_rule() -> ModuleType:

@@ -9,7 +9,8 @@ rejects (or, worse, loads).
 
 ``alerts/build.py`` fills it into the rules; ``grafana/generate.py`` into the dashboards (the
 thresholds the panels draw and name, the target labels every aggregation and join keeps). It
-is built the same way for both, by the same command-line options (:func:`add_arguments`): the
+is built the same way for both, by the same command-line options (:func:`add_arguments`; the
+whole command line of the generators that read a site is :func:`run_generator`): the
 defaults (``THRESHOLDS``), then a ``--config`` file (a YAML mapping), then ``--set
 KEY=VALUE`` (``--set`` wins). Each value is checked by its kind when the site is built, so a
 typo is an error before either generator writes a thing.
@@ -18,8 +19,9 @@ typo is an error before either generator writes a thing.
 from __future__ import annotations
 
 import argparse
+import sys
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -28,6 +30,7 @@ import yaml
 
 from alerts import kinds
 from alerts.kinds import DURATION, LABELS, SELECTOR, URL, Threshold, ThresholdError, Value
+from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 from alerts.rules import THRESHOLDS as GROUP_THRESHOLDS
 from trainguard.exporter.config.yamlfile import ConfigError, load_yaml
 
@@ -240,6 +243,46 @@ def from_arguments(args: argparse.Namespace) -> Site:
         overrides.update(load_config(args.config))
     overrides.update(parse_set(args.set))
     return Site.of(overrides)
+
+
+def run_generator(
+    argv: Sequence[str] | None,
+    *,
+    program: str,
+    doc: str | None,
+    epilog: str,
+    default: Path,
+    outputs: Callable[[Site, str], Mapping[Path, str]],
+    one_file: bool = True,
+) -> tuple[int, argparse.Namespace | None]:
+    """The command line of a generator that reads a site: options, ``--list``, build, write.
+
+    ``alerts/build.py``, ``grafana/generate.py`` and ``mixin/build.py`` take the same options
+    (the site's ``--set``, ``--config`` and ``--list``; ``-o`` and ``--check``) and answer bad
+    input the same way (exit 2, one line): one parser keeps them from drifting apart.
+    ``outputs(site, output)`` builds ``{path: text}``; an output of several files
+    (``one_file=False``) refuses ``-o -``. Returns the exit status and the parsed options, which
+    are None when nothing was written nor checked (``--list``, bad input).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog=program, description=(doc or "").splitlines()[0], epilog=epilog
+    )
+    add_output_arguments(parser, default)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        site = from_arguments(args)
+        if args.list:
+            sys.stdout.write(listing(site))
+            return 0, None
+        if not one_file and args.output == "-":
+            return fail(program, "-o -: the output is several files; give a directory"), None
+        files = outputs(site, args.output)
+    except (OSError, yaml.YAMLError, ValueError) as exc:
+        return fail(program, str(exc)), None
+    command = regenerate_command(program, argv)
+    return write_or_check(files, check=args.check, command=command), args
 
 
 def parse_set(items: Sequence[str]) -> dict[str, str]:

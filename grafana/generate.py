@@ -22,7 +22,6 @@ list.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -54,12 +53,6 @@ except ModuleNotFoundError as exc:  # a plain install: say what to install, not 
     raise ModuleNotFoundError(INSTALL_HINT, name=exc.name) from exc
 
 from alerts import site as sites  # noqa: E402 - after the SDK's check
-from alerts.output import (  # noqa: E402
-    add_output_arguments,
-    fail,
-    regenerate_command,
-    write_or_check,
-)
 from grafana.boards import checkpoints, gpu_memory, runs  # noqa: E402
 
 DASHBOARD_DIR = Path(__file__).resolve().parent / "dashboards"
@@ -138,28 +131,18 @@ def render(dashboard: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (0, 1 stale with ``--check``, 2 bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog=PROGRAM,
-        description=(__doc__ or "").splitlines()[0],
+    status, _ = sites.run_generator(
+        argv,
+        program=PROGRAM,
+        doc=__doc__,
         epilog="The site configuration is the rules': see --list and alerts/README.md.",
+        default=DASHBOARD_DIR,
+        outputs=lambda site, output: {
+            Path(output) / name: render(d) for name, d in build_dashboards(site=site).items()
+        },
+        one_file=False,
     )
-    add_output_arguments(parser, DASHBOARD_DIR)
-    sites.add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        site = sites.from_arguments(args)
-        if args.list:
-            sys.stdout.write(sites.listing(site))
-            return 0
-        if args.output == "-":
-            return fail(PROGRAM, "-o -: the dashboards are several files; give a directory")
-        dashboards = build_dashboards(site=site)
-    except (OSError, yaml.YAMLError, ValueError) as e:
-        return fail(PROGRAM, str(e))
-    out = Path(args.output)
-    outputs = {out / name: render(d) for name, d in dashboards.items()}
-    return write_or_check(outputs, check=args.check, command=regenerate_command(PROGRAM, argv))
+    return status
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ jsonnet-bundler can vendor it alone.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -35,7 +34,6 @@ import yaml
 
 from alerts import build as rules_build
 from alerts import site as sites
-from alerts.output import add_output_arguments, fail, regenerate_command, write_or_check
 
 try:
     from grafana import generate as dashboards_build
@@ -181,26 +179,16 @@ def outputs(site: sites.Site, out: Path) -> dict[Path, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit status (0, 1 stale with ``--check``, 2 bad input)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog=PROGRAM,
-        description=(__doc__ or "").splitlines()[0],
+    status, _ = sites.run_generator(
+        argv,
+        program=PROGRAM,
+        doc=__doc__,
         epilog="The site configuration is the rules': see --list and alerts/README.md.",
+        default=MIXIN_DIR,
+        outputs=lambda site, output: outputs(site, Path(output)),
+        one_file=False,
     )
-    add_output_arguments(parser, MIXIN_DIR)
-    sites.add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        site = sites.from_arguments(args)
-        if args.list:
-            sys.stdout.write(sites.listing(site))
-            return 0
-        if args.output == "-":
-            return fail(PROGRAM, "-o -: the mixin is several files; give a directory")
-        files = outputs(site, Path(args.output))
-    except (OSError, yaml.YAMLError, ValueError) as e:
-        return fail(PROGRAM, str(e))
-    return write_or_check(files, check=args.check, command=regenerate_command(PROGRAM, argv))
+    return status
 
 
 if __name__ == "__main__":

@@ -25,12 +25,11 @@ import trainguard
 from helpers import cuda_snapshot
 from helpers.exporter_proc import child_env
 from helpers.run_child import CHILD, stat_start_ticks, wait_heartbeat
-from trainguard.run import reporter
 from trainguard.run.allocator import allocator_stats
-from trainguard.run.reporter import Run
+from trainguard.run.reporter import Run, writer
 from trainguard.shared import kernlog, procinfo
 from trainguard.shared.heartbeat.read import read_heartbeat
-from trainguard.shared.heartbeat.record import Death, Heartbeat, write_heartbeat
+from trainguard.shared.heartbeat.record import Death, Heartbeat, heartbeat_filename, write_heartbeat
 
 # key names exactly as torch.cuda.memory_stats() returns them (see its docstring)
 REAL_STATS = {
@@ -53,13 +52,13 @@ def test_step_stores_and_the_thread_writes_at_most_every_interval(
     tmp_path: Path, monkeypatch: Any
 ) -> None:
     writes: list[float] = []
-    real = reporter.write_heartbeat
+    real = writer.write_heartbeat
 
     def counting(path: Any, data: Any) -> None:
         writes.append(time.monotonic())
         real(path, data)
 
-    monkeypatch.setattr(reporter, "write_heartbeat", counting)
+    monkeypatch.setattr(writer, "write_heartbeat", counting)
     run = Run("cheap", state_dir=tmp_path, interval=0.1)
     start = time.monotonic()
     i = 0
@@ -227,7 +226,7 @@ def test_full_or_read_only_disk_is_logged_once_and_never_raises(
     def failing(path: Any, data: Any) -> None:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(reporter, "write_heartbeat", failing)
+    monkeypatch.setattr(writer, "write_heartbeat", failing)
     run = Run("full", state_dir=tmp_path, interval=0.01)
     for i in range(20):
         run.step(i)
@@ -311,7 +310,7 @@ def test_step_never_waits_for_a_hung_disk(tmp_path: Path, monkeypatch: Any) -> N
 def test_stale_temp_files_of_dead_writers_are_removed(tmp_path: Path) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    name = reporter.heartbeat_filename("tmpclean", 0)
+    name = heartbeat_filename("tmpclean", 0)
     stale = tmp_path / f".{name}.{dead.pid}.abcd1234.tmp"
     stale.write_text("{")
     live = tmp_path / f".{name}.{os.getpid()}.abcd1234.tmp"
@@ -679,7 +678,7 @@ def test_the_reporter_never_imports_torch(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert read_heartbeat(tmp_path / reporter.heartbeat_filename("plain", 0)).state == "finished"
+    assert read_heartbeat(tmp_path / heartbeat_filename("plain", 0)).state == "finished"
 
 
 def test_run_is_exported_lazily() -> None:

@@ -2,7 +2,7 @@
 
 An uncaught exception runs ``sys.excepthook`` before atexit, so the hook remembers it and the
 atexit handler reports a failure rather than a clean finish (the cases are listed in
-:mod:`trainguard.run.reporter`). A forked child (a DataLoader worker) inherits both hooks and
+:mod:`trainguard.run.reporter.run`). A forked child (a DataLoader worker) inherits both hooks and
 must never end its parent's run: the exception is only remembered in the process that made the
 hooks.
 """

@@ -2,10 +2,10 @@
 
 ``Run.step()`` only stores its arguments (a tensor passed in is never read there: reading it
 would wait for the GPU), so the counting happens where the writer thread converts them
-(:meth:`trainguard.run.reporter.Run._take_latest`). That thread sees only the latest
-``step()`` call at each wake-up, so what is counted is *observed* steps: with steps faster
-than the writer's interval (1 s by default), one per interval. docs/metrics.md says so next to
-the series.
+(:meth:`trainguard.run.reporter.writer.HeartbeatWriter._take_latest`). That thread sees only
+the latest ``step()`` call at each wake-up, so what is counted is *observed* steps: with steps
+faster than the writer's interval (1 s by default), one per interval. docs/metrics.md says so
+next to the series.
 """
 
 from __future__ import annotations

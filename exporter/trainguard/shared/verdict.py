@@ -6,6 +6,7 @@ publishes, so that the two never disagree.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NamedTuple
 
 from trainguard.shared.fileio import settled
@@ -174,80 +175,114 @@ def judge_dirs(
     out: list[StepVerdict] = []
     fresh: StepCache = {}
     for d in listing.dirs:
-        touched = d.touched_ns
-        known = touched is not None
-        is_settled = touched is not None and now_ns - touched >= grace_ns
+        is_settled = d.touched_ns is not None and now_ns - d.touched_ns >= grace_ns
         pd = pdirs.get(d.name)
         p_settled = (
             pd is not None and pd.touched_ns is not None and now_ns - pd.touched_ns >= grace_ns
         )
-        if cache is not None and is_settled:
-            hit = cache.get(d.name)
-            if (
-                hit is not None
-                and hit[0] is d
-                and hit[1] is pd
-                and hit[2] == (trust_unrecorded, grace_ns, p_settled)
-            ):
-                fresh[d.name] = hit
-                out.append(hit[3])
-                continue
-        ref: dict[str, tuple[int, str | None]] | None = None
-        if d.record is not None:
-            ref = d.record.file_map()
-        if ref is None and pd is not None:
-            if pd.record is not None:
-                ref = pd.record.file_map()
-            elif p_settled:
-                cut = len(pd.name) + 1
-                ref = {e.name[cut:]: (e.stat.st_size, None) for e in pd.files}
-        vouched = d.commit == "marker" and is_settled
-        # nobody recorded it: files whose format carries their length are checked by it
-        own = ref is None and d.commit == "marker"
-        self_checked = own
-        cut = len(d.name) + 1
-        judged_files: list[Judged] = []
-        present: set[str] = set()
-        for e in d.files:
-            rel = e.name[cut:]
-            present.add(rel)
-            expected = ref.get(rel) if ref is not None else None
-            size, sha = expected if expected is not None else (None, None)
-            if own:
-                size = expected_size(listing.directory / e.name, e.stat)
-                self_checked = self_checked and size is not None
-            judged_files.append(
-                judged(
-                    e,
-                    size,
-                    sha,
-                    now_ns,
-                    grace_ns,
-                    trust_unrecorded,
-                    vouched,
-                    d.record is not None and expected is not None,  # its own record's size
-                )
+        settings = (trust_unrecorded, grace_ns, p_settled)
+        hit = cache.get(d.name) if cache is not None and is_settled else None
+        if hit is not None and hit[0] is d and hit[1] is pd and hit[2] == settings:
+            verdict = hit[3]
+        else:
+            verdict = _judge_dir(
+                d,
+                _reference(d, pd, p_settled),
+                listing.directory,
+                now_ns=now_ns,
+                grace_ns=grace_ns,
+                trust_unrecorded=trust_unrecorded,
+                is_settled=is_settled,
             )
-        missing = [(rel, exp[0]) for rel, exp in (ref or {}).items() if rel not in present]
-        complete = (
-            known
-            and bool(judged_files)
-            and not missing
-            and all(j.complete for j in judged_files)
-            and (d.commit == "record" or is_settled or self_checked)
-        )
-        verdict = StepVerdict(
-            d,
-            judged_files,
-            len(missing) if is_settled or d.commit == "record" else 0,
-            sum(size for _, size in missing),
-            is_settled,
-            complete,
-        )
         out.append(verdict)
         if is_settled:
-            fresh[d.name] = (d, pd, (trust_unrecorded, grace_ns, p_settled), verdict)
+            fresh[d.name] = (d, pd, settings, verdict)
     if cache is not None:
         cache.clear()
         cache.update(fresh)
     return out
+
+
+#: a step directory's files as they should be: path under it -> (size, SHA-256 or None)
+FileMap = dict[str, tuple[int, str | None]]
+
+
+def _reference(d: StepDir, pd: StepDir | None, p_settled: bool) -> FileMap | None:
+    """What the files of step directory ``d`` should be; None when nothing says.
+
+    Its own record first. A mirror's directory without one is held to the primary's directory
+    of the same step: its record, else its files as they are once settled (a primary still
+    being written is no reference, its files may yet grow).
+    """
+    if d.record is not None:
+        return d.record.file_map()
+    if pd is None:
+        return None
+    if pd.record is not None:
+        return pd.record.file_map()
+    if p_settled:
+        cut = len(pd.name) + 1
+        return {e.name[cut:]: (e.stat.st_size, None) for e in pd.files}
+    return None
+
+
+def _judge_dir(
+    d: StepDir,
+    ref: FileMap | None,
+    directory: Path,
+    *,
+    now_ns: int,
+    grace_ns: int,
+    trust_unrecorded: bool,
+    is_settled: bool,
+) -> StepVerdict:
+    """One committed step directory: each of its files against ``ref``, and the whole.
+
+    Each file goes through :func:`judged`, the rule single files follow too. What is the
+    directory's own: the files ``ref`` lists that are absent, and when a directory committed by
+    its framework's marker has no reference at all, the lengths its files' formats carry
+    (:mod:`trainguard.shared.selfcheck`), which let it be complete before it has settled.
+    """
+    vouched = d.commit == "marker" and is_settled
+    # nobody recorded it: files whose format carries their length are checked by it
+    own = ref is None and d.commit == "marker"
+    self_checked = own
+    cut = len(d.name) + 1
+    judged_files: list[Judged] = []
+    present: set[str] = set()
+    for e in d.files:
+        rel = e.name[cut:]
+        present.add(rel)
+        expected = ref.get(rel) if ref is not None else None
+        size, sha = expected if expected is not None else (None, None)
+        if own:
+            size = expected_size(directory / e.name, e.stat)
+            self_checked = self_checked and size is not None
+        judged_files.append(
+            judged(
+                e,
+                size,
+                sha,
+                now_ns,
+                grace_ns,
+                trust_unrecorded,
+                vouched,
+                d.record is not None and expected is not None,  # its own record's size
+            )
+        )
+    missing = [(rel, exp[0]) for rel, exp in (ref or {}).items() if rel not in present]
+    complete = (
+        d.touched_ns is not None
+        and bool(judged_files)
+        and not missing
+        and all(j.complete for j in judged_files)
+        and (d.commit == "record" or is_settled or self_checked)
+    )
+    return StepVerdict(
+        d,
+        judged_files,
+        len(missing) if is_settled or d.commit == "record" else 0,
+        sum(size for _, size in missing),
+        is_settled,
+        complete,
+    )

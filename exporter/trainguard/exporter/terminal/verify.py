@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trainguard.checkpoint.retention import latest
+from trainguard.checkpoint.retention import Checkpoint, latest
 from trainguard.shared.fileio import FILE_FLAGS, sha256_fd
 from trainguard.shared.listing import Listing, read_listing
+from trainguard.shared.manifest import Record
 from trainguard.shared.pattern import CheckpointPattern
+from trainguard.shared.stepdir import Entry, InFlight
 from trainguard.shared.verdict import Judged, StepVerdict, judge, judge_dirs
 
 #: called with (name, bytes) before hashing a file, returns the per-read callback
@@ -78,87 +80,38 @@ def verify(
     check_hash: bool,
     progress: HashProgress | None = None,
 ) -> Report:
-    """Raises FileNotFoundError, NotADirectoryError, ValueError or ManifestError on bad input."""
+    """Every checkpoint at ``path`` (a location, or one checkpoint in it) with its verdict.
+
+    Raises FileNotFoundError, NotADirectoryError, ValueError or ManifestError on bad input.
+    """
     pat = CheckpointPattern(pattern)
-    only: str | None = None
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: does not exist")
-    if path.is_dir() and (
-        pat.dir_step(path.name) is not None or pat.temp_dir_step(path.name) is not None
-    ):
-        only = path.name  # one step directory
-        path = path.parent
-    elif not path.is_dir():
-        only = path.name
-        if pat.step(only) is None and pat.partial_step(only) is None:
-            raise ValueError(f"{path}: not a checkpoint name under the pattern {pattern!r}")
-        path = path.parent
+    path, only = _target(path, pat, pattern)
     if primary is not None and not primary.is_dir():
         raise FileNotFoundError(f"--primary {primary}: not an existing directory")
     listing = read_listing(path, pat)
     plisting: Listing | None = read_listing(primary, pat) if primary is not None else None
     now_ns, grace_ns = time.time_ns(), int(grace * 1e9)
-    items: list[Item] = []
-    for j in judge(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting):
-        if only is not None and j.entry.name != only:
-            continue
-        verdict, detail = _verdict(j)
-        item = Item(
-            j.entry.name, j.entry.step, verdict, j.entry.stat.st_size, j.expected_size, detail
-        )
-        if check_hash and verdict == "complete":
-            if j.expected_sha256 is None:
-                item.detail += ", no recorded SHA-256 to check"
-            else:
-                sha, _ = _hash(path / j.entry.name, j.entry.stat.st_size, progress)
-                item.hash_ok = sha == j.expected_sha256
-                if not item.hash_ok:
-                    item.verdict, item.detail = "hash mismatch", "content differs from its record"
-                else:
-                    item.detail += ", SHA-256 verified"
-        items.append(item)
-    records = {**(plisting.records if plisting is not None else {}), **listing.records}
-    steps = judge_dirs(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
-    for sv in steps:
-        if only is not None and sv.dir.name != only.rstrip("/"):
-            continue
-        items.append(_dir_item(sv, path, check_hash, progress))
-    for d in listing.inflight:
-        if only is not None and d.name != only:
-            continue
-        if d.touched_ns is None:
-            verdict, detail = "unknown mtime", "step directory with a modification time 0"
-        elif now_ns - d.touched_ns < grace_ns:
-            verdict, detail = "in flight", f"step directory being written ({d.files} files)"
-        else:
-            age = (now_ns - d.touched_ns) / 1e9
-            verdict = "orphaned .part"
-            detail = f"step directory never committed, untouched for {age:.0f}s: its writer died"
-        items.append(Item(d.name + "/", d.step, verdict, 0, None, detail))
-    for e in listing.partials:
-        if only is not None and e.name != only:
-            continue
-        mtime = e.stat.st_mtime_ns
-        if mtime <= 0:
-            verdict, detail = "unknown mtime", ".part with modification time 0"
-        elif now_ns - mtime < grace_ns:
-            verdict, detail = "in flight", f".part being written ({e.stat.st_size} bytes so far)"
-        else:
-            age = (now_ns - mtime) / 1e9
-            verdict, detail = "orphaned .part", f"untouched for {age:.0f}s: its writer died"
-        items.append(Item(e.name, e.step, verdict, e.stat.st_size, None, detail))
-    for i in items:
-        record = records.get(i.name.rstrip("/"))
-        i.loss_finite = None if record is None else record.loss_finite
-        if i.loss_finite is False:
-            i.detail += ", saved with a NaN or infinite loss"
+
+    def wanted(name: str) -> bool:
+        return only is None or name == only
+
+    items = [
+        _file_item(j, path, check_hash, progress)
+        for j in judge(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
+        if wanted(j.entry.name)
+    ]
+    items += [
+        _dir_item(sv, path, check_hash, progress)
+        for sv in judge_dirs(listing, now_ns=now_ns, grace_ns=grace_ns, primary=plisting)
+        if only is None or sv.dir.name == only.rstrip("/")
+    ]
+    items += [_inflight_item(d, now_ns, grace_ns) for d in listing.inflight if wanted(d.name)]
+    items += [_partial_item(e, now_ns, grace_ns) for e in listing.partials if wanted(e.name)]
+    _mark_nonfinite_loss(
+        items, {**(plisting.records if plisting is not None else {}), **listing.records}
+    )
     items.sort(key=lambda i: (i.step, i.name), reverse=True)
-    # latest() itself names the checkpoint to resume from; with --hash, the files hashed
-    # above are not hashed again unless the one it picks failed (or had no hash to check)
-    found = latest(path, primary=primary, pattern=pattern, grace=grace)
-    picked = next((i for i in items if found and i.name.rstrip("/") == found.path.name), None)
-    if check_hash and found is not None and (picked is None or picked.hash_ok is not True):
-        found = latest(path, primary=primary, pattern=pattern, grace=grace, verify_hash=True)
+    found = _resume_from(path, primary, pattern, grace, check_hash, items)
     partial = {e.name for e in listing.partials} | {d.name + "/" for d in listing.inflight}
     finished = [i for i in items if i.name not in partial]
     newest = finished[0] if finished else None
@@ -172,6 +125,109 @@ def verify(
         ok=newest is not None and newest.verdict == "complete",
         hint=None if items or only is not None else pattern_hint(path, pattern),
     )
+
+
+def _target(path: Path, pat: CheckpointPattern, pattern: str) -> tuple[Path, str | None]:
+    """The location to list, and the one checkpoint in it asked for (None: all of them).
+
+    A checkpoint is judged against its location's manifest and neighbours, so a step directory
+    or a file given on the command line is verified from its parent's listing.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: does not exist")
+    if path.is_dir() and (
+        pat.dir_step(path.name) is not None or pat.temp_dir_step(path.name) is not None
+    ):
+        return path.parent, path.name  # one step directory
+    if not path.is_dir():
+        if pat.step(path.name) is None and pat.partial_step(path.name) is None:
+            raise ValueError(f"{path}: not a checkpoint name under the pattern {pattern!r}")
+        return path.parent, path.name
+    return path, None
+
+
+def _file_item(j: Judged, path: Path, check_hash: bool, progress: HashProgress | None) -> Item:
+    """A single checkpoint file as one item; with ``--hash``, a complete one is hashed too.
+
+    Only a complete file is hashed: a short or unrecorded one already has its verdict, and
+    hashing it would only cost a read of the whole file.
+    """
+    verdict, detail = _verdict(j)
+    item = Item(j.entry.name, j.entry.step, verdict, j.entry.stat.st_size, j.expected_size, detail)
+    if check_hash and verdict == "complete":
+        if j.expected_sha256 is None:
+            item.detail += ", no recorded SHA-256 to check"
+        else:
+            sha, _ = _hash(path / j.entry.name, j.entry.stat.st_size, progress)
+            item.hash_ok = sha == j.expected_sha256
+            if not item.hash_ok:
+                item.verdict, item.detail = "hash mismatch", "content differs from its record"
+            else:
+                item.detail += ", SHA-256 verified"
+    return item
+
+
+def _inflight_item(d: InFlight, now_ns: int, grace_ns: int) -> Item:
+    """An uncommitted step directory: still being written, or left by a writer that died.
+
+    Its files have no verdict of their own: until it is committed it is not a checkpoint, and
+    only its age tells a save in progress from an orphan.
+    """
+    if d.touched_ns is None:
+        verdict, detail = "unknown mtime", "step directory with a modification time 0"
+    elif now_ns - d.touched_ns < grace_ns:
+        verdict, detail = "in flight", f"step directory being written ({d.files} files)"
+    else:
+        age = (now_ns - d.touched_ns) / 1e9
+        verdict = "orphaned .part"
+        detail = f"step directory never committed, untouched for {age:.0f}s: its writer died"
+    return Item(d.name + "/", d.step, verdict, 0, None, detail)
+
+
+def _partial_item(e: Entry, now_ns: int, grace_ns: int) -> Item:
+    """A ``.part`` file: a save in progress, or one whose writer died (by its age)."""
+    mtime = e.stat.st_mtime_ns
+    if mtime <= 0:
+        verdict, detail = "unknown mtime", ".part with modification time 0"
+    elif now_ns - mtime < grace_ns:
+        verdict, detail = "in flight", f".part being written ({e.stat.st_size} bytes so far)"
+    else:
+        age = (now_ns - mtime) / 1e9
+        verdict, detail = "orphaned .part", f"untouched for {age:.0f}s: its writer died"
+    return Item(e.name, e.step, verdict, e.stat.st_size, None, detail)
+
+
+def _mark_nonfinite_loss(items: list[Item], records: Mapping[str, Record]) -> None:
+    """Give each item its record's word on the loss at save time, in place.
+
+    A complete checkpoint saved with a NaN loss is one ``latest()`` will not resume from: the
+    table says so next to it, or the resume line would look wrong.
+    """
+    for i in items:
+        record = records.get(i.name.rstrip("/"))
+        i.loss_finite = None if record is None else record.loss_finite
+        if i.loss_finite is False:
+            i.detail += ", saved with a NaN or infinite loss"
+
+
+def _resume_from(
+    path: Path,
+    primary: Path | None,
+    pattern: str,
+    grace: float,
+    check_hash: bool,
+    items: list[Item],
+) -> Checkpoint | None:
+    """What ``latest()`` resumes from: it names the checkpoint, so the two can never disagree.
+
+    With ``--hash``, the files hashed for the table are not hashed again unless the one it
+    picks failed (or had no hash to check): then it is asked again, verifying hashes itself.
+    """
+    found = latest(path, primary=primary, pattern=pattern, grace=grace)
+    picked = next((i for i in items if found and i.name.rstrip("/") == found.path.name), None)
+    if check_hash and found is not None and (picked is None or picked.hash_ok is not True):
+        found = latest(path, primary=primary, pattern=pattern, grace=grace, verify_hash=True)
+    return found
 
 
 #: the names frameworks give their checkpoints, for the hint when --pattern matches nothing

@@ -1,24 +1,17 @@
-"""``trainguard.Run``: the in-process side, reporting a training run to the exporter.
+"""The writer of ``trainguard.Run``: the background thread that writes heartbeats, and the close.
 
-A training script creates one per process (rank) and calls ``run.step(step, loss=...)`` in its loop;
-a background thread turns the latest values into a heartbeat file that the exporter reads at scrape
-time.
+The training loop must never pay for reporting: ``Run.step()`` only stores a tuple, and this
+thread wakes every ``interval`` seconds, converts what was stored, writes only when something
+changed (or ``keepalive`` seconds passed), and swallows disk errors (a full or read-only disk is
+logged once).
 
-The training loop must never pay for this: ``step()`` only stores a tuple (no lock, no I/O,
-no syscall beyond reading the clock); the daemon writer thread wakes every ``interval``
-seconds, writes only when something changed (or ``keepalive`` seconds passed), and swallows
-disk errors (a full or read-only disk is logged once). torch is never imported unless the
-script already imported it (or asked for OOM snapshots).
+Closing is the delicate part, so it lives here beside the thread it waits for: the final
+heartbeat must record a signal that ends the process while the run closes, and that signal's
+handler may interrupt the closing thread inside ``join`` (``_finish``; run/signals.py).
 
-How a run ends, as the exporter will see it (``finished``, ``failed``, or a death when
-nothing was recorded): docs/heartbeat.md, "How a run ends".
-
-This module is longer than 400 lines because ``Run`` is the one public class of the training
-side: its constructor wires every part and its docstring is the user's reference. The parts
-themselves live in modules of their own (``run/signals.py``, ``run/stack.py``,
-``run/timing.py``, ``run/scalar_health.py``, ``run/snapshots/``, ``run/deaths.py``,
-``run/job.py``); what stays here is the wiring, the writer thread's loop and the heartbeat it
-assembles.
+:class:`HeartbeatWriter` is the base of :class:`~trainguard.run.reporter.run.Run`: it makes its
+own state, and its class body declares the run's identity and place, which ``Run.__init__`` sets
+before the thread starts.
 """
 
 from __future__ import annotations
@@ -27,49 +20,27 @@ import contextlib
 import logging
 import math
 import os
-import socket
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from trainguard._version import __version__
-from trainguard.run.allocator import DeviceUuids, read_allocator, snapshot_devices
+from trainguard.run.allocator import DeviceUuids, read_allocator
 from trainguard.run.deaths import DeathHistory, Identity, predecessor
 from trainguard.run.exits import ExitHooks
-from trainguard.run.job import check_job_id, resolve_job, world_size
-from trainguard.run.oom import OomGuard
-from trainguard.run.options import (
-    abspath,
-    check_config,
-    check_naming,
-    check_schedule,
-    check_seconds,
-    checked_scalars,
-    checked_step,
-    mirror_dirs,
-    resolve_rank,
-    type_name,
-)
+from trainguard.run.options import checked_scalars, checked_step
 from trainguard.run.scalar_health import ScalarHealth
 from trainguard.run.signals import SignalGuard, SignalSafeEvent
-from trainguard.run.snapshots.capture import Identity as SnapshotOwner
 from trainguard.run.snapshots.capture import MemorySnapshots
 from trainguard.run.stack import StuckWatch, stuck_after
 from trainguard.run.timing import StepTiming
 from trainguard.run.warn_once import WarnOnce, warn_write_failure
 from trainguard.shared import loss_at_save, procinfo
 from trainguard.shared.fileio import remove_orphan_temps
-from trainguard.shared.heartbeat.record import (
-    SUFFIX,
-    Heartbeat,
-    heartbeat_filename,
-    write_heartbeat,
-)
+from trainguard.shared.heartbeat.record import Heartbeat, write_heartbeat
+from trainguard.shared.jobinfo import JobInfo
 from trainguard.shared.nonfinite import LOSS
-from trainguard.shared.statedir import default_state_dir
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -79,119 +50,43 @@ _UNSET, _CONVERTED = object(), object()
 CREATE_TIME_REFRESH = 60.0
 
 
-class Run:
-    """Report one training process (one rank of a run) to the trainguard exporter.
+class HeartbeatWriter:
+    """The heartbeat thread and the closing protocol of a :class:`~trainguard.Run`.
 
-    A dead process cannot report its own death, so the run writes a heartbeat (its pid, step
-    and scalars) from a background thread, and the exporter, watching from outside, reports a
-    death when that pid is gone without a clean finish recorded.
-
-    Args:
-        name: the run's name, any printable text up to 128 characters; keep it the same
-            across restarts (deaths are counted per name and rank).
-        checkpoint_dir: where the run writes its checkpoints, for the exporter to watch.
-        mirrors: ``{location name: directory}`` of the copies made with
-            ``checkpoint.mirror``, watched as well.
-        log_file: the training log, whose age the exporter publishes.
-        state_dir: the heartbeat directory; default ``$TRAINGUARD_STATE_DIR``, else the
-            per-user state directory (the exporter's default too).
-        interval: seconds between the writer thread's wake-ups (default 1).
-        rank: default the launcher's global rank (``$RANK``, ``$SLURM_PROCID``, MPI's),
-            else ``$LOCAL_RANK``, else 0.
-        job: the job of many ranks this one belongs to, the same on every node; default
-            the launcher's (torchrun, Slurm, ``$TRAINGUARD_JOB``, MPI: docs/heartbeat.md).
-        oom_snapshots: record the CUDA allocator's history, dump a memory snapshot at an OOM
-            inside ``capture_oom()`` and answer ``trainguard snapshot RUN``
-            (docs/snapshots.md).
-        keepalive: rewrite an unchanged heartbeat at least this often, in seconds (default
-            10).
-        close_timeout: seconds ``close()`` waits for the final heartbeat on a slow disk
-            (default 10).
-        snapshot_steps: with ``oom_snapshots``, keep a rolling snapshot every N steps.
-        snapshot_seconds: with ``oom_snapshots``, keep a rolling snapshot every N seconds.
-        snapshot_keep: how many rolling (and requested) snapshots to keep (default 2).
-        config: a mapping, an ``argparse.Namespace`` or a dataclass (at most 64 KiB as JSON),
-            written into each snapshot's metadata, with its ``batch_size`` if it has one.
-        checkpoint_pattern: the checkpoints' names, default ``step_{step}``;
-            ``checkpoint-{step}`` for the Hugging Face Trainer's directories,
-            ``epoch={epoch}-step={step}.ckpt`` for Lightning's default names (the grammar:
-            docs/checkpoints.md#checkpoint-names).
-        checkpoint_layout: how a step directory is committed, default ``auto``
-            (docs/checkpoints.md).
-        starting: the process has not begun training yet (a framework callback reporting
-            before the framework loads a checkpoint): its death counts, its progress is not
-            judged until :meth:`begin` (docs/heartbeat.md#starting).
-
-    Example::
-
-        with trainguard.Run("llama-ft", checkpoint_dir="/data/ckpt") as run:
-            for step in range(1, total_steps + 1):
-                loss = train_one_step()
-                run.step(step, loss=loss)     # no I/O here: the writer thread does it
-
-    Leaving the ``with`` block normally records a clean finish, an exception a failure; a
-    ``kill -9`` records nothing, which the exporter reports as a death.
+    A base class rather than a part of its own because the heartbeat is the whole run's state.
+    Its ``__init__`` makes the writer's own state; the fields declared below are the run's
+    identity and place, set by ``Run.__init__`` (their meaning is documented there) before
+    :meth:`_start_writer` starts the thread.
     """
 
-    def __init__(
-        self,
-        name: str,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        mirrors: Mapping[str, str | os.PathLike[str]] | None = None,
-        log_file: str | os.PathLike[str] | None = None,
-        state_dir: str | os.PathLike[str] | None = None,
-        *,
-        interval: float = 1.0,
-        rank: int | None = None,
-        oom_snapshots: bool = False,
-        keepalive: float = 10.0,
-        close_timeout: float = 10.0,
-        snapshot_steps: int | None = None,
-        snapshot_seconds: float | None = None,
-        snapshot_keep: int = 2,
-        config: Any = None,
-        checkpoint_pattern: str | None = None,
-        checkpoint_layout: str | None = None,
-        job: str | None = None,
-        starting: bool = False,
-    ) -> None:
-        check_naming(name, checkpoint_pattern, checkpoint_layout)
-        for label, value in (
-            ("interval", interval),
-            ("keepalive", keepalive),
-            ("close_timeout", close_timeout),
-        ):
-            check_seconds(label, value)
-        schedule = check_schedule(
-            snapshot_steps, snapshot_seconds, snapshot_keep, bool(oom_snapshots)
-        )
-        experiment = check_config(config)
-        self.name = name
-        self.rank = resolve_rank(rank)
-        self.world_size = world_size()
-        self.job = resolve_job(None if job is None else check_job_id(job))
-        base = Path(state_dir).expanduser() if state_dir is not None else default_state_dir()
-        self.state_dir = Path(os.path.abspath(base))  # the exporter runs in another cwd
-        self.path = self.state_dir / heartbeat_filename(name, self.rank)
-        self._checkpoint_dir = abspath(checkpoint_dir)
-        self._checkpoint_pattern = checkpoint_pattern
-        self._checkpoint_layout = checkpoint_layout
-        self._mirrors = mirror_dirs(mirrors)
-        self._log_file = abspath(log_file)
+    # who and where: fixed for the process's life, except what begin() replaces
+    name: str
+    rank: int
+    world_size: int | None
+    job: JobInfo | None
+    state_dir: Path
+    path: Path
+    _checkpoint_dir: str | None
+    _checkpoint_pattern: str | None
+    _checkpoint_layout: str | None
+    _mirrors: dict[str, str]
+    _log_file: str | None
+    # this process as the exporter tells it from a successor with the same pid
+    _pid: int
+    _host: str
+    _started: float
+    _starting: bool
+    _relaunch: bool
+    _create_time: float
+    _create_time_read: float
+    _start_ticks: int | None
+    # the snapshots part, which the heartbeat reports and the thread ticks
+    _snapshots: MemorySnapshots
+
+    def __init__(self, interval: float, keepalive: float, close_timeout: float) -> None:
         self._interval = float(interval)
         self._keepalive = max(float(keepalive), self._interval)
         self._close_timeout = float(close_timeout)
-        self._pid = os.getpid()
-        self._host = socket.gethostname()[:255]
-        self._started = time.time()
-        self._starting = bool(starting)
-        self._relaunch = False  # the previous process of this run and rank died: see begin()
-        try:
-            self._create_time = procinfo.own_create_time()
-        except Exception:
-            self._create_time = self._started
-        self._create_time_read = time.monotonic()
-        self._start_ticks = procinfo.own_start_ticks()  # exact, and fixed for life
         # (step, wall time, scalars): replaced whole by step(), read by the writer thread
         self._latest: tuple[Any, float, dict[str, Any]] | None = None
         self._step: int | None = None
@@ -214,18 +109,14 @@ class Run:
         self._pid_ns: int | None = None
         self._deaths = DeathHistory()
         self._device_uuids: DeviceUuids = {}  # CUDA device -> its GPU's UUID and size
-        self._snapshots = MemorySnapshots(
-            self.state_dir,
-            self.path.name[: -len(SUFFIX)],
-            SnapshotOwner(self.name, self.rank, self._pid, self._host),
-            self._warn_once,
-            lambda: self._ready.wait(2.0),
-            enabled=bool(oom_snapshots),
-            schedule=schedule,
-            config=experiment,
-            devices=lambda: snapshot_devices(self._warn_once, self._device_uuids),
-        )
-        self._snapshots.start()
+
+    def _start_writer(self) -> None:
+        """Start the thread, then what ends the run through it: the exit hooks, the signal guard.
+
+        The order matters: an exit hook or a signal's handler closes the run by waking and
+        joining the thread, so it goes in only once there is a thread to join. Called on the
+        training thread, whose stack the stuck watch samples.
+        """
         self._stuck = StuckWatch(threading.get_ident(), stuck_after())  # run.stack: where stuck
         self._signals = SignalGuard(self._wake.set, lambda: self._finish("failed", None))
         self._thread = threading.Thread(
@@ -235,92 +126,6 @@ class Run:
         self._exits = ExitHooks(self._finish)
         self._signals.install()
         loss_at_save.register(self._loss_finite)  # asked by trainguard.checkpoint at each save
-
-    # -- the training loop's side -------------------------------------------------------
-
-    def step(
-        self,
-        step: int,
-        *,
-        data_seconds: float | None = None,
-        compute_seconds: float | None = None,
-        **scalars: float,
-    ) -> None:
-        """Record the current step and numeric scalars (loss, tokens/s...).
-
-        Costs well under a microsecond: the values are converted and written by the background
-        thread. ``data_seconds`` and ``compute_seconds`` (this step's time waiting for its
-        batch and computing before the gradient all-reduce) are added to the rank's totals,
-        which tell a slow rank apart (docs/metrics.md#who-is-slow); they are not scalars.
-        """
-        self._latest = (step, time.time(), scalars)
-        if self._first_raw is _UNSET:  # where this process began: the steps a death lost
-            self._first_raw = step
-        if data_seconds is not None or compute_seconds is not None:
-            self._timing.add(data_seconds, compute_seconds)
-
-    def close(self, *, finished: bool = True) -> None:
-        """Write the final heartbeat; ``finished=False`` records the run as failed.
-
-        Waits at most ``close_timeout`` seconds for a slow disk.
-        """
-        self._finish("finished" if finished else "failed", None)
-
-    def begin(
-        self,
-        checkpoint_dir: str | os.PathLike[str] | None = None,
-        checkpoint_pattern: str | None = None,
-        checkpoint_layout: str | None = None,
-    ) -> None:
-        """Training begins now: the end of a ``starting=True`` run's starting phase.
-
-        A checkpoint directory given replaces the constructor's (a framework resolves it late).
-        The start (``trainguard_run_start_age_seconds``) is now, unless the starting heartbeat
-        was already judged as training: a relaunch after a death, which is no evaluation.
-        """
-        if checkpoint_dir is not None:
-            check_naming(self.name, checkpoint_pattern, checkpoint_layout)
-            self._checkpoint_pattern, self._checkpoint_layout = (
-                checkpoint_pattern,
-                checkpoint_layout,
-            )
-            self._checkpoint_dir = abspath(checkpoint_dir)
-        if self._starting and not self._relaunch:
-            self._started = time.time()
-            self._stuck.restart()
-        self._starting = False
-        self._wake.set()
-
-    @property
-    def last_oom_snapshot(self) -> Path | None:
-        """The OOM snapshot this process wrote last, if any."""
-        return self._snapshots.last
-
-    def capture_oom(self) -> OomGuard:
-        """Dump a CUDA memory snapshot on ``torch.cuda.OutOfMemoryError``, and re-raise.
-
-        ``with run.capture_oom(): train_step()``. The snapshot goes next to the heartbeat
-        (``<name>-<hash>.rank<N>.oom-<n>.pickle``, open it at https://pytorch.org/memory_viz;
-        the newest periodic one is kept beside it as ``oom-<n>.before.pickle``).
-        Needs ``oom_snapshots=True`` and CUDA; otherwise it only passes exceptions through.
-        """
-        return OomGuard(lambda exc: self._snapshots.on_exception(exc, self._progress))
-
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None or (
-            issubclass(exc_type, SystemExit) and getattr(exc, "code", None) in (0, None)
-        ):
-            self._finish("finished", None)
-        else:
-            self._finish("failed", type_name(exc_type))
 
     # -- ending -------------------------------------------------------------------------
 
