@@ -36,9 +36,14 @@ atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow end-to-end tests first, the longest of them (``slow(seconds=N)``) before the
-    rest: with ``-n`` (./run-tests runs one pytest worker per CPU) the long ones then overlap
-    each other and the many short ones fill in behind them, instead of one long test starting
-    late and running alone at the end."""
+    rest, so that no long test starts late and runs alone at the end.
+
+    With ``-n`` this order only helps under pyproject's ``--dist=worksteal``: xdist's default
+    (``load``) hands each worker a first chunk of a quarter of its share in collection order,
+    which put every slow test on the first worker while the second ran out of work and stood
+    idle for the rest of the run. Work stealing splits the list in halves and lets an idle
+    worker take the back half of the other's queue, so the short tests fill in behind the long
+    ones on both workers."""
 
     def order(item: pytest.Item) -> tuple[bool, float]:
         slow = item.get_closest_marker("slow")
