@@ -13,6 +13,7 @@ from hypothesis import settings
 from helpers.exporter_proc import child_env
 from helpers.slurm import SlurmCluster, SlurmError
 from helpers.slurm_job import TrainingNodes
+from helpers.tmpfs import many_files_dir
 from helpers.zygote import Zygote
 
 # Property tests run the same examples every time (a run in CI is never red by chance) and
@@ -85,6 +86,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/data/golden/metrics.txt from this checkout's exporter, to review",
     )
+
+
+@pytest.fixture
+def many_files_path(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory for a test that creates a hundred thousand files
+    (helpers/tmpfs.py's ``many_files_dir``: a tmpfs where mounting is permitted)."""
+    with many_files_dir(tmp_path / "many") as path:
+        yield path
 
 
 @pytest.fixture
