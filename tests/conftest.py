@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -39,18 +40,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow end-to-end tests first, the longest of them (``slow(seconds=N)``) before the
     rest, so that no long test starts late and runs alone at the end.
 
-    With ``-n`` this order only helps under pyproject's ``--dist=worksteal``: xdist's default
-    (``load``) hands each worker a first chunk of a quarter of its share in collection order,
-    which put every slow test on the first worker while the second ran out of work and stood
-    idle for the rest of the run. Work stealing splits the list in halves and lets an idle
-    worker take the back half of the other's queue, so the short tests fill in behind the long
-    ones on both workers."""
+    With ``-n`` this order only helps under work stealing (``pytest_xdist_make_scheduler``
+    below)."""
 
     def order(item: pytest.Item) -> tuple[bool, float]:
         slow = item.get_closest_marker("slow")
         return slow is None, -float(slow.kwargs.get("seconds", 0)) if slow else 0.0
 
     items.sort(key=order)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``-n``, xdist's work-stealing scheduler in place of its default (``load``), which
+    hands each worker a first chunk of a quarter of its share in collection order: that put
+    every slow test (first, above) on one worker while the other ran out of work and stood
+    idle for the rest of the run. Work stealing splits the list in halves and lets an idle
+    worker take the back half of the other's queue, so the short tests fill in behind the long
+    ones on both workers.
+
+    Here rather than ``--dist=worksteal`` in pyproject's addopts: pytest without xdist (the GPU
+    device run's image) would refuse that option. Another ``--dist`` mode asked for is kept
+    (but ``load``: the default's name).
+    """
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
 
 
 #: what the training children import: loaded once per pytest worker by the fork server
