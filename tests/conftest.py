@@ -6,6 +6,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -13,6 +14,7 @@ from hypothesis import settings
 from helpers.exporter_proc import child_env
 from helpers.slurm import SlurmCluster, SlurmError
 from helpers.slurm_job import TrainingNodes
+from helpers.tmpfs import many_files_dir
 from helpers.zygote import Zygote
 
 # Property tests run the same examples every time (a run in CI is never red by chance) and
@@ -36,15 +38,36 @@ atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], ignore_errors=True)
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow end-to-end tests first, the longest of them (``slow(seconds=N)``) before the
-    rest: with ``-n`` (./run-tests runs one pytest worker per CPU) the long ones then overlap
-    each other and the many short ones fill in behind them, instead of one long test starting
-    late and running alone at the end."""
+    rest, so that no long test starts late and runs alone at the end.
+
+    With ``-n`` this order only helps under work stealing (``pytest_xdist_make_scheduler``
+    below)."""
 
     def order(item: pytest.Item) -> tuple[bool, float]:
         slow = item.get_closest_marker("slow")
         return slow is None, -float(slow.kwargs.get("seconds", 0)) if slow else 0.0
 
     items.sort(key=order)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``-n``, xdist's work-stealing scheduler in place of its default (``load``), which
+    hands each worker a first chunk of a quarter of its share in collection order: that put
+    every slow test (first, above) on one worker while the other ran out of work and stood
+    idle for the rest of the run. Work stealing splits the list in halves and lets an idle
+    worker take the back half of the other's queue, so the short tests fill in behind the long
+    ones on both workers.
+
+    Here rather than ``--dist=worksteal`` in pyproject's addopts: pytest without xdist (the GPU
+    device run's image) would refuse that option. Another ``--dist`` mode asked for is kept
+    (but ``load``: the default's name).
+    """
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
 
 
 #: what the training children import: loaded once per pytest worker by the fork server
@@ -80,6 +103,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/data/golden/metrics.txt from this checkout's exporter, to review",
     )
+
+
+@pytest.fixture
+def many_files_path(tmp_path: Path) -> Iterator[Path]:
+    """An empty directory for a test that creates a hundred thousand files
+    (helpers/tmpfs.py's ``many_files_dir``: a tmpfs where mounting is permitted)."""
+    with many_files_dir(tmp_path / "many") as path:
+        yield path
 
 
 @pytest.fixture

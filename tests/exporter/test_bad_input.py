@@ -514,45 +514,42 @@ def _touch_many(directory: Path, names: Iterator[str]) -> None:
 
 
 @pytest.mark.slow
-def test_a_state_dir_of_100k_entries(tmp_path: Path) -> None:
+def test_a_state_dir_of_100k_entries(tmp_path: Path, many_files_path: Path) -> None:
     """100 000 unrelated entries next to two real heartbeats: scrapes stay small. Then 10 001
     files that look like heartbeats: the read is capped, the cap is an error, the log says so
     in a bounded number of lines, and the scrape still answers. (How long these scrapes take
     is measured by bench/bench_big_dirs.py; that unchanged files are not read again, by
     test_runtable.py.)"""
-    state = tmp_path / "state"
+    state = many_files_path / "state"
     state.mkdir()
-    try:
-        _touch_many(state, (f"junk_{i}.log" for i in range(100_000)))
+    _touch_many(state, (f"junk_{i}.log" for i in range(100_000)))
+    put(state, own_heartbeat("big-dir-a"))
+    put(state, own_heartbeat("big-dir-b"))
+    with Exporter(state_dir=state, log_path=tmp_path / "exporter.log") as exp:
+        proc = psutil.Process(exp.proc.pid)
+        exp.scrape()  # warm
+        rss = proc.memory_info().rss
+        for _ in range(5):
+            s = exp.scrape()
+        assert value(s, "trainguard_heartbeat_files") == 2
+        assert value(s, "trainguard_collector_success", collector="runs") == 1
+        assert proc.memory_info().rss - rss < 16 << 20
+        _touch_many(state, (f"x{i}-00000000.rank0.heartbeat.json" for i in range(10_001)))
+        time.sleep(0.02)  # the live runs write again (a reporter does every few seconds)
         put(state, own_heartbeat("big-dir-a"))
         put(state, own_heartbeat("big-dir-b"))
-        with Exporter(state_dir=state, log_path=tmp_path / "exporter.log") as exp:
-            proc = psutil.Process(exp.proc.pid)
-            exp.scrape()  # warm
-            rss = proc.memory_info().rss
-            for _ in range(5):
-                s = exp.scrape()
-            assert value(s, "trainguard_heartbeat_files") == 2
-            assert value(s, "trainguard_collector_success", collector="runs") == 1
-            assert proc.memory_info().rss - rss < 16 << 20
-            _touch_many(state, (f"x{i}-00000000.rank0.heartbeat.json" for i in range(10_001)))
-            time.sleep(0.02)  # the live runs write again (a reporter does every few seconds)
-            put(state, own_heartbeat("big-dir-a"))
-            put(state, own_heartbeat("big-dir-b"))
-            exp.scrape()
-            s = exp.scrape()
-            assert value(s, "trainguard_collector_success", collector="runs") == 0  # too many
-            assert value(s, "trainguard_heartbeat_file_errors") is not None
-            # the newest files are the ones read: the live runs are still watched
-            assert {"big-dir-a", "big-dir-b"} <= samples_runs(s)
-            assert proc.memory_info().rss - rss < 64 << 20
-            log = exp.stop()
-        assert "more than 10000 heartbeat files; only the 10000 most recently written" in log
-        assert "more new errors not logged" in log
-        assert len(log.splitlines()) < 50, len(log.splitlines())  # not 10 000 lines
-        assert "Traceback" not in log
-    finally:
-        shutil.rmtree(state, ignore_errors=True)  # pytest keeps recent tmp dirs: not these
+        exp.scrape()
+        s = exp.scrape()
+        assert value(s, "trainguard_collector_success", collector="runs") == 0  # too many
+        assert value(s, "trainguard_heartbeat_file_errors") is not None
+        # the newest files are the ones read: the live runs are still watched
+        assert {"big-dir-a", "big-dir-b"} <= samples_runs(s)
+        assert proc.memory_info().rss - rss < 64 << 20
+        log = exp.stop()
+    assert "more than 10000 heartbeat files; only the 10000 most recently written" in log
+    assert "more new errors not logged" in log
+    assert len(log.splitlines()) < 50, len(log.splitlines())  # not 10 000 lines
+    assert "Traceback" not in log
 
 
 def samples_runs(s: Samples) -> set[str]:

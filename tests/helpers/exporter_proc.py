@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.paths import REPO
@@ -95,6 +96,11 @@ class Exporter:
             if self.proc.poll() is not None:
                 out = self.log()
                 raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{out}")
+            # the port is free-picked then bound by the child: another process (another test
+            # session's exporter on this machine) may have taken it in between, and would
+            # answer here while ours exits on its failed bind
+            if not self._listening():
+                return False
             with self._open("/-/healthy", timeout=5) as r:
                 return bool(r.status == 200)
 
@@ -103,6 +109,17 @@ class Exporter:
         except WaitTimeout as exc:  # a RuntimeError, as an exit is (bench/ catches both)
             self.stop()
             raise RuntimeError(f"exporter did not become healthy in time: {exc}") from None
+
+    def _listening(self) -> bool:
+        """Whether this exporter process itself listens on ``self.port``."""
+        try:
+            sockets = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            return False
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+            for c in sockets
+        )
 
     def _open(self, path: str, timeout: float) -> Any:
         req = urllib.request.Request(self.url + path)

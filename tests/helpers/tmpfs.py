@@ -25,6 +25,26 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         unmount(path)
 
 
+@contextlib.contextmanager
+def many_files_dir(path: Path) -> Iterator[Path]:
+    """A directory at ``path`` for a test that creates a hundred thousand files: a tmpfs where
+    mounting is permitted, else a plain directory; emptied at the end either way (pytest keeps
+    recent temporary directories, not these).
+
+    What such a test checks (one listing a scrape, no stat per unrelated name, bounded memory)
+    holds on any filesystem; on a busy disk, creating the files (each a journalled inode) was
+    most of its time.
+    """
+    mounted = try_mount(path, "64m") is None
+    try:
+        yield path
+    finally:
+        if mounted:
+            unmount(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def try_mount(path: Path, size: str) -> str | None:
     """Mount a tmpfs at ``path`` (created if missing); None when mounted, else why not.
 
