@@ -94,7 +94,10 @@ def reference(data: bytes, limit: int) -> list[Parsed]:
                 conn.their_state is not h11.MUST_CLOSE,
             )
         )
-        conn.send(h11.Response(status_code=200, headers=[("Content-Length", "0")]))
+        # answered as the exporter answers: a CONNECT gets 405 and the connection stays HTTP
+        # (a 2xx would switch h11 to the tunnel the client asked for)
+        status = 405 if event.method == b"CONNECT" else 200
+        conn.send(h11.Response(status_code=status, headers=[("Content-Length", "0")]))
         conn.send(h11.EndOfMessage())
         if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
             return out
