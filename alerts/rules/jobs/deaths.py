@@ -3,7 +3,8 @@
 TrainingJobRankDied (a rank of a job is gone: one page for the whole job, whatever the number
 of nodes), TrainingJobTerminated (the job's ranks were stopped by a signal: a preemption, a
 time limit; one warning for the job), TrainingJobRestarted (the launcher restarted the job's
-ranks: one notice per restart).
+ranks: one notice per restart, for a death of this job, not of an older job of the same run
+whose death the relaunched ranks recorded).
 
 A job's ranks are those with the same ``job_id`` in ``trainguard_run_job_info``; each node has
 its own exporter (``instance``), so these rules aggregate by the target labels without
@@ -466,9 +467,15 @@ GROUP = Group(
         Alert(
             "TrainingJobRestarted",
             "warning",
+            # ...of this job: a run relaunched under a new job id records the old job's death
+            # on the nodes it reuses (trainguard_run_last_death_job_info names that job), and
+            # the new job was never restarted
             expr="""
             max by (${target_labels_across}, run, job_id) (
-              trainguard_run_job_info
+              (
+                trainguard_run_job_info
+                and on (${target_labels}, run, job_id) trainguard_run_last_death_job_info
+              )
               * on (${target_labels}, run) group_left ()
               (
                 max by (${target_labels}, run) (

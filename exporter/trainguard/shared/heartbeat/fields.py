@@ -304,6 +304,7 @@ class Fields(fields.Node):
                     cause=cause,
                     xid=xid,
                     signal=signal,
+                    job=f.text("job", MAX_JOB_ID, optional=True),
                 )
             )
         return tuple(out)

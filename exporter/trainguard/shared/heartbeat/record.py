@@ -110,6 +110,10 @@ class Death:
     xid: int | None = None
     #: the signal that ended it (``SIGTERM``) when the cause is ``signal`` or ``time_limit``
     signal: str | None = None
+    #: the id of the job the dead process belonged to (``""``: none, a lone process; None:
+    #: unknown, recorded by an older reporter): a run relaunched under a new job id records the
+    #: old job's death, and the new job was not restarted
+    job: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object as written: the causes older readers do not know, as ones they do.
@@ -135,6 +139,8 @@ class Death:
             out["signal"] = self.signal
             if self.cause == "time_limit":
                 out["time_limit"] = True
+        if self.job is not None:
+            out["job"] = self.job
         return out
 
 

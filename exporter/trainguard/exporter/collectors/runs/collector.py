@@ -37,6 +37,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     JOB_INFO,
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
+    LAST_DEATH_JOB,
     LAST_DEATH_STEP,
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_XID,
@@ -219,6 +220,8 @@ class RunsCollector(Collector):
             fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
             if last.xid is not None:
                 fam[LAST_DEATH_XID.name].add_metric([run], last.xid)
+            if last.job is not None:  # unknown in a death an older reporter recorded
+                fam[LAST_DEATH_JOB.name].add_metric([run, last.job], 1)
 
     def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
         for log in view.log_files:

@@ -292,6 +292,13 @@ LAST_DEATH_XID = MetricSpec(
     ("run",),
     "NVIDIA Xid code of the GPU error the kernel logged around the run's last death.",
 )
+LAST_DEATH_JOB = MetricSpec(
+    "trainguard_run_last_death_job_info",
+    "gauge",
+    ("run", "job_id"),
+    "Always 1; the job the process that died last belonged to (job_id empty: none). A run "
+    "relaunched under a new job id records the old job's death: the new job was not restarted.",
+)
 HEARTBEAT_FILES = MetricSpec(
     "trainguard_heartbeat_files",
     "gauge",
@@ -364,6 +371,7 @@ METRICS = (
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
     LAST_DEATH_XID,
+    LAST_DEATH_JOB,
     HEARTBEAT_FILES,
     HEARTBEAT_FILE_ERRORS,
     HEARTBEAT_FILE_INVALID,
