@@ -193,9 +193,16 @@ class Stuck:
     since: float  # when the reporter first found the step overdue (this stall)
     where: str  # "DataLoader.__next__ <- train.py:88 load_batch": names and lines only
     collective: str | None = None  # the torch.distributed function it waits in, if any
+    #: inside a checkpoint save (``trainguard.run.stack.SAVES``): a routine pause, not a hang,
+    #: while the run's stall threshold allows it. False too from older reporters (unknown)
+    saving: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return vars(self).copy()
+        """The JSON object; ``saving`` only when true (older readers ignore it either way)."""
+        out = vars(self).copy()
+        if not self.saving:
+            del out["saving"]
+        return out
 
 
 @dataclass(frozen=True)

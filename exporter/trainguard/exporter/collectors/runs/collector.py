@@ -293,7 +293,10 @@ def _add_stuck(fam: dict[str, Any], row: RunRow) -> None:
     """Add the row's stuck location, if its heartbeat has one and it still runs."""
     stuck = stuck_at(row)
     if stuck is not None:
-        fam[STUCK_INFO.name].add_metric([row.run, row.rank, stuck.where, stuck.collective or ""], 1)
+        saving = "true" if stuck.saving else ""
+        fam[STUCK_INFO.name].add_metric(
+            [row.run, row.rank, stuck.where, stuck.collective or "", saving], 1
+        )
 
 
 def _add_nonfinite(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:

@@ -141,10 +141,10 @@ LOSS_LAST_FINITE_STEP = MetricSpec(
 STUCK_INFO = MetricSpec(
     "trainguard_run_stuck_info",
     "gauge",
-    ("run", "rank", "where", "collective"),
+    ("run", "rank", "where", "collective", "saving"),
     "1 while a rank's step is overdue and its reporter sampled where its main thread is: "
     "where is the user's innermost frames, collective the torch.distributed function it "
-    "waits in (empty when none).",
+    "waits in (empty when none), saving true inside a checkpoint save (empty otherwise).",
 )
 DATA_WAIT = MetricSpec(
     "trainguard_run_data_wait_seconds_total",
