@@ -51,13 +51,16 @@ from alerts.rules.signals import STOPPED
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "job_death_for",
-        "30s",
+        "2m",
         DURATION,
         "TrainingJobRankDied: a rank of a job has been dead this long before the job's page "
-        "goes out. At least two scrape intervals, so that every node's exporter has been "
-        "heard: the page then names the rank that died first rather than one the launcher "
-        "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
-        "TrainingJobRestarted notice, not a page.",
+        "goes out. Longer than a launcher's restart in place, so that the normal recovery is a "
+        "TrainingJobRestarted notice, not a critical page: torchrun --max-restarts re-runs its "
+        "rendezvous across the nodes (up to its 30 s last call in an elastic job), then the "
+        "restarted ranks import their libraries and write a heartbeat, which one scrape and one "
+        "evaluation (15 s each by default) bring to the rules. Also at least two scrape "
+        "intervals, so that every node's exporter has been heard and the page names the rank "
+        "that died first.",
     ),
     Threshold(
         "job_terminated_for",
