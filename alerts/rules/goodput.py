@@ -34,7 +34,7 @@ from __future__ import annotations
 from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
 from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
-from alerts.rules.recording import LIVE, STATE
+from alerts.rules.recording import STATE
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -76,6 +76,13 @@ JOB_OF = "run_rank:trainguard_run_job:info"
 IN_JOB = "* on (${target_labels}, run, rank) group_left (job_id) " + JOB_OF
 #: PromQL: a run's series on a node (deaths) as each of its jobs' there, per rank
 RUN_IN_JOB = JOB_OF + " * on (${target_labels}, run) group_left ()"
+#: each rank's process state (alerts/rules/recording.py: 1 live, 0 gone, 2 finished) and the
+#: step of each stepping rank, with the rank's job: joined to the job once, read by every
+#: condition (a join per condition doubled the group's cost at fleet scale)
+STATE_JOB = "run_rank:trainguard_run_process_state:job"
+STEPPING_JOB = "run_rank:trainguard_run_stepping_step:job"
+#: the most deaths a job's nodes recorded for its run
+JOB_DEATHS = "job:trainguard_run_deaths:max"
 
 
 #: a live rank that stepped within its stall threshold, on a finite loss: steps on a loss that
@@ -98,6 +105,18 @@ CONDITIONS = (
         max by (${target_labels}, run, rank) (trainguard_run_heartbeat_age_seconds) * 0 + 1
         """,
     ),
+    Record(STATE_JOB, "${state} ${in_job}"),
+    Record(
+        STEPPING_JOB,
+        """
+        (
+          trainguard_run_step
+          and on (${target_labels}, run, rank) ${stepping_rank}
+        )
+        ${in_job}
+        """,
+    ),
+    Record(JOB_DEATHS, "max by (${job}) (${run_in_job} trainguard_run_deaths_total)"),
     # unfinished, and some rank wrote a heartbeat within goodput_gone_after
     # ...that has begun: a rank has stepped, or the job has died (then the time to its
     # first step after the restart is restart downtime). Start-up before a job's first step
@@ -106,7 +125,7 @@ CONDITIONS = (
     Record(
         ACCOUNTED,
         """
-        max by (${job}) ((trainguard_run_finished == 0) ${in_job}) * 0 + 1
+        max by (${job}) (${state_job} < 2) * 0 + 1
         and on (${job})
         min by (${job}) (trainguard_run_heartbeat_age_seconds ${in_job})
           < ${goodput_gone_after_s}
@@ -114,22 +133,16 @@ CONDITIONS = (
         (
           max by (${job}) (trainguard_run_step ${in_job})
           or
-          max by (${job}) (${run_in_job} (trainguard_run_deaths_total > 0))
+          ${job_deaths} > 0
         )
         """,
     ),
-    Record(STEPPING, "max by (${job}) (${stepping_rank} ${in_job}) * 0 + 1"),
+    Record(STEPPING, "max by (${job}) (${stepping_job}) * 0 + 1"),
     # stepping below the step the job had reached when it last died
     Record(
         RECOMPUTING,
         """
-        max by (${job}) (
-          (
-            trainguard_run_step
-            and on (${target_labels}, run, rank) (${stepping_rank})
-          )
-          ${in_job}
-        )
+        max by (${job}) (${stepping_job})
         < on (${job})
         max by (${job}) (${run_in_job} trainguard_run_last_death_step)
         """,
@@ -138,13 +151,12 @@ CONDITIONS = (
     Record(
         DOWN,
         """
-        max by (${job}) ((${state} == 0) ${in_job}) * 0 + 1
+        max by (${job}) (${state_job} == 0) * 0 + 1
         or
         max by (${job}) (
-          (${live} unless on (${target_labels}, run, rank) trainguard_run_step) ${in_job}
+          ${state_job} == 1 unless on (${target_labels}, run, rank) trainguard_run_step
         ) * 0 + 1
-        and on (${job})
-        max by (${job}) (${run_in_job} trainguard_run_deaths_total) > 0
+        and on (${job}) ${job_deaths} > 0
         """,
     ),
 )
@@ -213,11 +225,13 @@ PROMQL = {
     "job": JOB,
     "in_job": IN_JOB,
     "run_in_job": RUN_IN_JOB,
+    "state_job": STATE_JOB,
+    "stepping_job": STEPPING_JOB,
+    "job_deaths": JOB_DEATHS,
     "stepping_rank": STEPPING_RANK,
     # a rank's process in one series (alerts/rules/recording.py), instead of joining
     # process_up and finished at each use
     "state": STATE,
-    "live": LIVE,
     "live_job": LIVE_JOB,
     "accounted_24h": " + ".join(
         "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])" for n in STATES
@@ -252,7 +266,7 @@ GROUP = Group(
         Record(TICK, "vector(1)"),
         *CONDITIONS,
         *(_state_record(name) for name in STATES),
-        Record(LIVE_JOB, "max by (${job}) ((${live}) ${in_job}) * 0 + 1"),
+        Record(LIVE_JOB, "max by (${job}) (${state_job} == 1) * 0 + 1"),
         # a job with a live rank now: an abandoned job's goodput is history, not a page
         Alert(
             "TrainingGoodputLow",
@@ -271,7 +285,7 @@ GROUP = Group(
               ${live_job}
               unless on (${job})
               max by (${job}) (
-                (trainguard_run_step and on (${target_labels}, run, rank) ${live}) ${in_job}
+                ${state_job} == 1 and on (${target_labels}, run, rank) trainguard_run_step
               )
             )
             """,
