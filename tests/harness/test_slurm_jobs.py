@@ -128,7 +128,7 @@ def test_a_requeued_job_comes_back_as_attempt_1_and_the_old_heartbeats_say_0(
 #: TrainingJobRankDied's ``for`` (job_death_for), plus margin: a death of the new attempt would
 #: page by then. (TrainingJobTerminated's longer job_terminated_for needs no waiting out: once the
 #: newer attempt is there, the stopped ranks of attempt 0 are history and it is not even pending.)
-JOB_RULES_FOR = 35.0
+JOB_RULES_FOR = 125.0  # job_death_for: 2m
 
 
 @pytest.mark.skipif(

@@ -3,7 +3,8 @@
 TrainingJobRankDied (a rank of a job is gone: one page for the whole job, whatever the number
 of nodes), TrainingJobTerminated (the job's ranks were stopped by a signal: a preemption, a
 time limit; one warning for the job), TrainingJobRestarted (the launcher restarted the job's
-ranks: one notice per restart).
+ranks: one notice per restart, for a death of this job, not of an older job of the same run
+whose death the relaunched ranks recorded).
 
 A job's ranks are those with the same ``job_id`` in ``trainguard_run_job_info``; each node has
 its own exporter (``instance``), so these rules aggregate by the target labels without
@@ -50,13 +51,16 @@ from alerts.rules.signals import STOPPED
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "job_death_for",
-        "30s",
+        "2m",
         DURATION,
         "TrainingJobRankDied: a rank of a job has been dead this long before the job's page "
-        "goes out. At least two scrape intervals, so that every node's exporter has been "
-        "heard: the page then names the rank that died first rather than one the launcher "
-        "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
-        "TrainingJobRestarted notice, not a page.",
+        "goes out. Longer than a launcher's restart in place, so that the normal recovery is a "
+        "TrainingJobRestarted notice, not a critical page: torchrun --max-restarts re-runs its "
+        "rendezvous across the nodes (up to its 30 s last call in an elastic job), then the "
+        "restarted ranks import their libraries and write a heartbeat, which one scrape and one "
+        "evaluation (15 s each by default) bring to the rules. Also at least two scrape "
+        "intervals, so that every node's exporter has been heard and the page names the rank "
+        "that died first.",
     ),
     Threshold(
         "job_terminated_for",
@@ -468,9 +472,15 @@ GROUP = Group(
         Alert(
             "TrainingJobRestarted",
             "warning",
+            # ...of this job: a run relaunched under a new job id records the old job's death
+            # on the nodes it reuses (trainguard_run_last_death_job_info names that job), and
+            # the new job was never restarted
             expr="""
             max by (${target_labels_across}, run, job_id) (
-              trainguard_run_job_info
+              (
+                trainguard_run_job_info
+                and on (${target_labels}, run, job_id) trainguard_run_last_death_job_info
+              )
               * on (${target_labels}, run) group_left ()
               (
                 max by (${target_labels}, run) (
