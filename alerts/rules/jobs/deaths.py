@@ -252,7 +252,8 @@ SNIPPETS = {
         )
         + "{{ end }}{{ end }}{{ end }}"
     ),
-    # the ranks of the job's newest attempt, wherever they run (not its history)
+    # the ranks of the job's newest attempt, wherever they run (not its history), those of an
+    # exporter that stopped answering included
     "job_ranks": query_value(
         "count(trainguard_run_job_info{"
         + JOB_SEL
@@ -264,8 +265,12 @@ SNIPPETS = {
         + LOST
         + "{"
         + JOB_SEL
+        + "} or "
+        + SILENT
+        + "{"
+        + JOB_SEL
         + "})",
-        JOB_ARGS + " " + JOB_ARGS,
+        JOB_ARGS + " " + JOB_ARGS + " " + JOB_ARGS,
     ),
     "dead_nodes": query_value(
         "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
