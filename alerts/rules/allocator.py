@@ -163,6 +163,13 @@ AVG_RESERVED = "run_rank_device:trainguard_run_allocator_reserved_bytes:avg"
 #: what became of each rank within oom_window: 1 alive and stepping, 2 finished (GROUP)
 OOM_FATE = "run_rank:trainguard_run_oom_fate:window"
 AVG_ALLOCATED = "run_rank_device:trainguard_run_allocator_allocated_bytes:avg"
+#: the ranks that finished within oom_window, read twice by OOM_FATE: recorded before it, so
+#: that each read is of a record empty on a fleet at work, not of every rank's samples over
+#: the window
+FINISHED_IN_WINDOW = "run_rank:trainguard_run_finished:window"
+#: the ranks whose process is gone, for the two alerts that leave them out: recorded once, and
+#: empty on a fleet at work (test_rule_ranks.py reads a record of this expression as the guard)
+DOWN = "run_rank:trainguard_run_process_up:zero"
 #: what the device has left above the recent peak of allocated memory
 HEADROOM = promql(
     """
@@ -191,7 +198,8 @@ def _avg(metric: str) -> str:
 
 SNIPPETS = {
     "oom_fate": OOM_FATE,
-    "finished_in_window": "(last_over_time(trainguard_run_finished[${oom_window}]) == 1)",
+    "down": DOWN,
+    "finished_in_window": FINISHED_IN_WINDOW,
     # PromQL: the records of both groups, the headroom
     "to_full": TO_FULL,
     "avg_reserved": AVG_RESERVED,
@@ -294,6 +302,8 @@ GROUP = Group(
     rules=(
         Record(AVG_RESERVED, _avg("reserved_bytes")),
         Record(AVG_ALLOCATED, _avg("allocated_bytes")),
+        Record(FINISHED_IN_WINDOW, "last_over_time(trainguard_run_finished[${oom_window}]) == 1"),
+        Record(DOWN, "trainguard_run_process_up == 0"),
         # What became of each rank within oom_window, judged once for AllocatorOOM and
         # AllocatorOOMCaught: 1 alive and stepping (an OOM it caught), 2 finished cleanly
         # (never an OOM page); absent otherwise (gone, or alive without a step: AllocatorOOM)
@@ -315,7 +325,7 @@ GROUP = Group(
             # a dead or finished rank's counters stay as they were: not judged
             expr="""
             increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
-            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
+            unless on (${target_labels}, run, rank) ${down}
             """,
             for_="${alloc_retry_for}",
             keep_firing_for="${keep_firing_for}",
@@ -414,7 +424,7 @@ GROUP = Group(
             max by (${target_labels}, run, rank, device) (
               increase(trainguard_run_allocator_alloc_retries_total[${frag_window}])
             ) > 0
-            unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
+            unless on (${target_labels}, run, rank) ${down}
             """,
             for_="${frag_for}",
             summary="""

@@ -30,7 +30,7 @@ from __future__ import annotations
 from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
 from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
-from alerts.rules.recording import LIVE, STATE
+from alerts.rules.recording import LIVE, ON_PURPOSE, STATE
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -87,7 +87,10 @@ CONDITIONS = (
     Record(
         ACCOUNTED,
         """
-        max by (${job}) (trainguard_run_finished == 0) * 0 + 1
+        max by (${job}) (
+          trainguard_run_finished == 0
+          unless on (${target_labels}, run, rank) ${on_purpose}
+        ) * 0 + 1
         and on (${job})
         min by (${job}) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
         and on (${job})
@@ -190,6 +193,7 @@ PROMQL = {
     # a rank's process in one series (alerts/rules/recording.py), instead of joining
     # process_up and finished at each use
     "state": STATE,
+    "on_purpose": ON_PURPOSE,
     "live": LIVE,
     "live_job": LIVE_JOB,
     "accounted_24h": " + ".join(

@@ -6,7 +6,15 @@ GPUGhostMemory, GPUUnattributedMemory, GPUXidError, DuplicateHostProcess.
 from __future__ import annotations
 
 from alerts.kinds import BYTES, DURATION, NUMBER, XIDS, Threshold
-from alerts.rules.common import RANK_ARGS, RANK_SEL, Alert, Group, query_bytes, query_value
+from alerts.rules.common import (
+    RANK_ARGS,
+    RANK_SEL,
+    Alert,
+    Group,
+    Record,
+    query_bytes,
+    query_value,
+)
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -98,6 +106,10 @@ GPU_SEL = "${target_labels_sel},gpu=%q,uuid=%q"
 GPU_ARGS = "${target_labels_args} $labels.gpu $labels.uuid"
 #: how far back the GPU alerts look for the runs that used the GPU
 RECENT_RUNS_WINDOW = "1h"
+#: the GPUs where NVML lists no process, recorded once for the group's four reads of it: on a
+#: fleet at work the record is empty, so each read costs nothing where reading the per-GPU
+#: count costs a pass over every GPU (bench/RESULTS.md, "Fleet scale")
+NO_PROCESS = "gpu:trainguard_gpu_processes:zero"
 
 SNIPPETS = {
     "driver": query_bytes(
@@ -136,6 +148,7 @@ SNIPPETS = {
         " {{ $s.Labels.rank }}{{ else }}none{{ end }}"
     ),
     "recent_runs_window": RECENT_RUNS_WINDOW,
+    "no_process": NO_PROCESS,
     "xid_count": query_value(
         "trainguard_gpu_xid_errors_total{" + GPU_SEL + ",xid=%q}",
         GPU_ARGS + " $labels.xid",
@@ -147,6 +160,7 @@ GROUP = Group(
     "trainguard-gpu",
     snippets=SNIPPETS,
     rules=(
+        Record(NO_PROCESS, "trainguard_gpu_processes == 0"),
         Alert(
             "GPUGhostMemory",
             "warning",
@@ -191,7 +205,7 @@ GROUP = Group(
             and on (${target_labels}, gpu, uuid)
             (
               trainguard_gpu_processes_memory_unknown > 0
-              or trainguard_gpu_processes == 0
+              or ${no_process}
             )
             unless on (${target_labels})
             instance:trainguard_run_allocator_devices_unplaced:count > 0
@@ -231,17 +245,17 @@ GROUP = Group(
             unless on (${target_labels}, gpu, uuid) trainguard_gpu_processes_memory_unknown > 0
             unless on (${target_labels}, gpu, uuid)
             (
-              trainguard_gpu_processes == 0
+              ${no_process}
               and on (${target_labels}, uuid) uuid:trainguard_run_allocator_reserved_bytes:sum
             )
             unless on (${target_labels}, gpu, uuid)
             (
-              trainguard_gpu_processes == 0
+              ${no_process}
               and on (${target_labels}) instance:trainguard_run_allocator_devices_unplaced:count > 0
             )
             unless on (${target_labels}, gpu, uuid)
             (
-              trainguard_gpu_processes == 0
+              ${no_process}
               and on (${target_labels}, gpu, uuid) trainguard_gpu_xid_events_supported == 0
               and on (${target_labels}, gpu, uuid)
                 trainguard_gpu_memory_unattributed_bytes <= ${ghost_device_floor}

@@ -47,6 +47,16 @@ RANK = Group(
         # old count seen by a Prometheus just started). Comparisons with the past match on the
         # series' identity only (on/by), never on labels of the scrape such as a Kubernetes
         # `pod`, which a rollout of the exporter changes.
+        # The devices whose OOM counter is above 0, for the two branches below that read it:
+        # recorded once, and empty on a fleet without OOMs, so that each read costs nothing
+        # where reading the counter again costs a pass over every rank's devices.
+        Record(
+            "run_rank_device:trainguard_run_allocator_ooms:nonzero",
+            """
+            max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
+            > 0
+            """,
+        ),
         Record(
             "run_rank:trainguard_run_allocator_ooms:recent",
             """
@@ -54,16 +64,14 @@ RANK = Group(
               increase(trainguard_run_allocator_ooms_total[${oom_recent}]) > 0
               or increase(trainguard_run_memory_snapshots_total[${oom_recent}]) > 0
               or (
-                max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
-                  > 0
+                run_rank_device:trainguard_run_allocator_ooms:nonzero
                 and on (${target_labels}, run, rank)
                   max by (${target_labels}, run, rank) (trainguard_run_start_age_seconds)
                   < ${oom_recent_s}
               )
               or (
                 (
-                  max by (${target_labels}, run, rank, device) (trainguard_run_allocator_ooms_total)
-                    > 0
+                  run_rank_device:trainguard_run_allocator_ooms:nonzero
                   unless on (${target_labels}, run, rank, device)
                     trainguard_run_allocator_ooms_total offset ${oom_recent}
                 )

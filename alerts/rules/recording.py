@@ -14,11 +14,16 @@ SLOW_PACE = (
     " * ${throughput_min_steps} > ${throughput_window_s}"
 )
 
+#: PromQL: a rank that ``trainguard stop`` stopped on purpose (its stop record names the very
+#: process that ended, docs/metrics.md#stopped-on-purpose): ended, as a finished rank, never a
+#: death; a SIGTERM nobody vouched for reads ``cause="signal"`` instead
+ON_PURPOSE = 'trainguard_run_exit_info{cause="on_purpose"}'
+
 #: a rank's process in one series: 1 alive and not finished, 0 gone without finishing, 2
-#: finished (absent while starting, as process_up is). Recorded first in GROUP, so that the rules
-#: asking "live and unfinished?" read one series instead of joining process_up and finished each
-#: time: at 100 nodes each read of an 800-series metric costs ~10 ms of Prometheus' CPU
-#: (bench/RESULTS.md, "Fleet scale, fifth pass").
+#: ended: finished, or stopped on purpose (absent while starting, as process_up is). Recorded
+#: early in GROUP, so that the rules asking "live and unfinished?" read one series instead of
+#: joining process_up and finished each time: at 100 nodes each read of an 800-series metric
+#: costs ~10 ms of Prometheus' CPU (bench/RESULTS.md, "Fleet scale, fifth pass").
 STATE = "run_rank:trainguard_run_process_state:max"
 #: the live, unfinished ranks, to join on (target labels, run, rank)
 LIVE = STATE + " == 1"
@@ -86,18 +91,26 @@ SLOW_RATE = "run_rank:trainguard_run_steps_per_second:deriv_slow"
 #: of the GPU while its runs trained (alerts/rules/gpu_health.py), recorded in SLOW
 UNATTRIBUTED_MIN = "gpu:trainguard_gpu_memory_unattributed_bytes:min"
 
+#: the finished ranks, read twice by STATE: recorded just before it, and empty on a fleet at
+#: work, so that STATE reads every rank's ``finished`` once instead of twice
+FINISHED = "run_rank:trainguard_run_finished:one"
+
 GROUP = Group(
     "trainguard.rules",
-    snippets={"live": LIVE},
+    snippets={"live": LIVE, "on_purpose": ON_PURPOSE, "finished": FINISHED},
     rules=(
+        Record(FINISHED, "trainguard_run_finished == 1"),
         Record(
             STATE,
             """
             max by (${target_labels}, run, rank) (
               trainguard_run_process_up
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) ${finished}
+              unless on (${target_labels}, run, rank) ${on_purpose}
               or
-              (trainguard_run_finished == 1) + 1
+              ${finished} + 1
+              or
+              ${on_purpose} + 1
             )
             """,
         ),

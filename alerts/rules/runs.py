@@ -17,7 +17,7 @@ from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import LAST_STEP, RUN_ARGS, RUN_SEL, Alert, Group, promql, query_value
 from alerts.rules.deaths import DIED_LABELS
 from alerts.rules.gpu_health import GPU_CAUSE
-from alerts.rules.recording import LIVE, STATE, TARGET_DOWN, last_seen
+from alerts.rules.recording import LIVE, ON_PURPOSE, STATE, TARGET_DOWN, last_seen
 from alerts.rules.signals import STOPPED
 from alerts.rules.stuck import STUCK_ANNOTATION
 
@@ -151,10 +151,12 @@ SNIPPETS = {
     "target_down": TARGET_DOWN,
     "live": LIVE,
     "stopped": STOPPED,
+    "on_purpose": ON_PURPOSE,
     # "0, 3": the ranks of the run that are gone without finishing.
     "dead_ranks": (
         "{{ range $i, $s := printf `trainguard_run_process_up{" + RUN_SEL + "} == 0 "
         "unless on (${target_labels}, run, rank) trainguard_run_finished == 1 "
+        "unless on (${target_labels}, run, rank) ${on_purpose} "
         "unless on (${target_labels}, run, rank) trainguard_run_job_info` "
         + RUN_ARGS
         + ' | query | sortByLabel "rank" }}'
@@ -212,6 +214,8 @@ GROUP = Group(
             count by (${target_labels}, run) (
               trainguard_run_process_up == 0
               unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              # stopped on purpose (trainguard stop): ended, no page
+              unless on (${target_labels}, run, rank) ${on_purpose}
               unless on (${target_labels}, run, rank) (
                 ${stopped}
               )

@@ -13,7 +13,7 @@ preempted job of 16 nodes warns once, TrainingJobTerminated (``jobs/deaths.py``)
 from __future__ import annotations
 
 from alerts.kinds import DURATION, Threshold
-from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group
+from alerts.rules.common import RUN_ARGS, RUN_SEL, Alert, Group, Record
 from alerts.rules.deaths import DIED_LABELS
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -41,8 +41,14 @@ _STOPPED = (
 STOPPED = "\n".join(_STOPPED)
 
 
+#: the ranks whose process is gone, neither finished, stopped by a signal nor on purpose, read
+#: twice by TrainingProcessTerminated: recorded first in GROUP, and empty on a fleet at work, so
+#: that the alert reads no rank's process state itself
+DIED_OTHERWISE = "run_rank:trainguard_run_process_up:died_otherwise"
+
 SNIPPETS = {
     "stopped": STOPPED,
+    "died_otherwise": DIED_OTHERWISE,
     # "0 (SIGTERM, signal), 1 (SIGTERM, time_limit)"
     "stopped_ranks": (
         "{{ range $i, $s := printf `trainguard_run_exit_info{"
@@ -60,6 +66,15 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
+        Record(
+            DIED_OTHERWISE,
+            """
+            trainguard_run_process_up == 0
+            unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+            unless on (${target_labels}, run, rank)
+              trainguard_run_exit_info{cause=~"signal|time_limit|on_purpose"}
+            """,
+        ),
         Alert(
             "TrainingProcessTerminated",
             "warning",
@@ -69,20 +84,10 @@ GROUP = Group(
               # a job's ranks: TrainingJobTerminated warns once for the job (jobs/deaths.py)
               unless on (${target_labels}, run, rank) trainguard_run_job_info
             )
-            unless on (${target_labels}, run) (
-              trainguard_run_process_up == 0
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-              unless on (${target_labels}, run, rank)
-                trainguard_run_exit_info{cause=~"signal|time_limit"}
-            )
+            unless on (${target_labels}, run) ${died_otherwise}
             # a job's rank that died otherwise, on any node: TrainingJobRankDied pages alone
             unless on (${target_labels_across}, run) (
-              (
-                trainguard_run_process_up == 0
-                unless on (${target_labels}, run, rank) trainguard_run_finished == 1
-                unless on (${target_labels}, run, rank)
-                  trainguard_run_exit_info{cause=~"signal|time_limit"}
-              )
+              ${died_otherwise}
               and on (${target_labels}, run, rank) trainguard_run_job_info
             )
             """,

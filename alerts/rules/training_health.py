@@ -81,7 +81,12 @@ AT_STEP = 'printf "step %.0f"'
 #: the run's newest complete primary checkpoint not saved with a non-finite loss
 FINITE_CKPT = "max(trainguard_checkpoint_last_finite_step{" + RUN_SEL + ',location="primary"})'
 
+#: the ranks whose process is gone or finished, read by both loss alerts: recorded first in
+#: GROUP, and empty on a fleet at work, so that neither alert reads every rank's process state
+NOT_RUNNING = "run_rank:trainguard_run_process_up:not_running"
+
 SNIPPETS = {
+    "not_running": NOT_RUNNING,
     # PromQL: the finite loss, its median, the newest complete primary checkpoint
     "loss": LOSS,
     "loss_med": BASELINE,
@@ -169,6 +174,7 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
+        Record(NOT_RUNNING, "trainguard_run_process_up == 0 or trainguard_run_finished == 1"),
         Record(
             LOSS,
             """
@@ -183,8 +189,7 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               trainguard_run_loss_nonfinite_streak >= ${loss_nonfinite_steps}
-              unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) ${not_running}
             )
             """,
             keep_firing_for="${keep_firing_for}",
@@ -224,8 +229,7 @@ GROUP = Group(
             expr="""
             max by (${target_labels}, run) (
               ${loss} > ${loss_spike_factor} * last_over_time(${loss_med}[${slow_rules_lookback}])
-              unless on (${target_labels}, run, rank) trainguard_run_process_up == 0
-              unless on (${target_labels}, run, rank) trainguard_run_finished == 1
+              unless on (${target_labels}, run, rank) ${not_running}
             )
             """,
             for_="${loss_spike_for}",

@@ -69,12 +69,13 @@ _AND = re.compile(r"(?:^|\band (?:on \([^)]*\) )?)(?:\(\s*)*$")
 _UNLESS = re.compile(r"\bunless (?:on \([^)]*\) )?(?:\(\s*)*$")
 
 
-def guarded(expr: str, live: set[str]) -> bool:
+def guarded(expr: str, live: set[str], down: frozenset[str] = frozenset()) -> bool:
     """Whether ``expr`` leaves out ranks that are not alive (or runs with no live rank).
 
     A live operand (the process up, the process-state record at 1, a live record or series)
     joined with ``and``; or, in an expression without ``or`` (every operand then narrows the
-    result), a live operand anywhere but after ``unless``; or ``unless`` the process is down.
+    result), a live operand anywhere but after ``unless``; or ``unless`` the process is down
+    (``process_up == 0``, or a record that opens with it: ``down``).
     """
     tokens = [_UP + r" == 1", _STATE + r" == 1"]
     tokens += [re.escape(n) + r"(?![:\w])" for n in sorted(live)]
@@ -82,7 +83,11 @@ def guarded(expr: str, live: set[str]) -> bool:
         before = expr[: m.start()]
         if _AND.search(before) or (" or " not in expr and not _UNLESS.search(before)):
             return True
-    return any(_UNLESS.search(expr[: m.start()]) for m in re.finditer(_UP + r" == 0", expr))
+    downs = [_UP + r" == 0"] + [re.escape(n) + r"(?![:\w{\[])" for n in sorted(down)]
+    return any(
+        _UNLESS.search(expr[: m.start()])
+        for m in re.finditer(r"(?<![:\w])(?:" + "|".join(downs) + ")", expr)
+    )
 
 
 def process_series() -> frozenset[str]:
@@ -107,6 +112,13 @@ def unguarded_reads(rules_text: str, written: frozenset[str]) -> dict[str, set[s
             else:
                 alerts.append((rule["alert"], expr))
 
+    # records that open with the down processes (read by several rules of their group at
+    # once): ``unless`` one is what ``unless (process_up == 0 ...)`` written out would be
+    down = frozenset(
+        name
+        for name, exprs in records.items()
+        if all(re.match(_UP + r" == 0(?![\w.])", e.strip()) for e in exprs)
+    )
     live: set[str] = set(LIVE_AT_SOURCE)
     tainted: set[str] = set()
     changed = True
@@ -115,16 +127,20 @@ def unguarded_reads(rules_text: str, written: frozenset[str]) -> dict[str, set[s
         for name, exprs in records.items():
             for expr in exprs:
                 names = set(_NAME.findall(expr))
-                if name not in live and guarded(expr, live):
+                if name not in live and guarded(expr, live, down):
                     live.add(name)
                     changed = True
-                if name not in tainted and names & (written | tainted) and not guarded(expr, live):
+                if (
+                    name not in tainted
+                    and names & (written | tainted)
+                    and not guarded(expr, live, down)
+                ):
                     tainted.add(name)
                     changed = True
     found: dict[str, set[str]] = {}
     for alert, expr in alerts:
         reads = set(_NAME.findall(expr)) & (written | tainted)
-        if reads and not guarded(expr, live):
+        if reads and not guarded(expr, live, down):
             found.setdefault(alert, set()).update(reads)
     return found
 
@@ -170,7 +186,12 @@ def test_the_check_sees_the_shapes_it_looks_for() -> None:
         },
         {"alert": "LiveRecord", "expr": "run_rank:loss:last and on (run, rank) run_rank:up:live"},
         {"alert": "NotAGuard", "expr": "trainguard_run_loss_x unless on (run) run_rank:up:live"},
+        {"record": "run_rank:up:zero", "expr": "trainguard_run_process_up == 0"},
+        {"record": "run_rank:up:mixed", "expr": "x == 1 or trainguard_run_process_up == 0"},
+        {"alert": "UnlessDown", "expr": "trainguard_run_loss_x unless on (run) run_rank:up:zero"},
+        {"alert": "AndDown", "expr": "trainguard_run_loss_x and on (run, rank) run_rank:up:zero"},
+        {"alert": "NotOnlyDown", "expr": "trainguard_run_loss_x unless run_rank:up:mixed"},
     ]
     text = yaml.safe_dump({"groups": [{"name": "g", "rules": rules}]})
     found = unguarded_reads(text, frozenset({"trainguard_run_loss_x", "trainguard_run_step_x"}))
-    assert sorted(found) == ["Bare", "NotAGuard", "ThroughRecord"], found
+    assert sorted(found) == ["AndDown", "Bare", "NotAGuard", "NotOnlyDown", "ThroughRecord"], found

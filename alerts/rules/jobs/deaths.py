@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from alerts.kinds import DURATION, Threshold
 from alerts.rules.common import NO_CHECKPOINT, Alert, Group, Record, query_value
-from alerts.rules.recording import STATE, TARGET_DOWN, last_seen
+from alerts.rules.recording import ON_PURPOSE, STATE, TARGET_DOWN, last_seen
 from alerts.rules.signals import STOPPED
 
 THRESHOLDS: tuple[Threshold, ...] = (
@@ -223,6 +223,7 @@ SNIPPETS = {
     "state": STATE,
     "target_down": TARGET_DOWN,
     "stopped": STOPPED,
+    "on_purpose": ON_PURPOSE,
     "restarts": RESTARTS,
     "attempt": ATTEMPT,
     "newest_attempt": NEWEST_ATTEMPT,
@@ -392,6 +393,7 @@ GROUP = Group(
             trainguard_run_job_info
             and ${on_rank} trainguard_run_process_up == 0
             unless ${on_rank} trainguard_run_finished == 1
+            unless ${on_rank} ${on_purpose}
             unless ${on_rank} ${history}
             or
             ${lost} unless on (${target_labels_across}, run, job_id) ${job_stepping}

@@ -19,6 +19,7 @@ from typing import Any
 from trainguard.shared import kernlog, procinfo
 from trainguard.shared.heartbeat.read import read_heartbeat
 from trainguard.shared.heartbeat.record import MAX_DEATH_HISTORY, Death, Heartbeat, HeartbeatError
+from trainguard.shared.stops import StopRecordError, read_stop, stop_filename
 
 log = logging.getLogger("trainguard.reporter")
 
@@ -183,6 +184,15 @@ def predecessor(
     death = death_of(prev, me, duplicate)
     if death is None:
         return prev, deaths, None
+    if stopped_on_purpose(path, prev):
+        log.info(
+            "trainguard: %s: the previous process (pid %d) was stopped on purpose (trainguard "
+            "stop) at step %s: no death recorded",
+            who,
+            prev.pid,
+            prev.step,
+        )
+        return prev, deaths, None
     deaths = deaths.plus(death)
     log.warning(
         "trainguard: %s: the previous process (pid %d) died at step %s without finishing "
@@ -194,3 +204,19 @@ def predecessor(
         deaths.count,
     )
     return prev, deaths, deaths.count
+
+
+def stopped_on_purpose(path: Path, prev: Heartbeat) -> bool:
+    """Whether ``trainguard stop`` recorded that it stopped the process that wrote ``prev``.
+
+    Its record (:mod:`trainguard.shared.stops`) lies next to the heartbeat at ``path`` and
+    counts only when owned by the heartbeat's owner or root, names that very process and that
+    process ended by the record's deadline: then its end is no death, as the exporter already
+    said (``cause="on_purpose"``), and a relaunch is no restart after a crash.
+    """
+    try:
+        owner = os.lstat(path).st_uid
+        record = read_stop(path.with_name(stop_filename(prev.run, prev.rank)), owner)
+    except (OSError, StopRecordError):
+        return False  # none, or none to trust: the end is judged as it reads
+    return record.names(prev)

@@ -9,10 +9,11 @@ run's deaths was the last.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trainguard.shared.heartbeat.record import Death, Heartbeat, Stuck
+from trainguard.shared.stops import StopRecord, StopRecordError, read_stop, stop_filename
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class RunRow:
     owner: int | None = None  # uid owning the heartbeat file (None: not from a heartbeat)
     #: the run ended cleanly; None when that cannot be told (a configured run)
     finished: bool | None = None
+    #: ``trainguard stop``'s record naming this very process (see
+    #: :mod:`trainguard.shared.stops`); None when nobody said it is stopped on purpose
+    stop: StopRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -53,14 +57,17 @@ class RunView:
     rows: tuple[RunRow, ...]
     log_files: tuple[LogFile, ...]
     files_ok: int
-    file_errors: int
     errors: tuple[str, ...]
-    #: (file name, why) of each heartbeat file that could not be used: its own error, never
-    #: the table's (a run it held is kept from its last valid reading, if there was one)
+    #: (file name, why) of each heartbeat file (or stop record) that could not be used: its own
+    #: error, never the table's (a run it held is kept from its last valid reading, if any)
     bad_files: tuple[tuple[str, str], ...] = ()
     #: the state directory exists and could be listed (False: a typo in --state.dir, or
     #: removed, or unreadable: no run can be watched)
     state_dir_present: bool = True
+
+    @property
+    def file_errors(self) -> int:
+        return len(self.bad_files)
 
 
 def drop_superseded(rows: list[RunRow]) -> list[RunRow]:
@@ -93,6 +100,35 @@ def drop_superseded(rows: list[RunRow]) -> list[RunRow]:
     return out
 
 
+def with_stops(state_dir: Path, rows: list[RunRow], bad: list[tuple[str, str]]) -> list[RunRow]:
+    """``rows``, each with the stop record naming the process that wrote its heartbeat, if any.
+
+    A record that cannot be used goes to ``bad`` (its own error series, as a heartbeat file's).
+    """
+    return [_with_stop(state_dir, row, bad) for row in rows]
+
+
+def _with_stop(state_dir: Path, row: RunRow, bad_files: list[tuple[str, str]]) -> RunRow:
+    """``row`` with the stop record naming the process that wrote its heartbeat, if any.
+
+    Looked for at every scrape (an ``open`` that fails is about a microsecond: cheaper than
+    keeping the listing in step). A record about another process of the rank (a relaunch
+    since) says nothing about this one.
+    """
+    hb = row.heartbeat
+    if hb is None or hb.state == "finished":
+        return row
+    name = stop_filename(hb.run, hb.rank)
+    try:
+        record = read_stop(state_dir / name, row.owner)
+    except FileNotFoundError:
+        return row  # removed since the listing (trainguard retire)
+    except StopRecordError as exc:
+        bad_files.append((name, str(exc)))
+        return row
+    return replace(row, stop=record) if record.names(hb) else row
+
+
 def starting(row: RunRow) -> bool:
     """Whether the row's process is alive (or not known gone) and has not begun training.
 
@@ -110,7 +146,10 @@ def starting(row: RunRow) -> bool:
 def exit_of(row: RunRow) -> tuple[str, str] | None:
     """(cause, signal) of a rank whose process is gone without finishing, else None.
 
-    From its last heartbeat: the signal it caught (``signal``, or ``time_limit`` when that came
+    ``on_purpose`` when ``trainguard stop`` recorded that it stopped this very process (with
+    the signal the process caught, if it caught one: it may have been killed, or have died
+    of something else while stopping, and was stopped on purpose all the same). Otherwise
+    from its last heartbeat: the signal it caught (``signal``, or ``time_limit`` when that came
     at the job's end time; also when it was killed while that signal's handler ran), an
     exception it recorded, else ``unknown`` (SIGKILL, the OOM killer, a lost node: the next
     process of the rank tells ``oom_killer`` and ``gpu_xid`` apart from the kernel log). It is
@@ -120,6 +159,8 @@ def exit_of(row: RunRow) -> tuple[str, str] | None:
     hb = row.heartbeat
     if hb is None or row.up is not False or row.finished is not False:
         return None
+    if row.stop is not None:
+        return "on_purpose", hb.signal or ""
     if hb.signal is not None:
         return hb.exit_cause or "signal", hb.signal
     if hb.state == "failed":

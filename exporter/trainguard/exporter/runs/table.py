@@ -25,7 +25,7 @@ from pathlib import Path
 
 from trainguard.exporter.config.model import Config
 from trainguard.exporter.runs.configured import ConfiguredRuns
-from trainguard.exporter.runs.rows import LogFile, RunRow, RunView, drop_superseded
+from trainguard.exporter.runs.rows import LogFile, RunRow, RunView, drop_superseded, with_stops
 from trainguard.exporter.runs.targets import (
     PRIMARY,
     CheckpointTarget,
@@ -151,7 +151,7 @@ class RunTable:
         bad_files: list[tuple[str, str]] = []
         heartbeats, files_ok, present = self._scan(errors, bad_files)
         now = time.time()
-        rows = self._heartbeat_rows(heartbeats, now, errors)
+        rows = with_stops(self.state_dir, self._heartbeat_rows(heartbeats, now, errors), bad_files)
         known = {row.run for row in rows}
         for rc in self.config.runs:
             if rc.name not in known:
@@ -162,7 +162,6 @@ class RunTable:
             rows=tuple(rows),
             log_files=tuple(self._log_files(rows)),
             files_ok=files_ok,
-            file_errors=len(bad_files),
             errors=tuple(errors),
             bad_files=tuple(bad_files),
             state_dir_present=present,

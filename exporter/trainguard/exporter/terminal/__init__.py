@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 
 from trainguard._version import __version__
 from trainguard.exporter.config.model import ConfigError, load_config
-from trainguard.exporter.terminal import retire
+from trainguard.exporter.terminal import retire, stop
 from trainguard.exporter.terminal.restore import command as restore
 from trainguard.shared.units import parse_duration
 
@@ -54,12 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"trainguard {__version__}")
     sub = p.add_subparsers(
-        dest="command", required=True, metavar="{status,verify,launch,snapshot,retire}"
+        dest="command", required=True, metavar="{status,verify,launch,snapshot,stop,retire}"
     )
     _add_status(sub)
     _add_verify(sub)
     _add_launch(sub)
     _add_snapshot(sub)
+    stop.add_parser(sub, _duration)
     retire.add_parser(sub)
     return p
 
@@ -73,9 +74,10 @@ def _add_status(sub: Subparsers) -> None:
         "status",
         help="the runs this host knows",
         description=_status_doc(),
-        epilog="Exit status: 0 when every run is alive, starting or finished and every "
-        "heartbeat could be read; 1 when a run is dead, stalled, unknown or stepping on a NaN "
-        "loss (nan-loss), or something could not be read (listed as error:); 2 on bad input "
+        epilog="Exit status: 0 when every run is alive, starting, finished, or stopping or "
+        "stopped by trainguard stop, and every heartbeat could be read; 1 when a run is dead, "
+        "stalled, unknown or stepping on a NaN loss (nan-loss), or something could not be "
+        "read (listed as error:); 2 on bad input "
         "(and an unreadable state directory). --watch exits 0 on Ctrl-C.",
     )
     s.add_argument("--state.dir", dest="state_dir", metavar="DIR", help="heartbeat directory")
@@ -227,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return restore.main_restore(args) if args.restore else _verify(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "stop":
+            return stop.main(args)
         if args.command == "retire":
             return retire.main(args)
         from trainguard.exporter.terminal.launch import main_launch

@@ -13,6 +13,7 @@ memory snapshots and log stay.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import TypeAlias
 from trainguard.exporter.config.model import Config, ConfigError, load_config, resolve_state_dir
 from trainguard.exporter.runs.table import RunTable
 from trainguard.shared.heartbeat.record import check_run_name, heartbeat_filename
+from trainguard.shared.stops import stop_filename
 
 Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -83,6 +85,8 @@ def retire(config: Config, state_dir: Path, run: str, force: bool) -> Retired:
             out.refused.append(f"rank {row.rank}: {path}: {exc.strerror or exc}")
             continue
         out.removed.append(path)
+        with contextlib.suppress(OSError):  # trainguard stop's record: about a process now gone
+            os.unlink(state_dir / stop_filename(run, int(row.rank)))
     return out
 
 

@@ -64,6 +64,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     STEP,
     STEP_AGE,
     STEP_TIMESTAMP,
+    STOP_REQUESTED,
     STUCK_INFO,
     TIMED_STEPS,
 )
@@ -160,6 +161,8 @@ class RunsCollector(Collector):
         if row.finished is not None and not starting:
             fam[FINISHED.name].add_metric(labels, 1 if row.finished else 0)
         _add_exit(fam, row)  # how its process ended, if it ended without finishing
+        if row.stop is not None:
+            fam[STOP_REQUESTED.name].add_metric(labels, row.stop.requested)
         _add_job(fam, row)
         hb = row.heartbeat
         if hb is None:

@@ -55,8 +55,14 @@ EXIT_INFO = MetricSpec(
     "trainguard_run_exit_info",
     "gauge",
     ("run", "rank", "cause", "signal"),
-    "Always 1 for a rank whose process ended without finishing; cause: signal, time_limit, "
-    "exception or unknown; signal: the signal's name, or empty.",
+    "Always 1 for a rank whose process ended without finishing; cause: on_purpose (trainguard "
+    "stop), signal, time_limit, exception or unknown; signal: the signal's name, or empty.",
+)
+STOP_REQUESTED = MetricSpec(
+    "trainguard_run_stop_requested_timestamp_seconds",
+    "gauge",
+    RR,
+    "When trainguard stop asked this rank's current process to stop (its host's clock).",
 )
 STEP = MetricSpec("trainguard_run_step", "gauge", RR, "Last step the run reported.")
 STEP_TIMESTAMP = MetricSpec(
@@ -327,6 +333,7 @@ METRICS = (
     STARTING,
     FINISHED,
     EXIT_INFO,
+    STOP_REQUESTED,
     STEP,
     STEP_TIMESTAMP,
     HEARTBEAT_TIMESTAMP,

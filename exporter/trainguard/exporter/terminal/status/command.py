@@ -6,9 +6,11 @@ Stalled: alive, no new step for longer than ``--stall`` (10m, the least stall Tr
 pages on). The alert adapts (``stall_factor`` x the run's longest recent gap between steps, from
 Prometheus' history); with no history this uses the fixed threshold: a run stepping slower than
 ``--stall`` shows as stalled here first. Starting: alive, not training yet (loading a
-checkpoint, evaluating), never stalled. Steps per second: from two reads of the heartbeats
-``--sample`` seconds apart (or two ``--watch`` refreshes), the steps between them over the time
-between their ``step_time``s; empty when the run reported no new step in between.
+checkpoint, evaluating), never stalled. Stopping, stopped: ``trainguard stop`` asked the
+process to end, before and after it did (an end on purpose, which pages nothing). Steps per
+second: from two reads of the heartbeats ``--sample`` seconds apart (or two ``--watch``
+refreshes), the steps between them over the time between their ``step_time``s; empty when the
+run reported no new step in between.
 
 Longer than 400 lines because it is one view: the snapshot of the runs, its rows' cells and
 the lines under the table (stuck ranks, GPUs) are drawn from one model, in three formats.
@@ -27,7 +29,7 @@ from typing import Any, TextIO
 
 from trainguard.exporter.collectors.gpu.collector import GpuCollector
 from trainguard.exporter.config.model import Config
-from trainguard.exporter.runs.rows import last_death, starting, stuck_at
+from trainguard.exporter.runs.rows import exit_of, last_death, starting, stuck_at
 from trainguard.exporter.runs.table import RunRow, RunTable
 from trainguard.exporter.runs.targets import CheckpointTarget
 from trainguard.exporter.scrape.context import Scrape
@@ -51,7 +53,7 @@ class Location:
 class RunStatus:
     run: str
     rank: str
-    state: str  # alive, nan-loss, starting, stalled, finished, dead, unknown
+    state: str  # alive, nan-loss, starting, stalled, stopping, finished, stopped, dead, unknown
     pid: int | None
     step: int | None
     steps_per_second: float | None
@@ -69,6 +71,11 @@ class RunStatus:
     #: loss_last_finite_step and at or before this one
     loss_nonfinite_first_step: int | None = None
     loss_last_finite_step: int | None = None
+    #: how its process ended, when it ended unfinished: the exporter's exit cause
+    #: (on_purpose, signal, time_limit, exception, unknown)
+    exit_cause: str | None = None
+    #: when ``trainguard stop`` asked its current process to stop (None: nobody did)
+    stop_requested: float | None = None
 
 
 @dataclass
@@ -205,13 +212,15 @@ class Status:
             state = "finished"
         elif starting(row):
             state = "starting"
+        elif row.up is True and row.stop is not None:
+            state = "stopping"  # trainguard stop asked it to end: not judged on its steps
         elif row.up is True:
             stalled = step_age is not None and step_age > self.stall
             state = "stalled" if stalled else "alive"
             if not stalled and nonfinite is not None and nonfinite.loss_streak:
                 state = "nan-loss"  # stepping, every step since likely wasted
         elif row.up is False:
-            state = "dead"
+            state = "stopped" if row.stop is not None else "dead"
         else:
             state = "unknown"
         death = last_death(list(hb.death_history)) if hb else None
@@ -236,6 +245,8 @@ class Status:
             loss_nonfinite_streak=nonfinite.loss_streak if nonfinite else None,
             loss_nonfinite_first_step=nonfinite.loss_first_step if nonfinite else None,
             loss_last_finite_step=nonfinite.loss_last_finite_step if nonfinite else None,
+            exit_cause=ended[0] if (ended := exit_of(row)) else None,
+            stop_requested=row.stop.requested if row.stop else None,
         )
 
 
@@ -246,13 +257,14 @@ def _location(t: CheckpointTarget, step: int | None, found: Found) -> Location:
 
 
 #: the states that need nobody: ``trainguard status`` exits 0 when every run is in one
-FINE = ("alive", "starting", "finished")
+FINE = ("alive", "starting", "stopping", "finished", "stopped")
 
 
 def exit_status(snap: Snapshot) -> int:
     """0 when every run is alive, starting or finished and nothing could not be read, else 1.
 
-    For scripts: ``trainguard status >/dev/null || notify`` (a dead, stalled, unknown run or
+    Stopping and stopped are ``trainguard stop``'s, on purpose. For scripts: ``trainguard
+    status >/dev/null || notify`` (a dead, stalled, unknown run or
     one stepping on a NaN loss, or an unreadable heartbeat). 2, bad input, is the caller's.
     """
     return 0 if all(r.state in FINE for r in snap.runs) and not snap.errors else 1
@@ -288,6 +300,8 @@ COLOURS = {
     "starting": "cyan",
     "stalled": "yellow",
     "finished": "blue",
+    "stopping": "cyan",
+    "stopped": "blue",
     "dead": "bold red",
     "unknown": "magenta",
 }
