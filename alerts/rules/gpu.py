@@ -17,7 +17,7 @@ from alerts.rules.common import (
     query_bytes,
     query_value,
 )
-from alerts.rules.memory import GPU_RECORDS
+from alerts.rules.memory import GPU_RECORDS, RANK_GHOST_RECORDS
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -201,7 +201,7 @@ GROUP = Group(
 )
 
 #: The alerts on memory held for minutes (GPUGhostMemory: a window and a `for` of 5-10m;
-#: GPUUnattributedMemory: 15m; DuplicateHostProcess: 5m) and the per-GPU records only they read,
+#: GPUUnattributedMemory: 15m; DuplicateHostProcess: 5m) and the records only they read,
 #: evaluated every window_rules_interval (1m) instead of every 15 s: each fires up to one
 #: interval later. Memory left behind by a run's death pages from the GPU health group
 #: (GPUMemoryNotReleased), at the global interval.
@@ -210,6 +210,7 @@ WINDOW = Group(
     snippets=SNIPPETS,
     interval="${window_rules_interval}",
     rules=(
+        *RANK_GHOST_RECORDS,
         *GPU_RECORDS,
         Record(NO_PROCESS, "trainguard_gpu_processes == 0"),
         Alert(

@@ -1,8 +1,9 @@
 """Recording rules of memory: per rank and per GPU (ghost memory, recent OOMs).
 
-Per rank: the driver's view, the allocator's reserve, ghost memory, recent OOMs; per GPU: what
-the live runs' allocators account for on each device (``GPU_RECORDS``, evaluated in the GPU
-alerts' window group).
+Per rank: the driver's view, the allocator's reserve, ghost memory (``RANK_GHOST_RECORDS``),
+recent OOMs (``RANK``); per GPU: what the live runs' allocators account for on each device
+(``GPU_RECORDS``). The ghost records are evaluated in the GPU alerts' window group, the OOMs at
+every evaluation.
 
 Their readers are the allocator and GPU alerts (``allocator.py``, ``gpu.py``). They were part
 of ``trainguard.rules`` (``recording.py``), a group of 23 rules whose evaluation at 1000 nodes
@@ -15,31 +16,37 @@ from __future__ import annotations
 
 from alerts.rules.common import Group, Record
 
+#: The rank's driver-view memory, its allocator's reserve and the ghost between them: read only
+#: by GPUGhostMemory, so evaluated with it in its group (``gpu.WINDOW``, every
+#: window_rules_interval), as ``GPU_RECORDS`` are.
+RANK_GHOST_RECORDS: tuple[Record, ...] = (
+    Record(
+        "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
+        "sum by (${target_labels}, run, rank) (trainguard_run_gpu_memory_used_bytes)",
+    ),
+    Record(
+        "run_rank:trainguard_run_allocator_reserved_bytes:sum",
+        "sum by (${target_labels}, run, rank) (trainguard_run_allocator_reserved_bytes)",
+    ),
+    Record(
+        "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum",
+        """
+        run_rank:trainguard_run_gpu_memory_used_bytes:sum
+        - run_rank:trainguard_run_allocator_reserved_bytes:sum
+        """,
+    ),
+    Record(
+        "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio",
+        """
+        run_rank:trainguard_run_gpu_memory_used_bytes:sum
+        / run_rank:trainguard_run_allocator_reserved_bytes:sum
+        """,
+    ),
+)
+
 RANK = Group(
     "trainguard-memory.rules",
     rules=(
-        Record(
-            "run_rank:trainguard_run_gpu_memory_used_bytes:sum",
-            "sum by (${target_labels}, run, rank) (trainguard_run_gpu_memory_used_bytes)",
-        ),
-        Record(
-            "run_rank:trainguard_run_allocator_reserved_bytes:sum",
-            "sum by (${target_labels}, run, rank) (trainguard_run_allocator_reserved_bytes)",
-        ),
-        Record(
-            "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum",
-            """
-            run_rank:trainguard_run_gpu_memory_used_bytes:sum
-            - run_rank:trainguard_run_allocator_reserved_bytes:sum
-            """,
-        ),
-        Record(
-            "run_rank:trainguard_run_gpu_memory_used_over_reserved:ratio",
-            """
-            run_rank:trainguard_run_gpu_memory_used_bytes:sum
-            / run_rank:trainguard_run_allocator_reserved_bytes:sum
-            """,
-        ),
         # OOMs (or OOM memory snapshots) of a rank within oom_recent. increase() needs two
         # samples, so an OOM counter above 0 in a process younger than oom_recent counts too
         # (the counter resets with each process: a relaunch that OOMs in its first batch shows

@@ -89,6 +89,7 @@ def test_window_records_are_read_only_in_window_groups() -> None:
     groups = _groups()
     records = {r["record"] for g in _window_groups() for r in g["rules"] if "record" in r}
     assert "gpu:trainguard_gpu_memory_ghost_bytes:sum" in records
+    assert "run_rank:trainguard_run_gpu_memory_ghost_bytes:sum" in records
     for group in groups:
         if group["name"].endswith(".window"):
             continue
