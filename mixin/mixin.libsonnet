@@ -54,7 +54,7 @@ local generated = {
     "hang_power_ratio": "0.3",
     "hang_util_ratio": "0.95",
     "heartbeat_file_invalid_for": "10m",
-    "job_death_for": "30s",
+    "job_death_for": "2m",
     "job_superseded_step_age": "5m",
     "job_terminated_for": "5m",
     "keep_firing_for": "10m",

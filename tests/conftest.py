@@ -119,7 +119,7 @@ def slurm_nodes(tmp_path: Path) -> Iterator[TrainingNodes]:
     directory and exporter; torn down after the test (jobs cancelled, processes waited for).
     A cluster that cannot start fails the test with the reason, never skips it."""
     try:
-        cluster = SlurmCluster(tmp_path, nodes=3)
+        cluster = SlurmCluster(tmp_path, nodes=3, cpus=4)
     except SlurmError as exc:
         pytest.fail(str(exc), pytrace=False)
     try:

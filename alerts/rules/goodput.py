@@ -22,7 +22,11 @@ of the groups' evaluation cadence: a block is the share of the goodput group's e
 the state (``TICK``), and the sum over a window is scaled by the slow group's measured mean
 interval (``SLOW_TICK``), so a ruler evaluating either group at another interval, or missing an
 evaluation, records the same seconds (tests/generators/test_goodput_cadence.py). A job is judged
-across its nodes: by the site's target labels without ``instance``, plus ``run``.
+across its nodes: by the site's target labels without ``instance``, plus ``run`` and ``job_id``
+(``JOB_OF``: each rank's job), so that two jobs under one run name (a framework's default) are
+two jobs, not one whose dead ranks make the other's time lost. Ranks of no known job are one
+job per run. A run's deaths (recorded per node and run) count for each of its jobs on that node:
+a job resumed under a new job id from the old one's checkpoint recomputes the steps it lost.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 from alerts.kinds import DURATION, NUMBER, Threshold
 from alerts.rules.common import Alert, Group, Record, query_value
 from alerts.rules.jobs.slow import JOB, JOB_ARGS, JOB_SEL
-from alerts.rules.recording import LIVE, ON_PURPOSE, STATE
+from alerts.rules.recording import STATE
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -65,6 +69,20 @@ RECOMPUTING = "job:trainguard_run_recomputing:max"
 DOWN = "job:trainguard_run_down:max"
 #: the jobs with a live, unfinished rank (TrainingGoodputLow reads it twice)
 LIVE_JOB = "job:trainguard_run_live:present"
+#: each rank's job: valued 1, with the job's ``job_id`` where its heartbeat names one, without
+#: it for a rank of no known job (one job per run); every rank with a heartbeat
+JOB_OF = "run_rank:trainguard_run_job:info"
+#: PromQL after a rank's series (in parentheses): the same with its job's job_id
+IN_JOB = "* on (${target_labels}, run, rank) group_left (job_id) " + JOB_OF
+#: PromQL: a run's series on a node (deaths) as each of its jobs' there, per rank
+RUN_IN_JOB = JOB_OF + " * on (${target_labels}, run) group_left ()"
+#: each rank's process state (alerts/rules/recording.py: 1 live, 0 gone, 2 finished) and the
+#: step of each stepping rank, with the rank's job: joined to the job once, read by every
+#: condition (a join per condition doubled the group's cost at fleet scale)
+STATE_JOB = "run_rank:trainguard_run_process_state:job"
+STEPPING_JOB = "run_rank:trainguard_run_stepping_step:job"
+#: the most deaths a job's nodes recorded for its run
+JOB_DEATHS = "job:trainguard_run_deaths:max"
 
 
 #: a live rank that stepped within its stall threshold, on a finite loss: steps on a loss that
@@ -79,6 +97,26 @@ STEPPING_RANK = (
     ")"
 )
 CONDITIONS = (
+    Record(
+        JOB_OF,
+        """
+        max by (${target_labels}, run, rank, job_id) (trainguard_run_job_info) * 0 + 1
+        or on (${target_labels}, run, rank)
+        max by (${target_labels}, run, rank) (trainguard_run_heartbeat_age_seconds) * 0 + 1
+        """,
+    ),
+    Record(STATE_JOB, "${state} ${in_job}"),
+    Record(
+        STEPPING_JOB,
+        """
+        (
+          trainguard_run_step
+          and on (${target_labels}, run, rank) ${stepping_rank}
+        )
+        ${in_job}
+        """,
+    ),
+    Record(JOB_DEATHS, "max by (${job}) (${run_in_job} trainguard_run_deaths_total)"),
     # unfinished, and some rank wrote a heartbeat within goodput_gone_after
     # ...that has begun: a rank has stepped, or the job has died (then the time to its
     # first step after the restart is restart downtime). Start-up before a job's first step
@@ -87,42 +125,38 @@ CONDITIONS = (
     Record(
         ACCOUNTED,
         """
-        max by (${job}) (
-          trainguard_run_finished == 0
-          unless on (${target_labels}, run, rank) ${on_purpose}
-        ) * 0 + 1
+        max by (${job}) (${state_job} < 2) * 0 + 1
         and on (${job})
-        min by (${job}) (trainguard_run_heartbeat_age_seconds) < ${goodput_gone_after_s}
+        min by (${job}) (trainguard_run_heartbeat_age_seconds ${in_job})
+          < ${goodput_gone_after_s}
         and on (${job})
         (
-          max by (${job}) (trainguard_run_step)
+          max by (${job}) (trainguard_run_step ${in_job})
           or
-          max by (${job}) (trainguard_run_deaths_total > 0)
+          ${job_deaths} > 0
         )
         """,
     ),
-    Record(STEPPING, "max by (${job}) (${stepping_rank}) * 0 + 1"),
+    Record(STEPPING, "max by (${job}) (${stepping_job}) * 0 + 1"),
     # stepping below the step the job had reached when it last died
     Record(
         RECOMPUTING,
         """
-        max by (${job}) (
-          trainguard_run_step
-          and on (${target_labels}, run, rank) (${stepping_rank})
-        )
-        < on (${job}) max by (${job}) (trainguard_run_last_death_step)
+        max by (${job}) (${stepping_job})
+        < on (${job})
+        max by (${job}) (${run_in_job} trainguard_run_last_death_step)
         """,
     ),
     # a rank dead (gone, unfinished), or a restarted rank without a step in a job that died
     Record(
         DOWN,
         """
-        max by (${job}) (${state} == 0) * 0 + 1
+        max by (${job}) (${state_job} == 0) * 0 + 1
         or
         max by (${job}) (
-          ${live} unless on (${target_labels}, run, rank) trainguard_run_step
+          ${state_job} == 1 unless on (${target_labels}, run, rank) trainguard_run_step
         ) * 0 + 1
-        and on (${job}) max by (${job}) (trainguard_run_deaths_total) > 0
+        and on (${job}) ${job_deaths} > 0
         """,
     ),
 )
@@ -189,12 +223,15 @@ def _goodput(window: str) -> Record:
 #: PromQL of both groups: a job's labels, a stepping rank, a job's accounted time over 24h
 PROMQL = {
     "job": JOB,
+    "in_job": IN_JOB,
+    "run_in_job": RUN_IN_JOB,
+    "state_job": STATE_JOB,
+    "stepping_job": STEPPING_JOB,
+    "job_deaths": JOB_DEATHS,
     "stepping_rank": STEPPING_RANK,
     # a rank's process in one series (alerts/rules/recording.py), instead of joining
     # process_up and finished at each use
     "state": STATE,
-    "on_purpose": ON_PURPOSE,
-    "live": LIVE,
     "live_job": LIVE_JOB,
     "accounted_24h": " + ".join(
         "last_over_time(" + seconds(n, "24h") + "[${slow_rules_lookback}])" for n in STATES
@@ -229,7 +266,7 @@ GROUP = Group(
         Record(TICK, "vector(1)"),
         *CONDITIONS,
         *(_state_record(name) for name in STATES),
-        Record(LIVE_JOB, "max by (${job}) (${live}) * 0 + 1"),
+        Record(LIVE_JOB, "max by (${job}) (${state_job} == 1) * 0 + 1"),
         # a job with a live rank now: an abandoned job's goodput is history, not a page
         Alert(
             "TrainingGoodputLow",
@@ -247,16 +284,19 @@ GROUP = Group(
             (
               ${live_job}
               unless on (${job})
-              max by (${job}) (trainguard_run_step and on (${target_labels}, run, rank) ${live})
+              max by (${job}) (
+                ${state_job} == 1 and on (${target_labels}, run, rank) trainguard_run_step
+              )
             )
             """,
             keep_firing_for="${keep_firing_for}",  # a lasting state: not lost to one failed scrape
             summary="""
-            Training run {{ $labels.run }} kept {{ $value | humanizePercentage }} of its
-            time in productive steps over 24h.
+            Training run {{ $labels.run }}{{ with $labels.job_id }} (job {{ . }}){{ end }} kept
+            {{ $value | humanizePercentage }} of its time in productive steps over 24h.
             """,
             description="""
-            Over its accounted time of the last 24h run {{ $labels.run }} trained
+            Over its accounted time of the last 24h run {{ $labels.run }}{{ with
+            $labels.job_id }} (job {{ . }}){{ end }} trained
             productively {{ $value | humanizePercentage }} of the time (threshold
             ${goodput_min}; 7 days: ${goodput_7d}). Lost in 24h: ${lost_24h} (recompute:
             redoing steps lost since the last complete checkpoint; restart: from a death to

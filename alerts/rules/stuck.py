@@ -9,7 +9,15 @@ job up is the one NOT inside the collective the others wait in; when no rank is 
 collective Python can see (DDP's all-reduce runs from C++ during ``backward()``), the ranks at a
 location fewer ranks share than the job's most common one. A job spans nodes (one exporter,
 one ``instance``, each): these rules compare its ranks across instances, by the target labels
-without ``instance`` (``${target_labels_across}``) plus ``run``.
+without ``instance`` (``${target_labels_across}``) plus ``run`` and ``job_id``: the ranks of one
+job, never two jobs that share a run name (a framework's default run name), whose ranks wait
+for nothing of each other. Ranks of no known job are compared by run, as one job.
+
+A rank saving a checkpoint (``saving="true"``: its sampled stack is inside a save) is not apart
+while its step is within its stall threshold: rank 0 writing a 12-minute checkpoint while the
+others wait for it in a barrier is a routine pause, which that threshold (the run's own longest
+recent interval between steps, times ``stall_factor``) has learned; a save that outlasts it
+(a hung file system) is apart like any other location.
 """
 
 from __future__ import annotations
@@ -29,11 +37,14 @@ THRESHOLDS: tuple[Threshold, ...] = (
     ),
 )
 
+#: each stuck rank's trainguard_run_stuck_info with its job's ``job_id`` (none for a rank of
+#: no known job), less the ranks saving a checkpoint within their stall threshold
+STUCK = "run_rank:trainguard_run_stuck:info"
 #: the rank(s) stuck apart from the rest of their job (labels instance, rank, where, collective)
 APART = "run_rank:trainguard_run_stuck_apart:info"
-JOB = "${target_labels_across}, run"
-JOB_SEL = "${target_labels_across_sel},run=%q"
-JOB_ARGS = "${target_labels_across_args} $labels.run"
+JOB = "${target_labels_across}, run, job_id"
+JOB_SEL = "${target_labels_across_sel},run=%q,job_id=%q"
+JOB_ARGS = "${target_labels_across_args} $labels.run $labels.job_id"
 
 #: "rank 17 on node-3 (node-3:9636) in `load_batch <- train.py:88`, rank 20 on ..." (also
 #: in the job stall alerts' summaries, jobs/stall.py)
@@ -48,7 +59,9 @@ APART_RANKS = (
 _THE_REST = (
     "{{ range printf `count by ("
     + JOB
-    + ", collective) (trainguard_run_stuck_info{"
+    + ", collective) ("
+    + STUCK
+    + "{"
     + JOB_SEL
     + ',collective!=""} unless on (${target_labels}, run, rank) '
     + APART
@@ -58,7 +71,9 @@ _THE_REST = (
     "{{ .Labels.collective }}]{{ end }}"
     "{{ range printf `count by ("
     + JOB
-    + ", where) (trainguard_run_stuck_info{"
+    + ", where) ("
+    + STUCK
+    + "{"
     + JOB_SEL
     + ',collective=""} unless on (${target_labels}, run, rank) '
     + APART
@@ -70,7 +85,7 @@ _THE_REST = (
 
 #: the ``stuck`` annotation of the stall alerts: where the job's ranks are, across its nodes
 STUCK_ANNOTATION = (
-    "{{ with printf `trainguard_run_stuck_info{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
+    "{{ with printf `" + STUCK + "{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
     "{{ with printf `" + APART + "{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
     "Stuck apart from the rest: " + APART_RANKS + ". Where the others are:"
     "{{ else }}Where the ranks are:{{ end }}" + _THE_REST + ".{{ else }}No rank reported where it "
@@ -79,30 +94,46 @@ STUCK_ANNOTATION = (
 
 GROUP = Group(
     "trainguard-stuck",
-    snippets={"apart_ranks": APART_RANKS, "the_rest": _THE_REST},
+    snippets={"apart_ranks": APART_RANKS, "the_rest": _THE_REST, "stuck": STUCK, "job": JOB},
     rules=(
+        Record(
+            STUCK,
+            """
+            (
+              trainguard_run_stuck_info
+              * on (${target_labels}, run, rank) group_left (job_id) trainguard_run_job_info
+              or
+              trainguard_run_stuck_info
+              unless on (${target_labels}, run, rank) trainguard_run_job_info
+            )
+            # saving a checkpoint, a pause the rank's stall threshold has learned
+            unless on (${target_labels}, run, rank) (
+              run_rank:trainguard_run_step_age_seconds:running
+              <= run_rank:trainguard_run_stall_threshold_seconds:clamp
+              and on (${target_labels}, run, rank) trainguard_run_stuck_info{saving="true"}
+            )
+            """,
+        ),
         Record(
             APART,
             # outside any collective while others of the job wait in one...
             """
             (
-              trainguard_run_stuck_info{collective=""}
-              and on (${target_labels_across}, run) trainguard_run_stuck_info{collective!=""}
+              ${stuck}{collective=""}
+              and on (${job}) ${stuck}{collective!=""}
             )
             or
             # ...else, with no rank in a collective, at a location fewer ranks share than the
             # job's most common one
             (
-              trainguard_run_stuck_info
-              and on (${target_labels_across}, run, where)
+              ${stuck}
+              and on (${job}, where)
                 (
-                  count by (${target_labels_across}, run, where) (trainguard_run_stuck_info)
-                  < on (${target_labels_across}, run) group_left ()
-                  max by (${target_labels_across}, run) (
-                    count by (${target_labels_across}, run, where) (trainguard_run_stuck_info)
-                  )
+                  count by (${job}, where) (${stuck})
+                  < on (${job}) group_left ()
+                  max by (${job}) (count by (${job}, where) (${stuck}))
                 )
-              unless on (${target_labels_across}, run) trainguard_run_stuck_info{collective!=""}
+              unless on (${job}) ${stuck}{collective!=""}
             )
             """,
         ),
@@ -113,14 +144,15 @@ GROUP = Group(
             for_="${stuck_for}",
             keep_firing_for="${keep_firing_for}",
             summary="""
-            Training run {{ $labels.run }} is held up by {{ $value }} rank(s) stuck apart from
-            the rest.
+            Training run {{ $labels.run }}{{ with $labels.job_id }} (job {{ . }}){{ end }} is
+            held up by {{ $value }} rank(s) stuck apart from the rest.
             """,
             description="""
-            Run {{ $labels.run }} has stopped stepping, held up by ${apart_ranks}. The other
-            ranks wait for it:${the_rest}. A collective cannot complete until every rank joins
-            it: look at what the rank(s) named first wait for (py-spy dump --pid on that host,
-            the runbook), then restart the job from its newest checkpoint.
+            Run {{ $labels.run }}{{ with $labels.job_id }} (job {{ . }}){{ end }} has stopped
+            stepping, held up by ${apart_ranks}. The other ranks wait for it:${the_rest}. A
+            collective cannot complete until every rank joins it: look at what the rank(s)
+            named first wait for (py-spy dump --pid on that host, the runbook), then restart
+            the job from its newest checkpoint.
             """,
         ),
     ),

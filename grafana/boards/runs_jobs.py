@@ -26,9 +26,16 @@ def per_step(q: Promql, counter: str) -> str:
 
 
 def _job(q: Promql, metric: str) -> str:
-    """A job's recorded series; recorded every slow_rules_interval: looked back over 3."""
+    """A job's recorded series, by run and job id: two jobs may share a run name.
+
+    Recorded every slow_rules_interval: looked back over 3.
+    """
     lookback = q.site.duration("slow_rules_lookback")
-    return f"max {q.group_by('run')} (last_over_time({metric}{{{IR}}}[{lookback}]))"
+    return f"max {q.group_by('run, job_id')} (last_over_time({metric}{{{IR}}}[{lookback}]))"
+
+
+#: a job's legend: its run, and its job id where it has one
+JOB = "{{run}} {{job_id}}"
 
 
 def panels(q: Promql) -> list[Panel]:
@@ -82,8 +89,8 @@ def panels(q: Promql) -> list[Panel]:
             "is TrainingGoodputLow.",
             "percentunit",
             [
-                (_job(q, "job:trainguard_run_goodput:ratio_24h"), "{{run}} 24h"),
-                (_job(q, "job:trainguard_run_goodput:ratio_7d"), "{{run}} 7d"),
+                (_job(q, "job:trainguard_run_goodput:ratio_24h"), JOB + " 24h"),
+                (_job(q, "job:trainguard_run_goodput:ratio_7d"), JOB + " 7d"),
             ],
             thresholds=((None, "red"), (goodput_min, "green")),
             minimum=0,
@@ -94,7 +101,7 @@ def panels(q: Promql) -> list[Panel]:
             "Seconds of the last 24h each job spent productive, recomputing lost steps, down "
             "after a death (restart) and idle (docs/metrics.md#goodput).",
             "s",
-            [(_job(q, f"job:trainguard_run_{s}_seconds:24h"), "{{run}} " + s) for s in STATES],
+            [(_job(q, f"job:trainguard_run_{s}_seconds:24h"), f"{JOB} {s}") for s in STATES],
             stacked=True,
             minimum=0,
         ),

@@ -26,6 +26,22 @@ def reachable(q: Promql) -> str:
     return q.by("run, location", "trainguard_checkpoint_location_up", "min")
 
 
+def newest_drill(q: Promql) -> str:
+    """The newest restore drill's outcome per run and location, wherever it ran.
+
+    1 loaded, 0 failed: the result of least age across the exporters, as the restore alerts
+    judge it.
+    """
+    age = "trainguard_checkpoint_restore_last_check_age_seconds"
+    return (
+        f"max {q.group_by('run, location')} (\n"
+        f"  trainguard_checkpoint_restore_last_check_success{{{IR}}}\n"
+        f"  and {q.join_on('instance, run, location')}\n"
+        f"  bottomk {q.group_by('run, location')} (1, {age}{{{IR}}})\n"
+        ")"
+    )
+
+
 def panels(q: Promql) -> list[Panel]:
     """Whether saves succeed, how long since the last one, and what the restore drill loaded.
 
@@ -52,17 +68,21 @@ def panels(q: Promql) -> list[Panel]:
             "(as the training processes recorded them; a failure newer than the success is "
             "CheckpointSavesFailing once it lasts "
             f"{site.shown('saves_failing_for')}), and the restore drill's results (trainguard "
-            "verify --restore): whether its last check loaded the checkpoint "
-            "(CheckpointRestoreFailed when not) and the newest step a drill ever loaded, beside "
+            "verify --restore): whether the newest drill, on whichever node it ran, loaded the "
+            "checkpoint (CheckpointRestoreFailed when not), how long ago it ran (by its node's "
+            "clock) and the newest step a drill ever loaded, beside "
             "the newest complete step. The newest complete checkpoint of "
             f"{site.shown('restore_verified_within')} ago not loaded by a drill is "
             "CheckpointRestoreUnverified.",
             [
                 success + " * 1000",
                 failure + " * 1000",
-                q.by("run, location", "trainguard_checkpoint_restore_last_check_success", "min"),
+                newest_drill(q),
                 q.by("run, location", "trainguard_checkpoint_restore_verified_step"),
                 by_loc(q, "trainguard_checkpoint_last_step"),
+                q.by(
+                    "run, location", "trainguard_checkpoint_restore_last_check_age_seconds", "min"
+                ),
             ],
             columns={
                 "run": ("Run", ""),
@@ -72,6 +92,7 @@ def panels(q: Promql) -> list[Panel]:
                 "Value #C": ("Last restore drill", "none"),
                 "Value #D": ("Restore-verified step", "none"),
                 "Value #E": ("Newest complete step", "none"),
+                "Value #F": ("Last restore drill, age", "s"),
             },
             extra={
                 "Value #C": [

@@ -223,3 +223,7 @@ def test_the_result_reaches_the_exporter(tmp_path: Path) -> None:
         )
         assert value(s, m + "last_check_success", run="llama", location="primary") == 0
         assert value(s, m + "verified_step", run="llama", location="primary") == 100
+        # the ages on the exporter's clock: the failed drill is newer than the verified one
+        checked = value(s, m + "last_check_age_seconds", run="llama", location="primary")
+        verified = value(s, m + "verified_age_seconds", run="llama", location="primary")
+        assert checked is not None and verified is not None and 0 <= checked <= verified

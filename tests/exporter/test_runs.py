@@ -183,6 +183,63 @@ def test_death_history_across_restarts(tmp_path: Path) -> None:
                 p.wait()
 
 
+def test_a_death_names_its_job_so_a_new_job_of_the_run_is_not_a_restart(tmp_path: Path) -> None:
+    # job nc4-a dies; the run relaunched as job nc4-b records nc4-a's death (not its own);
+    # nc4-b dying and restarting in place (same job id) then records a death of nc4-b
+    state = tmp_path / "state"
+    path = heartbeat_path(state, "ddp")
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for job in ("nc4-a", "nc4-b", "nc4-b"):
+            if procs:
+                sigkill(procs[-1].pid)
+                procs[-1].wait(60)
+            procs.append(start_child("ddp", state, 3, "hang", {"TRAINGUARD_JOB": job}))
+            pid = procs[-1].pid
+            hb = wait_heartbeat(path, lambda hb, pid=pid: hb.pid == pid and hb.step == 3)
+            assert hb.job is not None and hb.job.id == job
+        assert [d.job for d in hb.death_history] == ["nc4-a", "nc4-b"]
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+        assert sample(s, "trainguard_run_deaths_total", run="ddp") == 2
+        deaths = select(s, "trainguard_run_last_death_job_info", run="ddp")
+        assert deaths == {frozenset({"run": "ddp", "job_id": "nc4-b"}.items()): 1.0}, deaths
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_death_of_no_job_and_one_an_older_reporter_recorded(tmp_path: Path) -> None:
+    # a lone process (no job) died: job "" ; a death from an older reporter: no job known
+    state = tmp_path / "state"
+    state.mkdir()
+    old = Death(step=3, time=time.time() - 60, detected=time.time() - 50, cause="unknown")
+    put(state, own_heartbeat("older", deaths=1, death_history=(old,)))
+    first = start_child("lone", state, 3, "hang")
+    second = None
+    try:
+        path = heartbeat_path(state, "lone")
+        wait_heartbeat(path, lambda hb: hb.step == 3)
+        sigkill(first.pid)
+        first.wait(60)
+        second = start_child("lone", state, 3, "hang")
+        hb = wait_heartbeat(path, lambda hb: hb.pid == second.pid and hb.step == 3)
+        assert hb.job is None and hb.death_history[-1].job == ""
+        with Exporter(state_dir=state) as exp:
+            s = exp.scrape()
+        assert select(s, "trainguard_run_last_death_job_info", run="lone") == {
+            frozenset({"run": "lone", "job_id": ""}.items()): 1.0
+        }
+        assert select(s, "trainguard_run_last_death_job_info", run="older") == {}
+        assert sample(s, "trainguard_run_deaths_total", run="older") == 1
+    finally:
+        for p in (first, second):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
 def test_death_before_a_reboot_is_told_by_the_boot_id(tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -216,7 +216,7 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
 ) -> None:
     # one job's page for all its nodes; the same run name and job id in another cluster is
     # another job: its own notification, and nothing of it inhibited. A job's stall is part of
-    # its death's page; another job's stall is its own, and hides TrainingRankStuck of its run.
+    # its death's page; another job's stall is its own, and hides TrainingRankStuck of its job.
     hook, chat = Webhook(), Webhook()
     am = Alertmanager(tmp_path / "am", hook.url, config=_shipped_config(hook, chat))
 
@@ -239,9 +239,11 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             # the dead job's stall: part of its page; another job's stall: its own page
             job_alert("TrainingJobStalled", "warning", "a"),
             job_alert("TrainingJobStalled", "warning", "a", job_id="j2"),
-            # where the stalled run is stuck: said by its job's stall; in cluster c, no stall
-            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="a")),
-            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="c")),
+            # where the stalled job is stuck: said by its job's stall; another job of the run
+            # (j3) is stuck on its own; in cluster c, no stall
+            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="a", job_id="j2")),
+            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="a", job_id="j3")),
+            _no_instance(_alert("TrainingRankStuck", "warning", "-", cluster="c", job_id="j2")),
             # the dead job restarted while its page is held: news, not part of the page
             job_alert("TrainingJobRestarted", "warning", "a"),
         ]
@@ -261,12 +263,12 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             with urllib.request.urlopen(am.url + "/api/v2/alerts", timeout=30) as response:
                 seen[:] = json.loads(response.read())
             inhibited = {key(a): bool(a["status"]["inhibitedBy"]) for a in seen}
-            ok = len(inhibited) == 10 and all(
+            ok = len(inhibited) == 11 and all(
                 inhibited[k]
                 for k in (
                     ("TrainingStalled", "a", "node-2:9636", "j1"),
                     ("TrainingJobStalled", "a", "", "j1"),
-                    ("TrainingRankStuck", "a", "", ""),
+                    ("TrainingRankStuck", "a", "", "j2"),
                 )
             )
             return inhibited if ok else None
@@ -280,8 +282,9 @@ def test_shipped_config_groups_and_inhibits_by_the_job_and_keeps_clusters_apart(
             ("TrainingStalled", "a", "node-4:9636", ""): False,
             ("TrainingJobStalled", "a", "", "j1"): True,
             ("TrainingJobStalled", "a", "", "j2"): False,
-            ("TrainingRankStuck", "a", "", ""): True,
-            ("TrainingRankStuck", "c", "", ""): False,
+            ("TrainingRankStuck", "a", "", "j2"): True,
+            ("TrainingRankStuck", "a", "", "j3"): False,
+            ("TrainingRankStuck", "c", "", "j2"): False,
             ("TrainingJobRestarted", "a", "", "j1"): False,
         }
         # one notification per job: cluster a's and cluster b's, each of one alert

@@ -186,8 +186,8 @@ def test_target_labels_are_kept_by_every_aggregation_and_join() -> None:
     # rules (alerts/rules/jobs/, stuck.py), which judge a job across its nodes: all of them
     # but instance (then the run follows)
     assert "count by (region, job, run, job_id)" in text
-    assert "count by (region, job, run)" in text
     assert "on (region, job, run, location)" in text  # a restore drill's result, any exporter
+    assert "bottomk by (region, job, run, location)" in text  # the newest drill result
     assert "quantile by (region, job, run, job_id)" in text  # jobs/slow.py: within a job
     flat = " ".join(text.split())  # an annotation's query may be folded over two lines
     kept = r"\b(?:by|on) \((?!region, job, instance)(?!region, job, run\b)[^)]*\)"
@@ -543,6 +543,7 @@ def test_every_alert_has_firing_and_quiet_cases() -> None:
 ABSENT_WHILE_HEALTHY = {
     "trainguard_run_last_death_age_seconds",
     "trainguard_run_last_death_info",
+    "trainguard_run_last_death_job_info",
     "trainguard_run_last_death_step",
     "trainguard_run_last_death_timestamp_seconds",
     "trainguard_run_exit_info",

@@ -89,10 +89,13 @@ else:
 """
 
 
-def start_child(name: str, state_dir: Path, steps: int, mode: str) -> subprocess.Popen[str]:
+def start_child(
+    name: str, state_dir: Path, steps: int, mode: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """The training child of ``mode``; ``env`` adds to its environment (a launcher's job)."""
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, name, str(state_dir), str(steps), mode],
-        env=child_env(),
+        env=child_env(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -81,6 +81,9 @@ def _slurm_conf(
         "MpiDefault=none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_CPU",
+        # each node's CPUs as configured, though the nodes share this machine's cores: room for
+        # several 2-node jobs side by side
+        "SlurmdParameters=config_overrides",
         "SchedulerType=sched/builtin",
         # a requeued job waits for the periodic pass (60 s by default) once its hold is over
         "SchedulerParameters=sched_interval=1",
@@ -283,6 +286,27 @@ class SlurmCluster:
             f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}" for path in paths
         )
 
+    def lose_node(self, node: str) -> list[int]:
+        """The node is lost, as when it loses power: its slurmd and every process of this
+        cluster's jobs on it (the tasks, by ``SLURMD_NODENAME`` in their environment, and the
+        slurmstepd above each) SIGKILLed at once; the pids killed."""
+        tasks = [
+            pid
+            for pid in self._job_processes()
+            if f"SLURMD_NODENAME={node}".encode() in _environ(pid)
+        ]
+        steps = {
+            parent
+            for parent in map(_parent, tasks)
+            if parent and _cmdline(parent).startswith(b"slurmstepd")
+        }
+        victims = [self.procs[f"slurmd-{node}"].pid, *steps, *tasks]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.procs[f"slurmd-{node}"].wait()
+        return victims
+
     def _job_processes(self) -> list[int]:
         """Pids of this cluster's job processes: slurmstepd and the tasks, found by the
         SLURM_CONF in their environment (slurmstepd detaches from slurmd, so stopping the
@@ -333,3 +357,26 @@ class SlurmCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int | None:
+    """The parent's pid, from /proc/PID/stat (its 4th field, after the command's parentheses)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-from helpers.exporter_proc import Exporter, child_env
+from helpers.exporter_proc import Exporter, Samples, child_env
 from helpers.slurm import SlurmCluster
+
+#: {(node, rank): what that node's exporter publishes of the rank}
+Ranks = dict[tuple[str, str], dict[str, Any]]
 
 #: a rank of the job: a small real training loop (gloo all-reduce on CPU, one step every
 #: ~50 ms) reporting through trainguard.Run; its job, rank and attempt come from Slurm's
@@ -89,6 +93,53 @@ class TrainingNodes:
         """What the batch script and its ranks printed (for assertion messages)."""
         path = self.workdir / f"job-{job_id}.out"
         return path.read_text(errors="replace")[-4000:] if path.exists() else "(no output)"
+
+    def ranks(self, run: str) -> Ranks:
+        """{(node, rank): what that node's exporter publishes of the rank}, from one scrape of
+        each exporter still running: process_up, attempt, job_id, step, pid, the exit (cause,
+        signal), finished."""
+        out: Ranks = {}
+        for node, exporter in self.exporters.items():
+            if exporter.proc.poll() is not None:  # killed with its node
+                continue
+            samples: Samples = exporter.scrape()
+            for (name, frozen), value in samples.items():
+                labels = dict(frozen)
+                if labels.get("run") != run or "rank" not in labels:
+                    continue
+                row = out.setdefault((node, labels["rank"]), {})
+                if name == "trainguard_run_process_up":
+                    row["up"] = value
+                elif name == "trainguard_run_job_attempt":
+                    row["attempt"] = value
+                elif name == "trainguard_run_job_info":
+                    row["job_id"] = labels["job_id"]
+                    row["launcher"] = labels["launcher"]
+                elif name == "trainguard_run_step":
+                    row["step"] = value
+                elif name == "trainguard_run_info":
+                    row["pid"] = int(labels["pid"])
+                elif name == "trainguard_run_exit_info":
+                    row["exit"] = (labels["cause"], labels["signal"])
+                elif name == "trainguard_run_finished":
+                    row["finished"] = value
+        return out
+
+    def stepping(self, run: str, attempt: int, count: int = 2) -> Ranks | None:
+        """The ranks of ``attempt`` alive and past step 3, once ``count`` of them are."""
+        found = {
+            key: row
+            for key, row in self.ranks(run).items()
+            if row.get("up") == 1 and row.get("attempt") == attempt and row.get("step", 0) > 3
+        }
+        return found if len(found) == count else None
+
+    def lose_node(self, node: str) -> None:
+        """The node is lost with everything on it: its slurmd, its ranks and its exporter
+        SIGKILLed (:meth:`SlurmCluster.lose_node`)."""
+        self.exporters[node].proc.kill()
+        self.cluster.lose_node(node)
+        self.exporters[node].proc.wait()
 
     def close(self) -> None:
         for exporter in self.exporters.values():

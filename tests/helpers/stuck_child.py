@@ -5,8 +5,9 @@ The test copies it to ``train.py`` (the name a user's script would have) and run
     python train.py STATE BLOCK STOP                    # one process, no torch
     python train.py STATE BLOCK STOP RANK WORLD PORT    # a rank of a gloo job on 127.0.0.1
 
-Rank ``WORLD - 1`` (the only rank alone) blocks in ``load_batch`` while ``BLOCK`` exists; in a job
-the other ranks then wait for it in ``dist.all_reduce``. The loop ends when ``STOP`` exists.
+Rank ``WORLD - 1`` (the only rank alone) blocks in ``load_batch`` while ``BLOCK`` exists (or,
+while ``BLOCK.save`` exists too, in a checkpoint save whose writing lasts as long); in a job the
+other ranks then wait for it in ``dist.all_reduce``. The loop ends when ``STOP`` exists.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 
 import trainguard
+from trainguard import checkpoint
 
 
 def load_batch(block: Path, step: int) -> int:
@@ -23,6 +25,17 @@ def load_batch(block: Path, step: int) -> int:
     while block.exists():
         time.sleep(0.05)  # BLOCKED
     return step
+
+
+def save_checkpoint(block: Path, directory: Path, step: int) -> None:
+    """The user's routine save: writing the checkpoint lasts while the flag file exists."""
+
+    def write(f: object) -> None:
+        while block.exists():
+            time.sleep(0.05)  # SAVING
+        f.write(b"weights")  # type: ignore[attr-defined]
+
+    checkpoint.save(write, directory / f"step_{step}.pt")
 
 
 def main() -> None:
@@ -42,7 +55,10 @@ def main() -> None:
         while not stop.exists():
             step += 1
             if rank == world - 1:
-                load_batch(block, step)
+                if block.with_suffix(".save").exists():
+                    save_checkpoint(block, Path(state) / "ckpt", step)
+                else:
+                    load_batch(block, step)
             if job:
                 dist.all_reduce(torch.ones(1))  # ALL_REDUCE
             run.step(step)

@@ -527,6 +527,13 @@ def test_torchrun_restart_of_the_worker_group_is_a_death_then_a_restart(tmp_path
             )
             assert value(s, "trainguard_run_deaths_total", run=t.name) == 1
             assert value(s, "trainguard_run_last_death_step", run=t.name) == 15
+            # a restart in place keeps the job id: the death is this job's own (a restart
+            # TrainingJobRestarted notifies; a relaunch under a new id would name the old job)
+            jobs = {dict(lbl)["job_id"] for lbl in select(s, "trainguard_run_job_info", run=t.name)}
+            assert len(jobs) == 1, jobs
+            assert select(s, "trainguard_run_last_death_job_info", run=t.name) == {
+                frozenset({"run": t.name, "job_id": jobs.pop()}.items()): 1.0
+            }
             t.finish(proc)
             s = poll(
                 exp,

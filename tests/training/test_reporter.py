@@ -383,7 +383,9 @@ def test_restart_after_a_silent_death_records_it(tmp_path: Path, monkeypatch: An
     hb = restart(tmp_path)
     assert hb.deaths == 1
     assert hb.death_history == (
-        Death(step=41, time=old.time, detected=hb.death_history[0].detected, cause="unknown"),
+        Death(
+            step=41, time=old.time, detected=hb.death_history[0].detected, cause="unknown", job=""
+        ),
     )
     assert hb.started <= hb.death_history[0].detected <= hb.time
     # a clean finish is not a death, and the count is carried forward

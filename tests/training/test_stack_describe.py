@@ -6,6 +6,7 @@ Real threads blocked in real functions; the description is read with the reporte
 
 from __future__ import annotations
 
+import io
 import queue
 import sys
 import threading
@@ -13,6 +14,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
+
+import pytest
 
 from helpers.wait import wait_for
 from trainguard.run.stack import MAX_WHERE, Describer
@@ -81,3 +85,27 @@ def test_control_characters_replaced_and_length_capped() -> None:
     assert len(where) <= MAX_WHERE and where.endswith("..."), where
     assert "\x1b" not in where and "/secret" not in where, where
     assert where.startswith("Queue.get <- ev?[2Jil.py:"), where
+
+
+class _SlowFile(io.BytesIO):
+    """A file whose first write waits for ``release``: a save to a slow volume."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def write(self, data: Any) -> int:
+        self.release.wait()
+        return super().write(data)
+
+
+def test_a_thread_inside_torch_save_is_saving_one_in_a_data_function_is_not() -> None:
+    torch = pytest.importorskip("torch")
+
+    def save(release: threading.Event) -> None:
+        torch.save({"w": torch.zeros(4)}, _SlowFile(release))
+
+    with blocked(save) as frame:
+        assert Describer().saving(frame)
+    with blocked(load_batch) as frame:
+        assert not Describer().saving(frame)

@@ -31,7 +31,7 @@ def script(tmp_path: Path) -> tuple[Path, dict[str, int]]:
     shutil.copy(HELPERS / "stuck_child.py", path)
     lines = path.read_text(encoding="utf-8").splitlines()
     marks = {}
-    for mark in ("BLOCKED", "ALL_REDUCE"):
+    for mark in ("BLOCKED", "ALL_REDUCE", "SAVING"):
         marks[mark] = next(i for i, line in enumerate(lines, 1) if line.endswith(f"# {mark}"))
     return path, marks
 
@@ -71,6 +71,49 @@ def test_heartbeat_names_the_user_function_a_rank_is_blocked_in(tmp_path: Path) 
         assert proc.returncode == 0, out
         hb = wait_heartbeat(path, lambda h: h.state == "finished")
         assert hb.stuck is None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_rank_overdue_in_a_checkpoint_save_says_it_is_saving(tmp_path: Path) -> None:
+    # rank 0's routine save outlasts its pace: where it is, and that it is saving (a pause the
+    # rules tell from a hang, alerts/rules/stuck.py); in its data function it is not saving
+    train, marks = script(tmp_path)
+    state, block, stop = tmp_path / "state", tmp_path / "block", tmp_path / "stop"
+    (state / "ckpt").mkdir(parents=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(train), str(state), str(block), str(stop)],
+        env=child_env(ENV),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        path = heartbeat_path(state, "stuck")
+        wait_heartbeat(path, lambda h: (h.step or 0) >= 5)
+        block.with_suffix(".save").touch()
+        block.touch()
+        hb = wait_heartbeat(path, lambda h: h.stuck is not None)
+        assert hb.stuck is not None and hb.stuck.saving, hb.stuck
+        where = f"train.py:{marks['SAVING']} save_checkpoint.<locals>.write <- "
+        assert hb.stuck.where.startswith(where), hb.stuck
+        with Exporter(state_dir=state) as exp:
+            samples = poll(exp, lambda s: bool(select(s, "trainguard_run_stuck_info")), 60)
+        [labels] = [dict(lbl) for lbl in select(samples, "trainguard_run_stuck_info", run="stuck")]
+        assert labels["saving"] == "true" and labels["collective"] == "", labels
+        block.with_suffix(".save").unlink()
+        block.unlink()
+        hb = wait_heartbeat(path, lambda h: h.stuck is None)
+        block.touch()  # now in its data function: not saving
+        hb = wait_heartbeat(path, lambda h: h.stuck is not None)
+        assert hb.stuck is not None and not hb.stuck.saving, hb.stuck
+        assert hb.stuck.where.startswith(f"train.py:{marks['BLOCKED']} load_batch"), hb.stuck
+        block.unlink()
+        stop.touch()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
     finally:
         if proc.poll() is None:
             proc.kill()

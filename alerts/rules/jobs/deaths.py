@@ -3,7 +3,8 @@
 TrainingJobRankDied (a rank of a job is gone: one page for the whole job, whatever the number
 of nodes), TrainingJobTerminated (the job's ranks were stopped by a signal: a preemption, a
 time limit; one warning for the job), TrainingJobRestarted (the launcher restarted the job's
-ranks: one notice per restart).
+ranks: one notice per restart, for a death of this job, not of an older job of the same run
+whose death the relaunched ranks recorded).
 
 A job's ranks are those with the same ``job_id`` in ``trainguard_run_job_info``; each node has
 its own exporter (``instance``), so these rules aggregate by the target labels without
@@ -23,7 +24,9 @@ A job's death holds while an exporter is down: the ranks last seen on an exporte
 been down for ``exporter_down_for`` (a node lost, or rebooting, with its exporter), running or
 dead when last seen, are dead ranks of their job unless the job steps on without them (an
 elastic job that renumbered its survivors). Such a rank is named first: a node lost is what
-stops the others.
+stops the others. The page goes out ``job_death_for`` after the first death, long before
+``exporter_down_for`` when a peer's collective failed at once: a rank last seen running on an
+exporter that has answered no scrape since (for ``job_death_for``) is named first then too.
 
 The rank that died first: a rank lost with its node, else the dead rank whose last heartbeat is
 the oldest, on one clock for every node: Prometheus' (the time of the scrape that read the
@@ -50,13 +53,16 @@ from alerts.rules.signals import STOPPED
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
         "job_death_for",
-        "30s",
+        "2m",
         DURATION,
         "TrainingJobRankDied: a rank of a job has been dead this long before the job's page "
-        "goes out. At least two scrape intervals, so that every node's exporter has been "
-        "heard: the page then names the rank that died first rather than one the launcher "
-        "stopped after it, and a launcher restart within it (torchrun --max-restarts) is a "
-        "TrainingJobRestarted notice, not a page.",
+        "goes out. Longer than a launcher's restart in place, so that the normal recovery is a "
+        "TrainingJobRestarted notice, not a critical page: torchrun --max-restarts re-runs its "
+        "rendezvous across the nodes (up to its 30 s last call in an elastic job), then the "
+        "restarted ranks import their libraries and write a heartbeat, which one scrape and one "
+        "evaluation (15 s each by default) bring to the rules. Also at least two scrape "
+        "intervals, so that every node's exporter has been heard and the page names the rank "
+        "that died first.",
     ),
     Threshold(
         "job_terminated_for",
@@ -91,6 +97,11 @@ HISTORY = "job_rank:trainguard_run_superseded:job_info"
 #: when already dead: their series went stale with the exporter, their last values are what is
 #: known
 LOST = "job_rank:trainguard_run_lost:job_info"
+#: the ranks of a job last seen running on an exporter that has answered no scrape for
+#: job_death_for, though not yet for exporter_down_for: valued 1. Not yet dead ranks of their job
+#: (LOST is, once it is sure), but when a peer died meanwhile (its collective failed) the page,
+#: which goes out job_death_for after that death, names the rank that vanished with its node
+SILENT = "job_rank:trainguard_run_silent:job_info"
 #: the job's ranks that are gone without a clean exit: their job_info series
 DEAD = "job_rank:trainguard_run_dead:job_info"
 #: the job's rank that died first (see the module's docstring), valued its last heartbeat on
@@ -209,9 +220,11 @@ SNIPPETS = {
     "on_rank": ON_RANK,
     "history": HISTORY,
     "lost": LOST,
+    "silent": SILENT,
     "dead": DEAD,
     "job_info_last_seen": last_seen("trainguard_run_job_info"),
     "state_last_seen": last_seen(STATE),
+    "state": STATE,
     "target_down": TARGET_DOWN,
     "stopped": STOPPED,
     "on_purpose": ON_PURPOSE,
@@ -236,14 +249,16 @@ SNIPPETS = {
     # the signal handler's exit info; unknown without it
     "first_cause": (
         _with_first(LOST + " == 1", "node lost (its exporter is down){{ else }}")
+        + _with_first(SILENT, "node lost (its exporter stopped answering){{ else }}")
         + _with_first("trainguard_run_exit_info", _CAUSE + "{{ else }}")
         + _with_first(
             "last_over_time(trainguard_run_exit_info[${exporter_down_active_lookback}])",
             _CAUSE + "{{ else }}unknown{{ end }}",
         )
-        + "{{ end }}{{ end }}"
+        + "{{ end }}{{ end }}{{ end }}"
     ),
-    # the ranks of the job's newest attempt, wherever they run (not its history)
+    # the ranks of the job's newest attempt, wherever they run (not its history), those of an
+    # exporter that stopped answering included
     "job_ranks": query_value(
         "count(trainguard_run_job_info{"
         + JOB_SEL
@@ -255,8 +270,12 @@ SNIPPETS = {
         + LOST
         + "{"
         + JOB_SEL
+        + "} or "
+        + SILENT
+        + "{"
+        + JOB_SEL
         + "})",
-        JOB_ARGS + " " + JOB_ARGS,
+        JOB_ARGS + " " + JOB_ARGS + " " + JOB_ARGS,
     ),
     "dead_nodes": query_value(
         "count(count by (${target_labels}) (" + DEAD + "{" + JOB_SEL + "}))", JOB_ARGS
@@ -364,6 +383,15 @@ GROUP = Group(
             """,
         ),
         Record(
+            SILENT,
+            """
+            last_over_time(trainguard_run_job_info[${exporter_down_for}])
+            * ${on_rank} group_left () (last_over_time(${state}[${exporter_down_for}]) == 1)
+            and on (${target_labels})
+            max by (${target_labels}) (max_over_time(up{${job_selector}}[${job_death_for}])) == 0
+            """,
+        ),
+        Record(
             DEAD,
             """
             trainguard_run_job_info
@@ -379,6 +407,10 @@ GROUP = Group(
             FIRST,
             """
             bottomk by (${target_labels_across}, run, job_id) (1, ${dead} and ${on_rank} ${lost})
+            or on (${target_labels_across}, run, job_id)
+            bottomk by (${target_labels_across}, run, job_id) (
+              1, ${silent} and on (${target_labels_across}, run, job_id) ${dead}
+            )
             or on (${target_labels_across}, run, job_id)
             bottomk by (${target_labels_across}, run, job_id) (
               1,
@@ -468,9 +500,15 @@ GROUP = Group(
         Alert(
             "TrainingJobRestarted",
             "warning",
+            # ...of this job: a run relaunched under a new job id records the old job's death
+            # on the nodes it reuses (trainguard_run_last_death_job_info names that job), and
+            # the new job was never restarted
             expr="""
             max by (${target_labels_across}, run, job_id) (
-              trainguard_run_job_info
+              (
+                trainguard_run_job_info
+                and on (${target_labels}, run, job_id) trainguard_run_last_death_job_info
+              )
               * on (${target_labels}, run) group_left ()
               (
                 max by (${target_labels}, run) (

@@ -25,9 +25,6 @@ STALLED = "job_rank:trainguard_run_stalled:seconds"
 #: a job's live ranks with no step yet, long after they started, valued their time since start
 NO_FIRST_STEP = "job_rank:trainguard_run_no_first_step:seconds"
 JOB = "${target_labels_across}, run, job_id"
-#: the job's identity in an annotation's query: the stuck.py series carry no job_id (a run's)
-_WHERE_SEL = "${target_labels_across_sel},run=%q"
-_WHERE_ARGS = "${target_labels_across_args} $labels.run"
 
 
 def _count(query: str) -> str:
@@ -36,7 +33,7 @@ def _count(query: str) -> str:
 
 #: ": held up by rank 3 on node-b (node-b:9636) in `load_batch <- train.py:88`", or nothing
 HELD_UP = (
-    "{{ with printf `" + APART + "{" + _WHERE_SEL + "}` " + _WHERE_ARGS + " | query }}"
+    "{{ with printf `" + APART + "{" + JOB_SEL + "}` " + JOB_ARGS + " | query }}"
     ": held up by " + APART_RANKS + "{{ end }}"
 )
 

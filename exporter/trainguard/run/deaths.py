@@ -75,7 +75,13 @@ def death_of(
     else:
         cause = "unknown"
     return Death(
-        step=prev.step, time=prev.time, detected=time.time(), cause=cause, xid=xid, signal=signal
+        step=prev.step,
+        time=prev.time,
+        detected=time.time(),
+        cause=cause,
+        xid=xid,
+        signal=signal,
+        job=prev.job.id if prev.job is not None else "",
     )
 
 

@@ -82,6 +82,24 @@ COLLECTIVES = frozenset(
     }
 )
 _DIST = f"{os.sep}torch{os.sep}distributed{os.sep}"
+#: the functions that save a checkpoint, by a part of the path of the file defining them: a rank
+#: whose overdue step is spent inside one is saving (rank 0 writing the checkpoint while the
+#: others wait for it in a barrier: a pause the run's stall threshold learns), not hung
+#: somewhere; ``saving`` in the heartbeat says so
+SAVES = (
+    (f"{os.sep}trainguard{os.sep}checkpoint{os.sep}", frozenset({"save", "mirror", "mirror_dir"})),
+    (f"{os.sep}torch{os.sep}serialization.py", frozenset({"save"})),
+    (
+        f"{_DIST}checkpoint{os.sep}",
+        frozenset({"save", "async_save", "save_state_dict", "_save_state_dict"}),
+    ),
+    (f"{os.sep}safetensors{os.sep}", frozenset({"save_file", "save_model"})),
+    (f"{os.sep}transformers{os.sep}", frozenset({"_save_checkpoint", "save_model"})),
+    (f"{os.sep}lightning{os.sep}", frozenset({"save_checkpoint"})),
+    (f"{os.sep}pytorch_lightning{os.sep}", frozenset({"save_checkpoint"})),
+    (f"{os.sep}deepspeed{os.sep}", frozenset({"save_checkpoint"})),
+    (f"{os.sep}accelerate{os.sep}", frozenset({"save_state", "save_model"})),
+)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _SEP = " <- "
 
@@ -174,6 +192,18 @@ class Describer:
         parts = ([boundary] if boundary else []) + user
         return _bounded(_SEP.join(parts)), collective
 
+    def saving(self, frame: FrameType | None) -> bool:
+        """Whether the stack ending in ``frame`` is inside a checkpoint save (:data:`SAVES`)."""
+        depth = 0
+        while frame is not None and depth < 256:
+            code = frame.f_code
+            for part, names in SAVES:
+                if code.co_name in names and part in code.co_filename:
+                    return True
+            frame = frame.f_back
+            depth += 1
+        return False
+
 
 def _qualname(code: Any) -> str:
     return str(getattr(code, "co_qualname", None) or code.co_name)
@@ -260,11 +290,16 @@ class StuckWatch:
             self._describer = Describer()
         try:
             where, collective = self._describer.describe(frame)
+            saving = self._describer.saving(frame)
         finally:
             del frame
         old = self.current
-        if old is not None and (old.where, old.collective) == (where, collective):
+        if old is not None and (old.where, old.collective, old.saving) == (
+            where,
+            collective,
+            saving,
+        ):
             return
         since = old.since if old is not None else time.time()
-        self.current = Stuck(since=since, where=where, collective=collective)
+        self.current = Stuck(since=since, where=where, collective=collective, saving=saving)
         self.version += 1

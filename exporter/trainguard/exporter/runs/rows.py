@@ -210,13 +210,18 @@ def age(now: float, then: float) -> float:
 def last_death(records: list[Death]) -> Death | None:
     """The run's last death from all its ranks' records.
 
-    The records of the latest restart (noticed within a minute of each other) are one event;
-    the most specific cause among them names it (the rank the OOM killer chose says
-    ``oom_killer``, the ranks torchrun then stopped say ``signal``), and its earliest
-    last-heartbeat is when it died.
+    The records of the latest restart (noticed within a minute of each other, of the same job)
+    are one event; the most specific cause among them names it (the rank the OOM killer chose
+    says ``oom_killer``, the ranks torchrun then stopped say ``signal``), and its earliest
+    last-heartbeat is when it died. A death of another job is never part of it: a job that
+    died just before its run was relaunched under a new job id is the old job's event.
     """
     if not records:
         return None
-    latest = max(d.detected for d in records)
-    event = [d for d in records if d.detected >= latest - _SAME_EVENT_SECONDS]
+    newest = max(records, key=lambda d: d.detected)
+    event = [
+        d
+        for d in records
+        if d.detected >= newest.detected - _SAME_EVENT_SECONDS and d.job == newest.job
+    ]
     return min(event, key=lambda d: (_CAUSE_ORDER.get(d.cause, 9), d.time))

@@ -259,6 +259,7 @@ class Fields(fields.Node):
             since=f.timestamp("since"),
             where=f.text("where", MAX_STUCK_WHERE),
             collective=collective,
+            saving=f.get("saving", _boolean, default=False),
         )
 
     def timing(self, key: str) -> Timing | None:
@@ -304,6 +305,7 @@ class Fields(fields.Node):
                     cause=cause,
                     xid=xid,
                     signal=signal,
+                    job=f.text("job", MAX_JOB_ID, optional=True),
                 )
             )
         return tuple(out)

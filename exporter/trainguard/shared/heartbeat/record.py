@@ -110,6 +110,10 @@ class Death:
     xid: int | None = None
     #: the signal that ended it (``SIGTERM``) when the cause is ``signal`` or ``time_limit``
     signal: str | None = None
+    #: the id of the job the dead process belonged to (``""``: none, a lone process; None:
+    #: unknown, recorded by an older reporter): a run relaunched under a new job id records the
+    #: old job's death, and the new job was not restarted
+    job: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object as written: the causes older readers do not know, as ones they do.
@@ -135,6 +139,8 @@ class Death:
             out["signal"] = self.signal
             if self.cause == "time_limit":
                 out["time_limit"] = True
+        if self.job is not None:
+            out["job"] = self.job
         return out
 
 
@@ -187,9 +193,16 @@ class Stuck:
     since: float  # when the reporter first found the step overdue (this stall)
     where: str  # "DataLoader.__next__ <- train.py:88 load_batch": names and lines only
     collective: str | None = None  # the torch.distributed function it waits in, if any
+    #: inside a checkpoint save (``trainguard.run.stack.SAVES``): a routine pause, not a hang,
+    #: while the run's stall threshold allows it. False too from older reporters (unknown)
+    saving: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return vars(self).copy()
+        """The JSON object; ``saving`` only when true (older readers ignore it either way)."""
+        out = vars(self).copy()
+        if not self.saving:
+            del out["saving"]
+        return out
 
 
 @dataclass(frozen=True)

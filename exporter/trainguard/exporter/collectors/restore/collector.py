@@ -13,15 +13,18 @@ from __future__ import annotations
 import heapq
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prometheus_client.core import Metric
 
 from trainguard.exporter.collectors.restore.metrics import (
+    LAST_AGE,
     LAST_SUCCESS,
     LAST_TIME,
     METRICS,
+    VERIFIED_AGE,
     VERIFIED_STEP,
     VERIFIED_TIME,
 )
@@ -32,6 +35,7 @@ from trainguard.exporter.collectors.restore.result import (
     read_result,
     results_dir,
 )
+from trainguard.exporter.runs.rows import age
 from trainguard.exporter.runs.table import Setup
 from trainguard.exporter.runs.targets import PRIMARY, CheckpointTarget
 from trainguard.exporter.scrape.collector import Collector
@@ -76,12 +80,18 @@ class RestoreCollector(Collector):
             labels = _attribute(result, uid, targets, scrape)
             if labels is not None and (labels not in chosen or chosen[labels].time < result.time):
                 chosen[labels] = result
+        # the ages on this host's clock, the one the drill that wrote here read (a drill writes
+        # into its own node's state directory): comparable across exporters where the
+        # timestamps, each of its own host's clock, are not
+        now = time.time()
         for labels, r in sorted(chosen.items()):
             if r.verified_step is not None and r.verified_time is not None:
                 families[VERIFIED_STEP.name].add_metric(list(labels), r.verified_step)
                 families[VERIFIED_TIME.name].add_metric(list(labels), r.verified_time)
+                families[VERIFIED_AGE.name].add_metric(list(labels), age(now, r.verified_time))
             families[LAST_SUCCESS.name].add_metric(list(labels), 1 if r.ok else 0)
             families[LAST_TIME.name].add_metric(list(labels), r.time)
+            families[LAST_AGE.name].add_metric(list(labels), age(now, r.time))
         return families.values()
 
     def _read(self, scrape: Scrape) -> list[tuple[Result, int]]:

@@ -31,4 +31,18 @@ LAST_TIME = MetricSpec(
     "When the last restore drill finished, whatever its outcome.",
 )
 
-METRICS = (VERIFIED_STEP, VERIFIED_TIME, LAST_SUCCESS, LAST_TIME)
+LAST_AGE = MetricSpec(
+    "trainguard_checkpoint_restore_last_check_age_seconds",
+    "gauge",
+    LABELS,
+    "Seconds since the last restore drill finished, by this host's clock: the newest result "
+    "of a location across exporters is the one of least age.",
+)
+VERIFIED_AGE = MetricSpec(
+    "trainguard_checkpoint_restore_verified_age_seconds",
+    "gauge",
+    LABELS,
+    "Seconds since the drill that loaded the verified step finished, by this host's clock.",
+)
+
+METRICS = (VERIFIED_STEP, VERIFIED_TIME, LAST_SUCCESS, LAST_TIME, LAST_AGE, VERIFIED_AGE)

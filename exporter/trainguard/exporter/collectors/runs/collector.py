@@ -37,6 +37,7 @@ from trainguard.exporter.collectors.runs.metrics import (
     JOB_INFO,
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
+    LAST_DEATH_JOB,
     LAST_DEATH_STEP,
     LAST_DEATH_TIMESTAMP,
     LAST_DEATH_XID,
@@ -222,6 +223,8 @@ class RunsCollector(Collector):
             fam[LAST_DEATH_INFO.name].add_metric([run, last.cause], 1)
             if last.xid is not None:
                 fam[LAST_DEATH_XID.name].add_metric([run], last.xid)
+            if last.job is not None:  # unknown in a death an older reporter recorded
+                fam[LAST_DEATH_JOB.name].add_metric([run, last.job], 1)
 
     def _logs(self, fam: dict[str, Any], view: RunView, scrape: Scrape) -> None:
         for log in view.log_files:
@@ -293,7 +296,10 @@ def _add_stuck(fam: dict[str, Any], row: RunRow) -> None:
     """Add the row's stuck location, if its heartbeat has one and it still runs."""
     stuck = stuck_at(row)
     if stuck is not None:
-        fam[STUCK_INFO.name].add_metric([row.run, row.rank, stuck.where, stuck.collective or ""], 1)
+        saving = "true" if stuck.saving else ""
+        fam[STUCK_INFO.name].add_metric(
+            [row.run, row.rank, stuck.where, stuck.collective or "", saving], 1
+        )
 
 
 def _add_nonfinite(fam: dict[str, Any], labels: list[str], hb: Heartbeat) -> None:

@@ -147,10 +147,10 @@ LOSS_LAST_FINITE_STEP = MetricSpec(
 STUCK_INFO = MetricSpec(
     "trainguard_run_stuck_info",
     "gauge",
-    ("run", "rank", "where", "collective"),
+    ("run", "rank", "where", "collective", "saving"),
     "1 while a rank's step is overdue and its reporter sampled where its main thread is: "
     "where is the user's innermost frames, collective the torch.distributed function it "
-    "waits in (empty when none).",
+    "waits in (empty when none), saving true inside a checkpoint save (empty otherwise).",
 )
 DATA_WAIT = MetricSpec(
     "trainguard_run_data_wait_seconds_total",
@@ -298,6 +298,13 @@ LAST_DEATH_XID = MetricSpec(
     ("run",),
     "NVIDIA Xid code of the GPU error the kernel logged around the run's last death.",
 )
+LAST_DEATH_JOB = MetricSpec(
+    "trainguard_run_last_death_job_info",
+    "gauge",
+    ("run", "job_id"),
+    "Always 1; the job the process that died last belonged to (job_id empty: none). A run "
+    "relaunched under a new job id records the old job's death: the new job was not restarted.",
+)
 HEARTBEAT_FILES = MetricSpec(
     "trainguard_heartbeat_files",
     "gauge",
@@ -371,6 +378,7 @@ METRICS = (
     LAST_DEATH_AGE,
     LAST_DEATH_INFO,
     LAST_DEATH_XID,
+    LAST_DEATH_JOB,
     HEARTBEAT_FILES,
     HEARTBEAT_FILE_ERRORS,
     HEARTBEAT_FILE_INVALID,
