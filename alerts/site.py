@@ -87,6 +87,22 @@ SITE_WIDE: tuple[Threshold, ...] = (
         "longer than slow_rules_interval (it is shortened to that), whose records read its own.",
     ),
     Threshold(
+        "window_rules_interval",
+        "1m",
+        DURATION,
+        "Evaluation interval of the .window groups: the alerts on a condition judged over 5 "
+        "minutes or more (a window, a `for` or both), and the records only they read "
+        "(GPUGhostMemory, GPUUnattributedMemory, DuplicateHostProcess, GPUHardwareSlowdown, "
+        "GPUPcieLinkDegraded, GPUNvLinkErrors, AllocatorRetrying, AllocatorMemoryLeak, "
+        "AllocatorFragmentation, CheckpointStale, CheckpointNeverCompleted, "
+        "CheckpointUnknownMtime, CheckpointUnrecordedFiles, CheckpointPartialOrphaned, "
+        "CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk): each fires and "
+        "resolves up to this much later than at a 15s evaluation. Deaths, stalls, OOMs, "
+        "Xid errors, failing GPU memory, damaged checkpoints and memory left after a run's "
+        "death stay at the global interval. Never longer than slow_rules_interval (it is "
+        "shortened to that); at most half of ghost_window, whose minimum reads its records.",
+    ),
+    Threshold(
         "keep_firing_for",
         "10m",
         DURATION,
@@ -135,6 +151,15 @@ def resolve(overrides: Mapping[str, object] | None = None) -> dict[str, str]:
     if int(table["pace_rules_interval_s"]) > int(table["slow_rules_interval_s"]):
         table["pace_rules_interval"] = table["slow_rules_interval"]
         table["pace_rules_interval_s"] = table["slow_rules_interval_s"]
+    if int(table["window_rules_interval_s"]) > int(table["slow_rules_interval_s"]):
+        table["window_rules_interval"] = table["slow_rules_interval"]
+        table["window_rules_interval_s"] = table["slow_rules_interval_s"]
+    if 2 * int(table["window_rules_interval_s"]) > int(table["ghost_window_s"]):
+        raise ThresholdError(
+            f"threshold ghost_window ({table['ghost_window']}) must be at least twice "
+            f"window_rules_interval ({table['window_rules_interval']}): GPUGhostMemory's "
+            "minimum over it would hold one record or none"
+        )
     if int(table["stall_gap_lookback_s"]) <= 2 * int(table["pace_rules_interval_s"]):
         raise ThresholdError(
             f"threshold stall_gap_lookback ({table['stall_gap_lookback']}) must be more than "

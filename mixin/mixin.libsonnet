@@ -122,6 +122,7 @@ local generated = {
     "volume_fill_horizon": "24h",
     "volume_fill_min_checkpoints": "10",
     "volume_fill_window": "6h",
+    "window_rules_interval": "1m",
     "xid_critical": "48, 62, 64, 74, 79, 95, 119, 120, 140, 154",
     "xid_warning": "13, 31, 43, 61, 63, 69, 92, 94, 109",
     "xid_window": "1h"

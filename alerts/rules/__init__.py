@@ -1,6 +1,7 @@
 """The rule groups of ``alerts/trainguard.rules.yml`` and their thresholds.
 
-One module per group (or per group and its ``.slow`` companion), its thresholds at its top.
+One module per group (or per group and its ``.slow`` or ``.window`` companion, evaluated every
+slow_rules_interval or window_rules_interval), its thresholds at its top.
 ``GROUPS`` is the file order: recording rules first, because promtool tests evaluate groups in
 this order (``group_eval_order``) so that the alerts see the recording rules of the same step.
 ``THRESHOLDS`` joins the modules' thresholds: the order of the generated file's header and of
@@ -38,17 +39,20 @@ GROUPS: tuple[Group, ...] = (
     recording.GROUP,
     pace.GROUP,
     memory.RANK,
-    memory.GPU,
     recording.SLOW,
     runs.GROUP,
     checkpoint_history.SLOW,
     checkpoints.GROUP,
+    checkpoints.WINDOW,
     gpu.GROUP,
+    gpu.WINDOW,
     allocator.SLOW,
     allocator.GROUP,
+    allocator.WINDOW,
     deaths.GROUP,
     exporter.GROUP,
     gpu_health.GROUP,
+    gpu_health.WINDOW,
     training_health.GROUP,
     training_health.SLOW,
     stuck.GROUP,

@@ -3,7 +3,8 @@
 AllocatorRetrying, AllocatorOOM (the run died or stopped after it), AllocatorOOMCaught (it
 caught the OOM and carries on), and the two that come before an OOM: AllocatorMemoryLeak (what a
 rank keeps across steps climbs towards the device's size) and AllocatorFragmentation (free cache
-in pieces while cudaMalloc retries).
+in pieces while cudaMalloc retries). The OOM alerts are judged at every evaluation (``GROUP``),
+the three on pressure that builds over minutes every window_rules_interval (``WINDOW``).
 
 Longer than 400 lines because the group carries its own thresholds at its top, beside the
 rules they tune (one group, one file: a new alert and its thresholds are one edit here, not
@@ -300,10 +301,7 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
-        Record(AVG_RESERVED, _avg("reserved_bytes")),
-        Record(AVG_ALLOCATED, _avg("allocated_bytes")),
         Record(FINISHED_IN_WINDOW, "last_over_time(trainguard_run_finished[${oom_window}]) == 1"),
-        Record(DOWN, "trainguard_run_process_up == 0"),
         # What became of each rank within oom_window, judged once for AllocatorOOM and
         # AllocatorOOMCaught: 1 alive and stepping (an OOM it caught), 2 finished cleanly
         # (never an OOM page); absent otherwise (gone, or alive without a step: AllocatorOOM)
@@ -317,26 +315,6 @@ GROUP = Group(
             ) * 0 + 1
             or
             ${finished_in_window} * 0 + 2
-            """,
-        ),
-        Alert(
-            "AllocatorRetrying",
-            "warning",
-            # a dead or finished rank's counters stay as they were: not judged
-            expr="""
-            increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
-            unless on (${target_labels}, run, rank) ${down}
-            """,
-            for_="${alloc_retry_for}",
-            keep_firing_for="${keep_firing_for}",
-            summary="The CUDA allocator of run {{ $labels.run }} keeps retrying allocations.",
-            description="""
-            The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }}
-            (device {{ $labels.device }}) on ${rank_host} had to free its
-            cache and retry a cudaMalloc in every ${alloc_retry_window} for
-            ${alloc_retry_for} ({{ $value | printf "%.0f" }} retries in the last
-            ${alloc_retry_window}): memory pressure or fragmentation, slow steps, an OOM
-            coming. ${stats}
             """,
         ),
         Alert(
@@ -373,6 +351,42 @@ GROUP = Group(
             the last
             ${oom_window}): the script caught it (a batch-size finder, a skipped batch).
             AllocatorOOM pages if it stops stepping. ${stats}
+            """,
+        ),
+    ),
+)
+
+#: The alerts on memory pressure that builds over minutes (retries in every 10m window for 15m,
+#: a leak climbing for 30m, fragmentation for 15m) and the records only they read, evaluated every
+#: window_rules_interval (1m) instead of every 15 s: each fires up to one interval later. An OOM
+#: pages from GROUP, at every evaluation.
+WINDOW = Group(
+    "trainguard-allocator.window",
+    run_context=True,
+    snippets=SNIPPETS,
+    interval="${window_rules_interval}",
+    rules=(
+        Record(AVG_RESERVED, _avg("reserved_bytes")),
+        Record(AVG_ALLOCATED, _avg("allocated_bytes")),
+        Record(DOWN, "trainguard_run_process_up == 0"),
+        Alert(
+            "AllocatorRetrying",
+            "warning",
+            # a dead or finished rank's counters stay as they were: not judged
+            expr="""
+            increase(trainguard_run_allocator_alloc_retries_total[${alloc_retry_window}]) > 0
+            unless on (${target_labels}, run, rank) ${down}
+            """,
+            for_="${alloc_retry_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="The CUDA allocator of run {{ $labels.run }} keeps retrying allocations.",
+            description="""
+            The PyTorch allocator of run {{ $labels.run }} rank {{ $labels.rank }}
+            (device {{ $labels.device }}) on ${rank_host} had to free its
+            cache and retry a cudaMalloc in every ${alloc_retry_window} for
+            ${alloc_retry_for} ({{ $value | printf "%.0f" }} retries in the last
+            ${alloc_retry_window}): memory pressure or fragmentation, slow steps, an OOM
+            coming. ${stats}
             """,
         ),
         Alert(
@@ -447,9 +461,10 @@ GROUP = Group(
 #: the floor, the settled floor, the device's size and the time to full. A leak is a trend over
 #: leak_window (30m) and leak_trend_window (2h) that must hold for leak_for (30m) towards a
 #: device full within leak_horizon (24h): judged on a record up to 5m old, the warning comes up
-#: to 5m later (and goes up to 5m later). Every 15 s, its 2h deriv and 2h:10m subquery per device
-#: made it the costliest alert of the set at fleet scale (bench/RESULTS.md, "Fleet scale"). The
-#: floor, a minimum over leak_floor_window (5m), recorded every 5m still covers every sample.
+#: to 5m later (and goes up to 5m later), and up to window_rules_interval more for its group.
+#: Every 15 s, its 2h deriv and 2h:10m subquery per device made it the costliest alert of the
+#: set at fleet scale (bench/RESULTS.md, "Fleet scale"). The floor, a minimum over
+#: leak_floor_window (5m), recorded every 5m still covers every sample.
 SLOW = Group(
     "trainguard-allocator.slow",
     snippets=SNIPPETS,

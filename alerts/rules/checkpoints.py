@@ -2,7 +2,9 @@
 
 CheckpointStale, CheckpointNeverCompleted,
 CheckpointTruncated, CheckpointHashMismatch, CheckpointUnknownMtime, CheckpointUnrecordedFiles,
-CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk.
+CheckpointPartialOrphaned, CheckpointVolumeFillingUp, CheckpointWillNotFit, StepsAtRisk. A
+damaged checkpoint (truncated, hash mismatch) is judged at every evaluation (``GROUP``), the rest
+every window_rules_interval (``WINDOW``).
 
 Longer than 400 lines because the group carries its own thresholds at its top, beside the
 rules they tune (one group, one file: a new alert and its thresholds are one edit here, not
@@ -236,6 +238,43 @@ GROUP = Group(
     run_context=True,
     snippets=SNIPPETS,
     rules=(
+        *_damage_alerts(
+            "CheckpointTruncated",
+            "trainguard_checkpoint_truncated_files",
+            "truncated",
+            "They load and then produce garbage; do not resume from them.",
+            "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
+            """
+            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on ${run_host} are smaller than the size
+            recorded when they were written (${truncated_steps}).
+            """,
+        ),
+        *_damage_alerts(
+            "CheckpointHashMismatch",
+            "trainguard_checkpoint_hash_mismatch_files",
+            "hash_mismatch",
+            "Do not resume from them.",
+            "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
+            """
+            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
+            {{ $labels.location }} on ${run_host} no longer match the sha256
+            recorded when they were written.
+            """,
+        ),
+    ),
+)
+
+#: The alerts on a state judged over minutes to hours (a checkpoint unchanged for
+#: checkpoint_stale, files unjudged for 30m, a volume filling up or too small for 10-30m, steps
+#: at risk for 10m), evaluated every window_rules_interval (1m) instead of every 15 s: each fires
+#: up to one interval later. Damaged checkpoints page from GROUP, at every evaluation.
+WINDOW = Group(
+    "trainguard-checkpoints.window",
+    run_context=True,
+    snippets=SNIPPETS,
+    interval="${window_rules_interval}",
+    rules=(
         Alert(
             "CheckpointStale",
             "warning",
@@ -336,30 +375,6 @@ GROUP = Group(
             ${files}, of which without a record: ${unrecorded}; .part files: ${partials}).
             Every save fails, or the pattern matches nothing the script writes. If the run
             dies now, everything is lost.
-            """,
-        ),
-        *_damage_alerts(
-            "CheckpointTruncated",
-            "trainguard_checkpoint_truncated_files",
-            "truncated",
-            "They load and then produce garbage; do not resume from them.",
-            "Truncated checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
-            """
-            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on ${run_host} are smaller than the size
-            recorded when they were written (${truncated_steps}).
-            """,
-        ),
-        *_damage_alerts(
-            "CheckpointHashMismatch",
-            "trainguard_checkpoint_hash_mismatch_files",
-            "hash_mismatch",
-            "Do not resume from them.",
-            "Corrupt checkpoint(s) of run {{ $labels.run }} at {{ $labels.location }}",
-            """
-            {{ $value }} checkpoint file(s) of run {{ $labels.run }} at location
-            {{ $labels.location }} on ${run_host} no longer match the sha256
-            recorded when they were written.
             """,
         ),
         Alert(

@@ -1,6 +1,8 @@
 """Alerts on VRAM held by something that no longer trains, and on GPUs that failed.
 
-GPUGhostMemory, GPUUnattributedMemory, GPUXidError, DuplicateHostProcess.
+GPUXidError (``GROUP``, every evaluation: an Xid is news at once); GPUGhostMemory,
+GPUUnattributedMemory, DuplicateHostProcess (``WINDOW``: judged over minutes, so evaluated
+every window_rules_interval).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from alerts.rules.common import (
     query_bytes,
     query_value,
 )
+from alerts.rules.memory import GPU_RECORDS, RANK_GHOST_RECORDS
 
 THRESHOLDS: tuple[Threshold, ...] = (
     Threshold(
@@ -160,6 +163,55 @@ GROUP = Group(
     "trainguard-gpu",
     snippets=SNIPPETS,
     rules=(
+        Alert(
+            "GPUXidError",
+            "critical",
+            expr='gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_critical}"}',
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported critical Xid
+            {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the critical list (${xid_critical_list}):
+            the GPU needs a reset, a reboot or service before it can train again, and the runs
+            on it have most likely died. See the runbook's table for this code.
+            """,
+        ),
+        Alert(
+            "GPUXidError",
+            "warning",
+            expr="""
+            gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_warning}",xid!~"${xid_critical}"}
+            """,
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}.
+            """,
+            description="""
+            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
+            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
+            ${xid_window}. Xid {{ $labels.xid }} is in the warning list (${xid_warning_list}):
+            the application that hit it was most likely killed, the GPU stays usable; a GPU
+            that keeps reporting it needs a reset or service. See the runbook's table for this
+            code.
+            """,
+        ),
+    ),
+)
+
+#: The alerts on memory held for minutes (GPUGhostMemory: a window and a `for` of 5-10m;
+#: GPUUnattributedMemory: 15m; DuplicateHostProcess: 5m) and the records only they read,
+#: evaluated every window_rules_interval (1m) instead of every 15 s: each fires up to one
+#: interval later. Memory left behind by a run's death pages from the GPU health group
+#: (GPUMemoryNotReleased), at the global interval.
+WINDOW = Group(
+    "trainguard-gpu.window",
+    snippets=SNIPPETS,
+    interval="${window_rules_interval}",
+    rules=(
+        *RANK_GHOST_RECORDS,
+        *GPU_RECORDS,
         Record(NO_PROCESS, "trainguard_gpu_processes == 0"),
         Alert(
             "GPUGhostMemory",
@@ -274,40 +326,6 @@ GROUP = Group(
             Memory of crashed processes the driver never released; it stays lost until the
             driver session (the VM, under WSL) is restarted. Runs on this GPU in the last
             ${recent_runs_window}: ${recent_runs}.
-            """,
-        ),
-        Alert(
-            "GPUXidError",
-            "critical",
-            expr='gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_critical}"}',
-            summary="""
-            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported critical Xid
-            {{ $labels.xid }}.
-            """,
-            description="""
-            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
-            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
-            ${xid_window}. Xid {{ $labels.xid }} is in the critical list (${xid_critical_list}):
-            the GPU needs a reset, a reboot or service before it can train again, and the runs
-            on it have most likely died. See the runbook's table for this code.
-            """,
-        ),
-        Alert(
-            "GPUXidError",
-            "warning",
-            expr="""
-            gpu:trainguard_gpu_xid_errors:recent{xid=~"${xid_warning}",xid!~"${xid_critical}"}
-            """,
-            summary="""
-            GPU {{ $labels.gpu }} on {{ $labels.instance }} reported Xid {{ $labels.xid }}.
-            """,
-            description="""
-            GPU {{ $labels.gpu }}${gpu_name} on {{ $labels.instance }} reported Xid
-            {{ $labels.xid }} (${xid_count} time(s) since the exporter started) within the last
-            ${xid_window}. Xid {{ $labels.xid }} is in the warning list (${xid_warning_list}):
-            the application that hit it was most likely killed, the GPU stays usable; a GPU
-            that keeps reporting it needs a reset or service. See the runbook's table for this
-            code.
             """,
         ),
         Alert(

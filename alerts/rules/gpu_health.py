@@ -1,7 +1,9 @@
 """Alerts on a GPU that slows a run down or whose memory is failing.
 
 GPUHardwareSlowdown, GPUPcieLinkDegraded, GPUMemoryNotReleased, GPUUncorrectableMemoryErrors,
-GPURowRemapFailure, GPURowRemapPending, GPURetiredPagesPending, GPUNvLinkErrors.
+GPURowRemapFailure, GPURowRemapPending, GPURetiredPagesPending, GPUNvLinkErrors. The three
+judged over minutes (slowdown, PCIe link, NVLink) are evaluated every window_rules_interval
+(``WINDOW``), the rest at every evaluation.
 
 The slowdown and link rules judge only a GPU a training process is on (the driver's process
 list, or, where it lists none as under WSL, the live runs' allocator devices by UUID) and never
@@ -292,77 +294,6 @@ GROUP = Group(
             )
             """,
         ),
-        Alert(
-            "GPUHardwareSlowdown",
-            "warning",
-            # the share of the GPU's scrapes (its info series is in every one) within the
-            # window at which a hardware reason was given: a reason that clears between
-            # scrapes, or a missed scrape, does not start the count again
-            expr="""
-            max by (${target_labels}, gpu, uuid) (
-              count_over_time(
-                trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}[${gpu_slowdown_window}]
-              )
-            )
-            / on (${target_labels}, gpu, uuid)
-            sum by (${target_labels}, gpu, uuid) (
-              count_over_time(trainguard_gpu_info[${gpu_slowdown_window}])
-            )
-            >= ${gpu_slowdown_share}
-            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
-            """,
-            for_="${gpu_slowdown_for}",
-            keep_firing_for="${keep_firing_for}",
-            summary="""
-            GPU {{ $labels.gpu }} on {{ $labels.instance }} is slowed down by its hardware
-            while training.
-            """,
-            description="""
-            The driver has held the clocks of GPU {{ $labels.gpu }}${gpu_name}, uuid {{
-            $labels.uuid }}, on {{ $labels.instance }} down for a hardware reason at {{ $value |
-            humanizePercentage }} of its scrapes over the last ${gpu_slowdown_window}
-            (threshold ${gpu_slowdown_share}, for ${gpu_slowdown_for}; reasons now: ${reasons})
-            while run(s) ${runs} train on it: they step slower, 3x and more is common.
-            Temperature ${temperature} (it slows itself at
-            ${slowdown_temperature}), power ${power} (limit ${power_limit}). hw_thermal: cooling
-            (fans, airflow, a blocked inlet); hw_power_brake: the chassis or PSU asserted the brake;
-            hw_slowdown alone: either, or a failing board.
-            """,
-        ),
-        Alert(
-            "GPUPcieLinkDegraded",
-            "warning",
-            # An idle GPU lowers its link on purpose, and a run's GPU drops it in its idle
-            # gaps: the link is judged on its best within the window (a healthy link is at its
-            # maximum whenever work arrives), on a GPU a run trains on unless it was idle (its
-            # utilisation below pcie_busy_ratio; a MIG GPU has no utilisation and is judged).
-            expr="""
-            max by (${target_labels}, gpu, uuid) (
-              max_over_time(trainguard_gpu_pcie_link_generation[${pcie_busy_window}])
-                < trainguard_gpu_pcie_link_generation_max
-              or
-              max_over_time(trainguard_gpu_pcie_link_width[${pcie_busy_window}])
-                < trainguard_gpu_pcie_link_width_max
-            )
-            unless on (${target_labels}, gpu, uuid)
-            avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])
-              < ${pcie_busy_ratio}
-            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
-            """,
-            for_="${pcie_degraded_for}",
-            keep_firing_for="${keep_firing_for}",
-            summary="""
-            GPU {{ $labels.gpu }} on {{ $labels.instance }} trains on a degraded PCIe link.
-            """,
-            description="""
-            For ${pcie_degraded_for} GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on
-            {{ $labels.instance }} has been busy (utilisation now ${utilization}) on a PCIe link at
-            Gen${gen} x${width} where GPU and slot allow Gen${gen_max} x${width_max}, while run(s)
-            ${runs} train on it: every host-device copy and every collective that goes over PCIe is
-            that much slower, and nothing else reports it. Reseat the GPU or its riser, check the
-            slot's BIOS setting; a link that trains down again needs service.
-            """,
-        ),
         # The GPU's unattributed level is its least over released_lookback as the slow group
         # recorded it (recording.UNATTRIBUTED_MIN): up to 5m older, a level from before the
         # death either way.
@@ -522,6 +453,89 @@ GROUP = Group(
             errors. Reset it at the next opportunity, before a run is placed on it (nvidia-smi
             --gpu-reset -i {{ $labels.gpu }} with nothing on it, or reboot): until then the bad page
             stays in use.
+            """,
+        ),
+    ),
+)
+
+#: The alerts on a GPU that slows its run over minutes (a share of a 10m window held for 10m, a
+#: link below its best for 10m, link errors within 15m), evaluated every window_rules_interval
+#: (1m) instead of every 15 s: each fires up to one interval later. The runs on each GPU are
+#: read from GROUP's record, at most one global interval old.
+WINDOW = Group(
+    "trainguard-gpu-health.window",
+    snippets=SNIPPETS,
+    interval="${window_rules_interval}",
+    rules=(
+        Alert(
+            "GPUHardwareSlowdown",
+            "warning",
+            # the share of the GPU's scrapes (its info series is in every one) within the
+            # window at which a hardware reason was given: a reason that clears between
+            # scrapes, or a missed scrape, does not start the count again
+            expr="""
+            max by (${target_labels}, gpu, uuid) (
+              count_over_time(
+                trainguard_gpu_clock_event_reason{reason=~"${hw_reasons}"}[${gpu_slowdown_window}]
+              )
+            )
+            / on (${target_labels}, gpu, uuid)
+            sum by (${target_labels}, gpu, uuid) (
+              count_over_time(trainguard_gpu_info[${gpu_slowdown_window}])
+            )
+            >= ${gpu_slowdown_share}
+            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${gpu_slowdown_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} is slowed down by its hardware
+            while training.
+            """,
+            description="""
+            The driver has held the clocks of GPU {{ $labels.gpu }}${gpu_name}, uuid {{
+            $labels.uuid }}, on {{ $labels.instance }} down for a hardware reason at {{ $value |
+            humanizePercentage }} of its scrapes over the last ${gpu_slowdown_window}
+            (threshold ${gpu_slowdown_share}, for ${gpu_slowdown_for}; reasons now: ${reasons})
+            while run(s) ${runs} train on it: they step slower, 3x and more is common.
+            Temperature ${temperature} (it slows itself at
+            ${slowdown_temperature}), power ${power} (limit ${power_limit}). hw_thermal: cooling
+            (fans, airflow, a blocked inlet); hw_power_brake: the chassis or PSU asserted the brake;
+            hw_slowdown alone: either, or a failing board.
+            """,
+        ),
+        Alert(
+            "GPUPcieLinkDegraded",
+            "warning",
+            # An idle GPU lowers its link on purpose, and a run's GPU drops it in its idle
+            # gaps: the link is judged on its best within the window (a healthy link is at its
+            # maximum whenever work arrives), on a GPU a run trains on unless it was idle (its
+            # utilisation below pcie_busy_ratio; a MIG GPU has no utilisation and is judged).
+            expr="""
+            max by (${target_labels}, gpu, uuid) (
+              max_over_time(trainguard_gpu_pcie_link_generation[${pcie_busy_window}])
+                < trainguard_gpu_pcie_link_generation_max
+              or
+              max_over_time(trainguard_gpu_pcie_link_width[${pcie_busy_window}])
+                < trainguard_gpu_pcie_link_width_max
+            )
+            unless on (${target_labels}, gpu, uuid)
+            avg_over_time(trainguard_gpu_utilization_ratio[${pcie_busy_window}])
+              < ${pcie_busy_ratio}
+            and on (${target_labels}, uuid) uuid_run:trainguard_gpu_training:group
+            """,
+            for_="${pcie_degraded_for}",
+            keep_firing_for="${keep_firing_for}",
+            summary="""
+            GPU {{ $labels.gpu }} on {{ $labels.instance }} trains on a degraded PCIe link.
+            """,
+            description="""
+            For ${pcie_degraded_for} GPU {{ $labels.gpu }}${gpu_name}, uuid {{ $labels.uuid }}, on
+            {{ $labels.instance }} has been busy (utilisation now ${utilization}) on a PCIe link at
+            Gen${gen} x${width} where GPU and slot allow Gen${gen_max} x${width_max}, while run(s)
+            ${runs} train on it: every host-device copy and every collective that goes over PCIe is
+            that much slower, and nothing else reports it. Reseat the GPU or its riser, check the
+            slot's BIOS setting; a link that trains down again needs service.
             """,
         ),
         Alert(

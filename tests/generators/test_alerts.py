@@ -431,9 +431,16 @@ def test_long_range_recording_rules_are_in_the_slow_group(groups: list[dict[str,
     # interval is slow_rules_interval, and its readers look back over several of its intervals
     # (checkpoints_test.yml: the cadence holds between the slow group's evaluations).
     slow = [g for g in groups if g["name"].endswith(".slow")]
-    # the pace group (1m): minutes-scale records; instant reads of them (lookback 5m) see them
+    # the pace group (1m): minutes-scale records; instant reads of them (lookback 5m) see them;
+    # the window groups (1m): alerts judged over minutes, and the records only they read
     pace = [g for g in groups if "interval" in g and g not in slow]
-    assert [(g["name"], g["interval"]) for g in pace] == [("trainguard.rules.pace", "1m")]
+    assert [(g["name"], g["interval"]) for g in pace] == [
+        ("trainguard.rules.pace", "1m"),
+        ("trainguard-checkpoints.window", "1m"),
+        ("trainguard-gpu.window", "1m"),
+        ("trainguard-allocator.window", "1m"),
+        ("trainguard-gpu-health.window", "1m"),
+    ]
     assert [g["name"] for g in slow] == [
         "trainguard.rules.slow",
         "trainguard-checkpoints.slow",
@@ -615,9 +622,11 @@ def test_each_promtool_file_gets_the_groups_its_alerts_read(groups: list[dict[st
     # its own group, the slow records it reads (last_over_time of checkpoint history), the 15 s
     # records those read, and the GPU records the gpu_cause of the run context reads
     stale = needs("CheckpointStale")
-    assert {"trainguard-checkpoints", "trainguard-checkpoints.slow", "trainguard.rules"} <= set(
-        stale
-    )
+    assert {
+        "trainguard-checkpoints.window",
+        "trainguard-checkpoints.slow",
+        "trainguard.rules",
+    } <= set(stale)
     assert "trainguard-allocator" not in stale and "trainguard-jobs-slow" not in stale
     assert needs("TrainingRankSlow") == ["trainguard-jobs-slow"]
     assert "trainguard-exporter" in needs("Watchdog")  # its group, with its readers' records
