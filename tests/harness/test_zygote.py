@@ -111,3 +111,22 @@ def test_kill_goes_through_the_server_and_is_harmless_once_the_child_ended(
     hanging.stdout.readline()
     hanging.kill()
     assert hanging.wait(60) == -signal.SIGKILL
+
+
+def test_a_kill_sent_while_the_child_is_reaped_never_loses_its_status(
+    zygote: Zygote, script: Path
+) -> None:
+    """A test that SIGKILLs its child itself and then, in ``finally``, polls and kills it
+    through the server can send "signal 9" while the server reaps it: the server once closed
+    the connection with that message unread, the kernel reset it, and the client's next read
+    failed with ECONNRESET before the exit status queued for it (seen in CI, test_starting).
+    The same steps, many times: every status must arrive."""
+    for _ in range(400):
+        proc = zygote.spawn([script, "hang"], child_env(), stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        proc.stdout.readline()
+        os.kill(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.wait(60) == -signal.SIGKILL
+        proc.stdout.close()

@@ -77,6 +77,7 @@ def serve(path: str, preload: list[str]) -> Child | None:
     sel.register(wake_r, selectors.EVENT_READ)
     sel.register(sys.stdin, selectors.EVENT_READ)
     waiting: dict[int, socket.socket] = {}  # pid -> its client, told the exit status
+    told: set[socket.socket] = set()  # clients told, kept open until they hang up (_reap)
     print("ready", flush=True)
     while True:
         for key, _ in sel.select():
@@ -89,7 +90,7 @@ def serve(path: str, preload: list[str]) -> Child | None:
                     os.waitpid(pid, 0)
                 return None
             if key.data is not None:  # a client: "signal N" for its child, or gone
-                _signal(sel, key.fileobj, key.data, waiting)
+                _signal(sel, key.fileobj, key.data, waiting, told)
                 continue
             if key.fileobj == wake_r:  # SIGCHLD: drained here, reaped after the batch
                 with contextlib.suppress(BlockingIOError):
@@ -106,7 +107,7 @@ def serve(path: str, preload: list[str]) -> Child | None:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 sel.close()
-                for c in (server, conn, *waiting.values()):
+                for c in (server, conn, *waiting.values(), *told):
                     c.close()
                 os.close(wake_r)
                 os.close(wake_w)
@@ -121,11 +122,15 @@ def serve(path: str, preload: list[str]) -> Child | None:
             conn.send(f"pid {pid}".encode())
             waiting[pid] = conn
             sel.register(conn, selectors.EVENT_READ, data=pid)
-        _reap(sel, waiting)
+        _reap(sel, waiting, told)
 
 
 def _signal(
-    sel: selectors.BaseSelector, conn: socket.socket, pid: int, waiting: dict[int, socket.socket]
+    sel: selectors.BaseSelector,
+    conn: socket.socket,
+    pid: int,
+    waiting: dict[int, socket.socket],
+    told: set[socket.socket],
 ) -> None:
     """Signal a child for its client. Only the server may: it alone knows whether the pid is
     still its unreaped child, where a client's os.kill could hit the pid's next owner."""
@@ -135,21 +140,33 @@ def _signal(
         msg = ""
     if not msg:  # the client closed its end: the child runs on, nobody to tell its status
         sel.unregister(conn)
+        if conn in told:
+            told.discard(conn)
+            conn.close()
         return
     if msg.startswith("signal ") and waiting.get(pid) is conn:
         os.kill(pid, int(msg.split()[1]))  # unreaped, so still ours (a zombie at worst)
 
 
-def _reap(sel: selectors.BaseSelector, waiting: dict[int, socket.socket]) -> None:
+def _reap(
+    sel: selectors.BaseSelector, waiting: dict[int, socket.socket], told: set[socket.socket]
+) -> None:
+    """Tell each reaped child's client its exit status, and keep the connection open until the
+    client hangs up: closed here with a "signal N" of the client's still unread (a kill sent
+    while the child was being reaped), the kernel resets the connection and the client's next
+    recv fails with ECONNRESET before it reads the status already queued for it."""
     for pid in list(waiting):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             conn = waiting.pop(pid)
-            with contextlib.suppress(KeyError, ValueError):
-                sel.unregister(conn)
-            with contextlib.suppress(OSError):  # the client may have given up on it
+            try:  # the client may have given up on it
                 conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
-            conn.close()
+            except OSError:
+                with contextlib.suppress(KeyError, ValueError):
+                    sel.unregister(conn)
+                conn.close()
+            else:
+                told.add(conn)  # still registered: its later messages read and dropped
 
 
 def run_child(child: Child) -> None:
