@@ -24,35 +24,8 @@ from helpers.wait import wait_for
 pytestmark = pytest.mark.slow
 
 
-def _ranks(nodes: TrainingNodes, run: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """{(node, rank): up, step, exit (cause, signal)} as each node's exporter publishes it."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
-    for node, exporter in nodes.exporters.items():
-        for (name, frozen), value in exporter.scrape().items():
-            labels = dict(frozen)
-            if labels.get("run") != run or "rank" not in labels:
-                continue
-            row = out.setdefault((node, labels["rank"]), {})
-            if name == "trainguard_run_process_up":
-                row["up"] = value
-            elif name == "trainguard_run_step":
-                row["step"] = value
-            elif name == "trainguard_run_exit_info":
-                row["exit"] = (labels["cause"], labels["signal"])
-    return out
-
-
-def _stepping(nodes: TrainingNodes, run: str, count: int) -> dict[tuple[str, str], Any] | None:
-    found = {
-        key: row
-        for key, row in _ranks(nodes, run).items()
-        if row.get("up") == 1 and row.get("step", 0) > 3
-    }
-    return found if len(found) == count else None
-
-
 def _ended(nodes: TrainingNodes, run: str, live: dict[tuple[str, str], Any]) -> Any:
-    view = _ranks(nodes, run)
+    view = nodes.ranks(run)
     done = {key: row for key, row in view.items() if row.get("up") == 0 and "exit" in row}
     return done if set(done) == set(live) else None
 
@@ -68,7 +41,7 @@ def test_a_job_recorded_on_every_node_then_cancelled_reads_on_purpose(
     live = {}
     for run, job, count in (("mine", mine, 2), ("other", other, 1)):
         live[run] = wait_for(
-            lambda run=run, count=count: _stepping(nodes, run, count),
+            lambda run=run, count=count: nodes.stepping(run, 0, count),
             180,
             0.5,
             lambda job=job: f"the ranks stepping\n{nodes.output(job)}\n{cluster.logs()}",
@@ -95,7 +68,7 @@ def test_a_job_recorded_on_every_node_then_cancelled_reads_on_purpose(
         lambda: _ended(nodes, "mine", live["mine"]),
         120,
         0.5,
-        lambda: f"both ranks gone\n{_ranks(nodes, 'mine')}\n{nodes.output(mine)}",
+        lambda: f"both ranks gone\n{nodes.ranks('mine')}\n{nodes.output(mine)}",
     )
     # whichever died of the SIGTERM and whichever of its peer's death first: on purpose
     for key, row in done.items():
@@ -104,7 +77,7 @@ def test_a_job_recorded_on_every_node_then_cancelled_reads_on_purpose(
         lambda: _ended(nodes, "other", live["other"]),
         120,
         0.5,
-        lambda: f"its rank gone\n{_ranks(nodes, 'other')}\n{nodes.output(other)}",
+        lambda: f"its rank gone\n{nodes.ranks('other')}\n{nodes.output(other)}",
     )
     for key, row in gone.items():
         assert row["exit"] == ("signal", "SIGTERM"), (key, row, nodes.output(other))
