@@ -18,7 +18,7 @@ from helpers.dashboard_queries import iter_queries
 from helpers.e2e_stack import GIB, Stack
 from helpers.exporter_proc import child_env
 from helpers.paths import REPO
-from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.promstack import needs_stack
 from helpers.run_child import heartbeat_path, own_heartbeat, put, wait_heartbeat
 from helpers.tmpfs import try_mount, unmount
 from helpers.wait import wait_for
@@ -30,10 +30,7 @@ from trainguard.shared.heartbeat.record import SnapshotRecord, SnapshotState, St
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (PROMETHEUS and ALERTMANAGER),
-        reason="needs the Debian packages prometheus and prometheus-alertmanager",
-    ),
+    needs_stack,
 ]
 
 CUDA_STATS = {

@@ -14,15 +14,11 @@ from pathlib import Path
 import pytest
 
 from helpers.e2e_stack import Stack
-from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.promstack import needs_stack
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (PROMETHEUS and ALERTMANAGER),
-        reason="needs the Debian packages prometheus and prometheus-alertmanager (./run-tests "
-        "installs them)",
-    ),
+    needs_stack,
 ]
 
 

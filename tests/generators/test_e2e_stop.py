@@ -15,15 +15,11 @@ import pytest
 
 from helpers.e2e_stack import Stack
 from helpers.exporter_proc import child_env
-from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.promstack import needs_stack
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (PROMETHEUS and ALERTMANAGER),
-        reason="needs the Debian packages prometheus and prometheus-alertmanager (./run-tests "
-        "installs them)",
-    ),
+    needs_stack,
 ]
 
 

@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import REPO
-from helpers.promstack import ALERTMANAGER, PROMETHEUS, Alertmanager, Prometheus, Webhook
+from helpers.promstack import (
+    Alertmanager,
+    Prometheus,
+    Webhook,
+    needs_stack,
+)
 from helpers.slurm_job import Ranks, TrainingNodes
 from helpers.two_nodes import alertmanager_config
 from helpers.wait import wait_for
@@ -83,10 +88,7 @@ def assert_attempt_0_left_behind(nodes: TrainingNodes, job: str, old: Ranks, new
 JOB_RULES_FOR = 125.0  # job_death_for: 2m
 
 
-@pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs the Debian packages prometheus and prometheus-alertmanager",
-)
+@needs_stack
 @pytest.mark.slow(seconds=60)
 def test_a_requeued_job_on_the_shipped_rules_notifies_at_most_a_restart(
     slurm_nodes: TrainingNodes, tmp_path: Path

@@ -33,7 +33,12 @@ import pytest
 from alerts.rules.recording import STATE
 from helpers.elastic import ElasticJob
 from helpers.paths import REPO
-from helpers.promstack import ALERTMANAGER, PROMETHEUS, Alertmanager, Prometheus, Webhook
+from helpers.promstack import (
+    Alertmanager,
+    Prometheus,
+    Webhook,
+    needs_stack,
+)
 from helpers.slurm_job import Ranks, TrainingNodes
 from helpers.two_nodes import alertmanager_config
 from helpers.wait import wait_for
@@ -83,10 +88,7 @@ def build_rules(workdir: Path) -> Path:
     return rules
 
 
-@pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs the Debian packages prometheus and prometheus-alertmanager",
-)
+@needs_stack
 @pytest.mark.slow(seconds=70)
 def test_failing_jobs_page_once_naming_the_rank_and_the_rest_page_nothing(
     slurm_nodes: TrainingNodes, tmp_path: Path

@@ -17,16 +17,13 @@ from typing import Any
 import pytest
 
 import trainguard.exporter.collectors.runs.collector as runs_collector
-from helpers.promstack import ALERTMANAGER, PROMETHEUS, Webhook
+from helpers.promstack import Webhook, needs_stack
 from helpers.two_nodes import TwoNodes
 from helpers.wait import wait_for
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not (PROMETHEUS and ALERTMANAGER),
-        reason="needs the Debian packages prometheus and prometheus-alertmanager",
-    ),
+    needs_stack,
 ]
 
 TRAIN = textwrap.dedent(

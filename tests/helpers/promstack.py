@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -25,6 +26,12 @@ from helpers.wait import WaitTimeout, wait_for
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+#: the mark of a test that starts a real Prometheus and Alertmanager: skipped without them
+needs_stack = pytest.mark.skipif(
+    not (PROMETHEUS and ALERTMANAGER),
+    reason="needs the Debian packages prometheus and prometheus-alertmanager (./run-tests "
+    "installs them)",
+)
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90) -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from helpers.e2e_stack import Stack
 from helpers.exporter_proc import REPO, Exporter, Samples, child_env, poll, select, value
-from helpers.promstack import ALERTMANAGER, PROMETHEUS
+from helpers.promstack import needs_stack
 from helpers.run_child import sigkill
 from helpers.wait import WaitTimeout, wait_for
 from helpers.zygote import Forked, Zygote
@@ -431,10 +431,7 @@ def stop_torchrun(proc: Proc) -> None:
             proc.wait()
 
 
-@pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs the Debian packages prometheus and prometheus-alertmanager",
-)
+@needs_stack
 def test_a_rank_killed_under_torchrun_pages(tmp_path: Path) -> None:
     """The shipped rules, in a real Prometheus and Alertmanager, page for the run when one of
     its two torchrun ranks is killed (torchrun then stops the other one too): once, for the
