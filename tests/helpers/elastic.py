@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
 from helpers.exporter_proc import child_env, free_port
 from helpers.wait import wait_for
 
@@ -150,15 +152,8 @@ class ElasticJob:
 
 
 def _children(pid: int) -> list[int]:
-    """The pids whose parent is ``pid`` (from each /proc/PID/stat's 4th field)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat.rpartition(")")[2].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
+    """The pids whose parent is ``pid`` (none once it is gone)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []

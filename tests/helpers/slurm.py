@@ -22,6 +22,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+import psutil
+
 from helpers.exporter_proc import free_port
 from helpers.wait import WaitTimeout, wait_for
 
@@ -374,9 +376,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def _parent(pid: int) -> int | None:
-    """The parent's pid, from /proc/PID/stat (its 4th field, after the command's parentheses)."""
+    """The parent's pid (None once it is gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
         return None
-    return int(stat.rpartition(")")[2].split()[1])
